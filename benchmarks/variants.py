@@ -1,0 +1,131 @@
+"""Correctness smoke test of every kernel family and timing of kernel variants (macro overrides)
+on the current GPU. A tuning aid: `python benchmarks/variants.py` prints a table last."""
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+import torch
+
+sys.path.insert(0, ".")
+from fastmm import api  # noqa: E402
+from fastmm.families import FAMILIES  # noqa: E402
+from fastmm.runtime import launcher  # noqa: E402
+
+
+def run_cfg(cfg, plan, a, b, c):
+    s = api.analyse(a, b)
+    p, offsets = api.build_problem(s, c, plan.problem.precision)
+    loaded = launcher.load(plan.device, cfg)
+    stream = torch.cuda.current_stream().cuda_stream
+    launcher.launch(loaded, stream, (a.data_ptr(), b.data_ptr(), c.data_ptr(), p.M, p.N, p.K, *p.a_strides, *p.b_strides,
+                                     *p.c_strides, p.batch_inner, p.batch_total, *p.a_batch_strides, *p.b_batch_strides,
+                                     *p.c_batch_strides))
+
+
+def with_macros(cfg, **over):
+    m = dict(cfg.macros)
+    m.update(over)
+    smem = cfg.smem
+    if cfg.family == "simt_cp_async":
+        bm, bn = m["WARPS_M"] * 64, m["WARPS_N"] * 32
+        smem = m["STAGES"] * m["BK"] * ((bm + 4) + (bn + 4)) * 4
+        tile = (bm, bn, m["BK"])
+    elif cfg.family == "tf32_mma":
+        per = cfg.smem // dict(cfg.macros)["STAGES"]
+        smem = per * m["STAGES"]
+        tile = cfg.tile
+    else:
+        tile = (m.get("WARPS_M", 2) * 64, m.get("WARPS_N", 4) * 32, m.get("BK", 8))
+    return dataclasses.replace(cfg, macros=tuple(m.items()), smem=smem, tile=tile)
+
+
+def rel_err(c, a, b):
+    ref = a.double() @ b.double()
+    return ((c.double() - ref).norm() / ref.norm()).item()
+
+
+def time_ms(fn, reps=20):
+    for _ in range(3):
+        fn()
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    for s, e in ev:
+        s.record(); fn(); e.record()
+    torch.cuda.synchronize()
+    t = sorted(s.elapsed_time(e) for s, e in ev)
+    return t[len(t) // 2]
+
+
+def main():
+    torch.manual_seed(0)
+    rows = []
+    fails = 0
+    # correctness: each family on awkward shapes
+    for fam in FAMILIES:
+        for prec in ("ieee", "tf32", "tf32x3"):
+            if fam == "tf32_mma" and prec == "ieee":
+                continue
+            if fam != "tf32_mma" and prec != "ieee":
+                continue
+            for (M, N, K) in [(1, 1, 1), (3, 5, 4), (17, 19, 23), (129, 96, 132), (257, 129, 193), (4097, 4095, 4093), (1000, 1000, 1000)]:
+                for layout in ("nn", "tn", "nt", "off"):
+                    a = torch.randn(M, K, device="cuda") if layout[0] != "t" else torch.randn(K, M, device="cuda").t()
+                    b = torch.randn(K, N, device="cuda") if layout != "nt" else torch.randn(N, K, device="cuda").t()
+                    if layout == "off":
+                        a = torch.randn(M * K + 1, device="cuda")[1:].view(M, K)
+                        b = torch.randn(K * N + 3, device="cuda")[3:].view(K, N)
+                    c = torch.full((M, N), float("nan"), device="cuda")
+                    try:
+                        _, plan, _ = api.matmul_fastmm(a, b, c, prec, force=fam)
+                        torch.cuda.synchronize()
+                        err = rel_err(c, a, b)
+                    except Exception as exc:  # report, keep going
+                        err = float("nan")
+                        print("ERROR", fam, prec, M, N, K, layout, exc)
+                    tol = 1e-3 if prec == "tf32" else 1e-5
+                    ok = err <= tol
+                    fails += not ok
+                    if not ok:
+                        print(f"FAIL {fam} {prec} {M}x{N}x{K} {layout} err={err:.2e}")
+            print(f"checked {fam} {prec}", flush=True)
+    print(f"correctness failures: {fails}", flush=True)
+
+    # timing of variants at the headline shape
+    M, N, K = 8192, 4096, 6144
+    a = torch.randn(M, K, device="cuda"); b = torch.randn(K, N, device="cuda"); c = torch.empty(M, N, device="cuda")
+    flops = 2 * M * N * K
+    torch.backends.cuda.matmul.allow_tf32 = False
+    t = time_ms(lambda: torch.matmul(a, b, out=c)); rows.append(("torch ieee", t, flops / t / 1e9))
+    torch.backends.cuda.matmul.allow_tf32 = True
+    t = time_ms(lambda: torch.matmul(a, b, out=c)); rows.append(("torch tf32", t, flops / t / 1e9))
+    torch.backends.cuda.matmul.allow_tf32 = False
+    s = api.analyse(a, b)
+    for prec, fam, variants in [
+        ("ieee", "simt_cp_async", [dict(), dict(MIN_BLOCKS=2), dict(BK=16, STAGES=3), dict(BK=16, STAGES=3, MIN_BLOCKS=2), dict(BK=8, STAGES=3, MIN_BLOCKS=2)]),
+        ("ieee", "simt_float4", [dict(), dict(MIN_BLOCKS=2)]),
+        ("tf32", "tf32_mma", [dict(), dict(STAGES=4), dict(STAGES=2), dict(WARP_N=64, WARPS_N=2)]),
+        ("tf32x3", "tf32_mma", [dict()]),
+    ]:
+        p, _ = api.build_problem(s, c, prec)
+        plan = api.plan_for(p, 0, fam)
+        for v in variants:
+            cfg = with_macros(plan.kernel, **v)
+            if "WARP_N" in v:
+                cfg = dataclasses.replace(cfg, grid=((M // 128) * (N // 128), 1, 1))
+            try:
+                c.fill_(float("nan"))
+                run_cfg(cfg, plan, a, b, c)
+                torch.cuda.synchronize()
+                err = rel_err(c[:256], a[:256], b)
+                t = time_ms(lambda: run_cfg(cfg, plan, a, b, c))
+                rows.append((f"{fam} {prec} {v}", t, flops / t / 1e9, err))
+            except Exception as exc:
+                rows.append((f"{fam} {prec} {v} ERROR {exc}"[:200], 0, 0))
+    print(f"\n{M}x{N}x{K}")
+    for r in rows:
+        print(" | ".join(str(x) if not isinstance(x, float) else f"{x:.4g}" for x in r))
+    return 1 if fails else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

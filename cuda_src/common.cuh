@@ -1,0 +1,41 @@
+// fastmm kernel ABI shared by every family: one signature, so the launcher needs one argument list.
+//
+//   C[z][m][n] = sum_k A[z][m][k] * B[z][k][n]   for z < batch_total
+//
+// Every operand is described by element strides (64-bit: offsets past 2^31 elements are fine).
+// The batch is flattened from at most two broadcast dimensions: z = z0 * batch_inner + z1, and an
+// operand's batch offset is z0 * s?0 + z1 * s?1 (a stride of 0 broadcasts).
+#pragma once
+#include "ptx.cuh"
+
+#define FASTMM_PARAMS                                                             \
+    const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C, \
+    i64 M_, i64 N_, i64 K_,                                                       \
+    i64 sAm, i64 sAk, i64 sBk, i64 sBn, i64 sCm, i64 sCn,                         \
+    i64 batch_inner_, i64 batch_total_,                                           \
+    i64 sA0, i64 sA1, i64 sB0, i64 sB1, i64 sC0, i64 sC1
+
+// Every parameter is 64 bits wide so the host can pass plain Python ints (pointer-sized) with no
+// per-call conversion; sizes themselves are < 2^31 (the planner checks), so kernels use int.
+#define FASTMM_UNPACK \
+    const int M = (int)M_, N = (int)N_, K = (int)K_;                              \
+    const int batch_inner = (int)batch_inner_, batch_total = (int)batch_total_;
+
+// Move A, B and C to batch z.
+#define FASTMM_BATCH_OFFSETS(z)                                                   \
+    const float* Ab = A + (i64)((z) / batch_inner) * sA0 + (i64)((z) % batch_inner) * sA1; \
+    const float* Bb = B + (i64)((z) / batch_inner) * sB0 + (i64)((z) % batch_inner) * sB1; \
+    float* Cb = C + (i64)((z) / batch_inner) * sC0 + (i64)((z) % batch_inner) * sC1;
+
+// Grouped tile order: walk GROUP rows of tiles column by column so blocks resident at the same
+// time share A rows and B columns in L2 (the grid is 1-D over tiles, so no 65535 limit on M).
+template <int GROUP>
+__device__ __forceinline__ void tile_coords(int tile, int tiles_m, int tiles_n, int& tm, int& tn) {
+    int per_group = GROUP * tiles_n;
+    int group = tile / per_group;
+    int first_m = group * GROUP;
+    int rows = min(tiles_m - first_m, GROUP);
+    int in_group = tile - group * per_group;
+    tm = first_m + in_group % rows;
+    tn = in_group / rows;
+}

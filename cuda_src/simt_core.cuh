@@ -1,0 +1,144 @@
+// Pieces shared by the two SIMT families (simt_float4.cu, simt_cp_async.cu): how a tile of an
+// operand is copied into shared memory, the register-blocked outer-product step, the epilogue.
+//
+// Shared layout: both operands are stored k-major, As[k][m] and Bs[k][n], each row padded by 4
+// floats. k-major lets a thread fetch its 8 A values and 8 B values for one k with four 16-byte
+// loads (LDS.128); the pad keeps the transposing stores of row-major A free of bank conflicts
+// and leaves rows 16-byte aligned.
+//
+// Block = WARPS_M x WARPS_N warps; a warp computes 64 x 32 of C as 8 x 4 lanes, each lane an
+// 8 x 8 thread tile split into 2 x 2 sub-tiles of 4 x 4 so that the lanes of a warp read
+// consecutive float4s (one wavefront for A, a broadcast for B).
+#pragma once
+#include "common.cuh"
+
+#ifndef WARPS_M
+#define WARPS_M 2
+#endif
+#ifndef WARPS_N
+#define WARPS_N 4
+#endif
+#ifndef BK
+#define BK 8
+#endif
+
+#define THREADS (WARPS_M * WARPS_N * 32)
+#define BM (WARPS_M * 64)
+#define BN (WARPS_N * 32)
+#define PAD 4
+#ifndef MIN_BLOCKS
+#define MIN_BLOCKS 1  // 2 caps registers at 128 for two 256-thread blocks per SM (small spills)
+#endif
+#define A_STRIDE (BM + PAD)
+#define B_STRIDE (BN + PAD)
+#define A_TILE_FLOATS (BK * A_STRIDE)
+#define B_TILE_FLOATS (BK * B_STRIDE)
+
+// How an operand tile moves from global to shared memory (chosen on the host, see plan.py):
+#define LOAD_VEC_FAST 0  // 16-byte vectors along m (A) / n (B): operand contiguous there, aligned
+#define LOAD_VEC_K 1     // 16-byte vectors along k, transposed by the shared store (register path)
+#define LOAD_ELEM_K 2    // single elements, consecutive lanes along k (k-contiguous, unaligned)
+#define LOAD_ELEM_FAST 3 // single elements, consecutive lanes along m / n
+
+// Geometry of one operand tile: FT = tile extent along m or n (the "f" dim), BK along k.
+// Copy unit u = tid + p * THREADS covers a row of ROW_UNITS units, so a thread's units differ only
+// in their row: (k, f) = (k_t + p * DK, f_t + p * DF). Written this way (no division of u) the
+// compiler keeps one pointer per operand and steps it, instead of re-deriving 64-bit addresses
+// for every copy (that cost ~15% of the issue slots in the first version).
+template <int MODE, int FT>
+struct TileMap {
+    static constexpr int UNIT = (MODE == LOAD_VEC_FAST || MODE == LOAD_VEC_K) ? 4 : 1;
+    static constexpr int UNITS = BK * FT / UNIT;
+    static constexpr int PER_THREAD = UNITS / THREADS;
+    static constexpr bool ROWS_ARE_K = MODE == LOAD_VEC_FAST || MODE == LOAD_ELEM_FAST;
+    static constexpr int ROW_UNITS = ROWS_ARE_K ? FT / UNIT : BK / UNIT;
+    static constexpr int DK = ROWS_ARE_K ? THREADS / ROW_UNITS : 0;
+    static constexpr int DF = ROWS_ARE_K ? 0 : THREADS / ROW_UNITS;
+    static_assert(UNITS % THREADS == 0, "tile must split evenly over the threads");
+    static_assert(THREADS % ROW_UNITS == 0, "a row of copy units must split evenly over the threads");
+};
+
+// A thread's copy units of one operand tile (see TileMap), for the tile at (f0, k0 = 0).
+// Element (f, k) of the operand is at base + f * sF + k * sK; for the vector modes the stride of
+// the contiguous dim is 1, so one formula serves every mode.
+template <int MODE, int FT>
+struct TileCursor {
+    typedef TileMap<MODE, FT> Map;
+    const float* first;  // this thread's unit p = 0 at k0 = 0
+    i64 step;            // distance between its consecutive units
+    i64 sK;
+    int k_t, f_t;
+    unsigned f_ok;       // bit p: unit p's row/column exists (f < F)
+
+    __device__ __forceinline__ void init(const float* base, int F, i64 sF, i64 sK_, int f0) {
+        const int r = threadIdx.x / Map::ROW_UNITS, c = (threadIdx.x % Map::ROW_UNITS) * Map::UNIT;
+        k_t = Map::ROWS_ARE_K ? r : c;
+        f_t = Map::ROWS_ARE_K ? c : r;
+        sK = sK_;
+        first = base + (i64)(f0 + f_t) * sF + (i64)k_t * sK;
+        step = (i64)Map::DK * sK + (i64)Map::DF * sF;
+        f_ok = 0;
+#pragma unroll
+        for (int p = 0; p < Map::PER_THREAD; ++p)
+            f_ok |= (unsigned)(f0 + f_t + p * Map::DF < F) << p;
+    }
+    __device__ __forceinline__ int k_of(int p) const { return k_t + p * Map::DK; }
+    __device__ __forceinline__ int f_of(int p) const { return f_t + p * Map::DF; }
+    __device__ __forceinline__ bool ok(int p, int k0, int K) const {
+        return ((f_ok >> p) & 1u) && k0 + k_of(p) < K;
+    }
+    __device__ __forceinline__ const float* at(int p, int k0) const {
+        return first + (i64)k0 * sK + p * step;
+    }
+};
+
+// One step of k: 8 A values x 8 B values -> 64 FFMA into acc.
+__device__ __forceinline__ void outer_product_step(const float* As, const float* Bs, int k,
+                                                   int am, int bn, float acc[8][8]) {
+    float a[8], b[8];
+    *(float4*)&a[0] = *(const float4*)&As[k * A_STRIDE + am];
+    *(float4*)&a[4] = *(const float4*)&As[k * A_STRIDE + am + 32];
+    *(float4*)&b[0] = *(const float4*)&Bs[k * B_STRIDE + bn];
+    *(float4*)&b[4] = *(const float4*)&Bs[k * B_STRIDE + bn + 16];
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+}
+
+__device__ __forceinline__ void compute_tile(const float* As, const float* Bs, int am, int bn,
+                                             float acc[8][8]) {
+#pragma unroll
+    for (int k = 0; k < BK; ++k) outer_product_step(As, Bs, k, am, bn, acc);
+}
+
+// Thread's place in the block tile: first A column (m) and B column (n) of its sub-tiles.
+__device__ __forceinline__ void thread_origin(int& am, int& bn) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    am = (warp / WARPS_N) * 64 + (lane / 4) * 4;
+    bn = (warp % WARPS_N) * 32 + (lane % 4) * 4;
+}
+
+// Write the 8 x 8 thread tile; rows/cols outside C are skipped. C_VEC: C rows contiguous,
+// N % 4 == 0 and 16-byte aligned, so a float4 is either wholly inside or wholly outside.
+__device__ __forceinline__ void store_tile(float* Cb, int M, int N, i64 sCm, i64 sCn,
+                                           int m0, int n0, int am, int bn, const float acc[8][8]) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const int m = m0 + am + (i / 4) * 32 + (i % 4);
+        if (m >= M) continue;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int n = n0 + bn + h * 16;
+#if C_VEC
+            if (n < N)
+                *(float4*)&Cb[(i64)m * sCm + n] =
+                    make_float4(acc[i][4 * h], acc[i][4 * h + 1], acc[i][4 * h + 2], acc[i][4 * h + 3]);
+#else
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+                if (n + j < N) Cb[(i64)m * sCm + (i64)(n + j) * sCn] = acc[i][4 * h + j];
+#endif
+        }
+    }
+}

@@ -1,0 +1,23 @@
+"""fastmm: float32 matrix multiply for PyTorch on fastmm's own CUDA kernels, compiled at run time
+with NVRTC, chosen by a dispatcher that can explain itself.
+
+    fastmm.matmul(a, b, out=None, precision=None)   # torch.matmul semantics
+    fastmm.explain(a, b, precision=None)            # what would run, and why
+    torch.ops.fastmm.matmul(a, b, precision)        # the custom op (autograd, torch.compile)
+"""
+from ._version import __version__
+from .api import FastmmWarning, matmul, resolve_precision
+from .explain import Explanation, explain
+from .problem import PRECISIONS
+from . import ops  # noqa: F401  (registers torch.ops.fastmm.*)
+
+__all__ = ["__version__", "matmul", "explain", "Explanation", "FastmmWarning", "PRECISIONS", "resolve_precision", "warmup"]
+
+
+def warmup(a, b, *, precision=None, out=None):
+    """Compile and load the kernel ``matmul(a, b)`` needs (e.g. before CUDA graph capture)."""
+    import torch
+
+    with torch.no_grad():
+        matmul(a, b, precision=precision, out=out)
+    return explain(a, b, precision=precision, out=out)

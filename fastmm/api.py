@@ -1,0 +1,352 @@
+"""torch.matmul semantics on top of the planner and the runtime.
+
+This module owns everything about tensors: shapes and broadcasting, dtype/device rules, ``out=``
+(resize, overlap), precision defaults, and the decision to hand a call to ``torch.matmul``. It
+turns a call into a :class:`~fastmm.problem.Problem`, asks :mod:`fastmm.plan` for a plan, and
+asks :mod:`fastmm.runtime` to run it.
+"""
+from __future__ import annotations
+
+import contextlib
+import itertools
+import threading
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+
+from . import config
+from .plan import Plan, select
+from .problem import PRECISIONS, DeviceFacts, Problem
+
+_FLOAT32 = torch.float32
+
+
+class FastmmWarning(UserWarning):
+    """fastmm could not run its own kernels and used torch.matmul instead."""
+
+
+# ---------------------------------------------------------------------------------------------
+# precision
+
+def resolve_precision(precision: str | None) -> str:
+    """``None`` follows PyTorch's float32 matmul setting ("highest" -> ieee, else tf32)."""
+    if precision is None:
+        if torch.get_float32_matmul_precision() != "highest" or torch.backends.cuda.matmul.allow_tf32:
+            return "tf32"
+        return "ieee"
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(map(repr, PRECISIONS))} or None, got {precision!r}")
+    return precision
+
+
+@contextlib.contextmanager
+def _torch_precision(precision: str | None):
+    """Run torch.matmul at the precision the caller asked fastmm for (tf32x3 -> full fp32)."""
+    if precision is None:
+        yield
+        return
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+
+
+# ---------------------------------------------------------------------------------------------
+# shapes
+
+def _raise_torch_shape_error(a: torch.Tensor, b: torch.Tensor) -> None:
+    """Let torch word the error: the same shapes as zero-stride CPU views (no memory)."""
+    ea = torch.empty(1).expand(a.shape) if a.dim() else torch.empty(())
+    eb = torch.empty(1).expand(b.shape) if b.dim() else torch.empty(())
+    torch.matmul(ea, eb)
+    raise RuntimeError(f"matmul shapes are incompatible: {tuple(a.shape)} and {tuple(b.shape)}")  # not reached
+
+
+@dataclass
+class Shapes:
+    """A call reduced to batched 3-operand form: A (batch, M, K) @ B (batch, K, N) -> C."""
+
+    a: torch.Tensor  # expanded to batch + (M, K)
+    b: torch.Tensor  # expanded to batch + (K, N)
+    batch: tuple[int, ...]
+    M: int
+    N: int
+    K: int
+    out_shape: tuple[int, ...]  # what torch.matmul returns
+    squeeze_m: bool  # a was 1-D
+    squeeze_n: bool  # b was 1-D
+
+
+def analyse(a: torch.Tensor, b: torch.Tensor) -> Shapes:
+    da, db = a.dim(), b.dim()
+    if da == 0 or db == 0:
+        _raise_torch_shape_error(a, b)
+    a2 = a.unsqueeze(0) if da == 1 else a
+    b2 = b.unsqueeze(-1) if db == 1 else b
+    M, K = a2.shape[-2], a2.shape[-1]
+    K2, N = b2.shape[-2], b2.shape[-1]
+    if K != K2:
+        if da == 2 and db == 2:
+            raise RuntimeError(f"mat1 and mat2 shapes cannot be multiplied ({M}x{K} and {K2}x{N})")
+        _raise_torch_shape_error(a, b)
+    try:
+        batch = tuple(torch.broadcast_shapes(a2.shape[:-2], b2.shape[:-2]))
+    except RuntimeError:
+        _raise_torch_shape_error(a, b)
+    out_shape = batch + ((M,) if da >= 2 else ()) + ((N,) if db >= 2 else ())
+    return Shapes(a2.expand(batch + (M, K)), b2.expand(batch + (K, N)), batch, M, N, K,
+                  out_shape, da == 1, db == 1)
+
+
+def _collapse_batch(batch, sa, sb, sc):
+    """Merge batch dims into as few as possible: drop size-1 dims, fuse neighbours that are
+    contiguous with each other in all three operands. Returns a list of (size, sa, sb, sc)."""
+    dims = [(n, x, y, z) for n, x, y, z in zip(batch, sa, sb, sc) if n != 1]
+    merged: list[tuple[int, int, int, int]] = []
+    for d in dims:
+        if merged:
+            n0, x0, y0, z0 = merged[-1]
+            n1, x1, y1, z1 = d
+            if x0 == x1 * n1 and y0 == y1 * n1 and z0 == z1 * n1:
+                merged[-1] = (n0 * n1, x1, y1, z1)
+                continue
+        merged.append(d)
+    return merged
+
+
+def _align(ptr: int) -> int:
+    for n in (16, 8, 4):
+        if ptr % n == 0:
+            return n
+    return 1
+
+
+def _norm(size: int, stride: int) -> int:
+    """A stride of a size-1 dim is meaningless; call it 1 so layouts read as contiguous."""
+    return 1 if size == 1 else stride
+
+
+# ---------------------------------------------------------------------------------------------
+# the decision: fastmm kernel or torch
+
+def _not_served_reason(a: torch.Tensor, b: torch.Tensor) -> str | None:
+    """Why fastmm's kernels cannot take these operands at all (None: they can)."""
+    if config.disabled():
+        return f"{config.DISABLE_ENV}=1 routes every call to torch.matmul"
+    if a.device.type != "cuda" or b.device.type != "cuda":
+        return f"operands are on {a.device} and {b.device}; fastmm kernels run on CUDA devices"
+    if a.device != b.device:
+        return f"operands are on different devices ({a.device}, {b.device})"
+    if a.dtype != _FLOAT32 or b.dtype != _FLOAT32:
+        return f"dtypes are {a.dtype} and {b.dtype}; fastmm kernels compute float32"
+    if a.is_sparse or b.is_sparse or a.layout != torch.strided or b.layout != torch.strided:
+        return "sparse or non-strided layout"
+    if a.is_complex() or b.is_complex():
+        return "complex dtype"
+    return _runtime_reason()
+
+
+_runtime_reason_cache: list[str | None] = []
+
+
+def _runtime_reason() -> str | None:
+    if not _runtime_reason_cache:
+        from .runtime.compiler import nvrtc_unavailable_reason
+
+        reason = nvrtc_unavailable_reason()
+        if reason is None:
+            try:
+                from .runtime.sources import source_dir
+
+                source_dir()
+            except FileNotFoundError as exc:
+                reason = str(exc)
+        _runtime_reason_cache.append(reason)
+    return _runtime_reason_cache[0]
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        warnings.warn(message, FastmmWarning, stacklevel=3)
+
+
+# ---------------------------------------------------------------------------------------------
+# running a plan
+
+@dataclass
+class Prepared:
+    """A call ready to launch: one problem per launch (more than one only when a batch has more
+    than two non-mergeable dims), the plan, and the loaded kernel."""
+
+    plan: Plan
+    loaded: object
+    launches: list[tuple[int, int, int]] = field(default_factory=list)  # byte offsets of A, B, C
+
+
+_prepared: dict[tuple, tuple[Plan, object]] = {}
+_prepared_guard = threading.Lock()
+
+
+def device_facts(index: int) -> DeviceFacts:
+    from .runtime.device import device_facts as _facts
+
+    return _facts(index)
+
+
+def build_problem(s: Shapes, c: torch.Tensor, precision: str):
+    """Problem for the first launch, plus (a, b, c) element offsets of every launch."""
+    sa, sb, sc = s.a.stride(), s.b.stride(), c.stride()
+    nb = len(s.batch)
+    dims = _collapse_batch(s.batch, sa[:nb], sb[:nb], sc[:nb])
+    inner = dims[-2:]  # the kernel walks two batch dims; a Python loop walks any others
+    outer = dims[:-2]
+    while len(inner) < 2:
+        inner.insert(0, (1, 0, 0, 0))
+    (n0, a0, b0, c0), (n1, a1, b1, c1) = inner
+    M, N, K = s.M, s.N, s.K
+    offsets = [(0, 0, 0)]
+    for idx in itertools.product(*(range(d[0]) for d in outer)):
+        offsets.append(tuple(sum(i * d[j] for i, d in zip(idx, outer)) for j in (1, 2, 3)))
+    if outer:
+        offsets = offsets[1:]
+    pa, pb, pc = s.a.data_ptr(), s.b.data_ptr(), c.data_ptr()
+    aligns = [min(_align(p + 4 * o[i]) for o in offsets) for i, p in enumerate((pa, pb, pc))]
+    problem = Problem(
+        M, N, K,
+        (_norm(M, sa[-2]), _norm(K, sa[-1])), (_norm(K, sb[-2]), _norm(N, sb[-1])), (_norm(M, sc[-2]), _norm(N, sc[-1])),
+        n1, n0 * n1, (a0, a1), (b0, b1), (c0, c1), aligns[0], aligns[1], aligns[2], precision)
+    return problem, offsets
+
+
+def plan_for(problem: Problem, device_index: int, force: str | None = None) -> Plan:
+    return select(problem, device_facts(device_index), force or config.forced_kernel())
+
+
+def _run(s: Shapes, c: torch.Tensor, precision: str, force: str | None) -> Plan:
+    """Launch the planned kernel(s) writing C = A @ B into ``c`` (shape batch + (M, N))."""
+    from .runtime import launcher
+
+    dev_index = c.device.index if c.device.index is not None else torch.cuda.current_device()
+    problem, offsets = build_problem(s, c, precision)
+    key = (dev_index, problem, force or config.forced_kernel())
+    hit = _prepared.get(key)
+    if hit is None:
+        plan = plan_for(problem, dev_index, force)
+        if plan.kernel is None:
+            return plan
+        if not launcher.is_loaded(plan.device, plan.kernel) and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                f"fastmm: kernel {plan.kernel.family} for this shape is not loaded yet, and compiling or loading it "
+                "would break the CUDA graph being captured. Run the same call once before capturing, or call "
+                "fastmm.warmup(a, b) first.")
+        loaded = launcher.load(plan.device, plan.kernel)
+        with _prepared_guard:
+            _prepared[key] = hit = (plan, loaded)
+    plan, loaded = hit
+    if s.K == 0:
+        c.zero_()
+        return plan
+    stream = torch.cuda.current_stream(c.device).cuda_stream
+    p = problem
+    pa, pb, pc = s.a.data_ptr(), s.b.data_ptr(), c.data_ptr()
+    for oa, ob, oc in offsets:
+        launcher.launch(loaded, stream, (
+            pa + 4 * oa, pb + 4 * ob, pc + 4 * oc, p.M, p.N, p.K, *p.a_strides, *p.b_strides, *p.c_strides,
+            p.batch_inner, p.batch_total, *p.a_batch_strides, *p.b_batch_strides, *p.c_batch_strides))
+    return plan
+
+
+def _overlaps(x: torch.Tensor, y: torch.Tensor) -> bool:
+    """Conservative: any shared storage counts (exact interval tests miss strided interleaving)."""
+    if x.numel() == 0 or y.numel() == 0:
+        return False
+    return x.untyped_storage().data_ptr() == y.untyped_storage().data_ptr()
+
+
+def _has_internal_overlap(t: torch.Tensor) -> bool:
+    return any(st == 0 and n > 1 for st, n in zip(t.stride(), t.shape))
+
+
+def _resize_out(out: torch.Tensor, shape: tuple[int, ...]) -> None:
+    if tuple(out.shape) == shape:
+        return
+    if out.numel() != 0:
+        warnings.warn(
+            f"An output with one or more elements was resized since it had shape {list(out.shape)}, which does not "
+            f"match the required output shape {list(shape)}. This behavior is deprecated, and in a future PyTorch "
+            "release outputs will not be resized unless they have zero elements. You can explicitly reuse an out "
+            "tensor t by resizing it, inplace, to zero elements with t.resize_(0).", UserWarning, stacklevel=4)
+    out.resize_(shape)
+
+
+def matmul_fastmm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, precision: str,
+                  force: str | None = None) -> tuple[torch.Tensor, Plan | None, str | None]:
+    """Compute with fastmm kernels where possible. Returns (result, plan, fallback reason)."""
+    s = analyse(a, b)
+    reason = _not_served_reason(a, b)
+    if reason is None and out is not None and (out.dtype != _FLOAT32 or out.device != a.device):
+        reason = "out has another dtype or device"  # torch raises its own error below
+    if reason is None and out is not None and _has_internal_overlap(out):
+        reason = "out has internally overlapping memory"  # torch raises its own error below
+    if reason is not None:
+        return _fallback(a, b, out, precision, reason), None, reason
+
+    if out is not None:
+        _resize_out(out, s.out_shape)
+    target_out = out
+    direct = out is not None and not (_overlaps(out, a) or _overlaps(out, b))
+    if direct:
+        c = out
+        if s.squeeze_m:
+            c = c.unsqueeze(-2)
+        if s.squeeze_n:
+            c = c.unsqueeze(-1)
+    else:
+        c = torch.empty(s.batch + (s.M, s.N), dtype=_FLOAT32, device=a.device)
+    if c.numel() != 0:
+        plan = _run(s, c, precision, force)
+        if plan.kernel is None:
+            return _fallback(a, b, out, precision, plan.fallback), plan, plan.fallback
+    else:
+        plan = None
+    result = c.view(s.out_shape) if not direct else out
+    if target_out is not None and not direct:
+        target_out.copy_(result)  # out overlapped an input: computed aside, then copied
+        result = target_out
+    return result, plan, None
+
+
+def _fallback(a, b, out, precision, reason):
+    with _torch_precision(precision if a.is_cuda else None):
+        return torch.matmul(a, b) if out is None else torch.matmul(a, b, out=out)
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
+           precision: str | None = None) -> torch.Tensor:
+    """``torch.matmul(a, b, out=out)`` on fastmm's kernels.
+
+    ``precision``: ``None`` follows ``torch.get_float32_matmul_precision()``; ``"ieee"`` full fp32;
+    ``"tf32"`` tensor cores with inputs rounded to TF32; ``"tf32x3"`` tensor cores with fp32-level
+    accuracy. Inputs fastmm's kernels cannot serve (CPU tensors, other dtypes, no NVRTC, ...) go to
+    ``torch.matmul``; :func:`explain` says which and why.
+    """
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor) or (
+            out is not None and not isinstance(out, torch.Tensor)):
+        return torch.matmul(a, b, out=out) if out is not None else torch.matmul(a, b)
+    precision = resolve_precision(precision)
+    needs_grad = torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)
+    if needs_grad:
+        if out is not None:  # torch refuses this itself, with its own message
+            return torch.matmul(a, b, out=out)
+        from .ops import matmul_autograd
+
+        return matmul_autograd(a, b, precision)
+    result, _, _ = matmul_fastmm(a, b, out, precision)
+    return result

@@ -1,0 +1,226 @@
+"""Kernel families: for each, its source file, entry point, what it can serve, and how to launch it.
+
+Pure Python (no torch, no CUDA): a family looks at a :class:`~fastmm.problem.Problem` and the
+:class:`~fastmm.problem.DeviceFacts` and either rejects it with a reason a user can read, or
+returns a :class:`KernelConfig` - the compile-time macros and the launch geometry. The choice
+between families lives in :mod:`fastmm.plan`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .problem import DeviceFacts, Problem
+
+# Load modes of the SIMT families (must match simt_core.cuh).
+LOAD_VEC_FAST, LOAD_VEC_K, LOAD_ELEM_K, LOAD_ELEM_FAST = 0, 1, 2, 3
+LOAD_NAMES = {
+    LOAD_VEC_FAST: "float4 along the contiguous dim",
+    LOAD_VEC_K: "float4 along K, transposed into shared memory",
+    LOAD_ELEM_K: "single floats, lanes along K",
+    LOAD_ELEM_FAST: "single floats, lanes along M/N",
+}
+DEFAULT_SMEM = 48 * 1024  # what a block gets without the opt-in attribute
+MAX_GRID_Z = 65535
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """Everything needed to build and launch one kernel for one problem."""
+
+    family: str
+    source: str  # file under cuda_src/
+    entry: str  # extern "C" name
+    macros: tuple[tuple[str, int], ...]
+    block: int  # threads per block (1-D) or (x, y) for the scalar kernel
+    block_dims: tuple[int, int, int]
+    grid: tuple[int, int, int]
+    smem: int  # dynamic shared memory, bytes
+    tile: tuple[int, int, int]  # BM, BN, BK
+    details: tuple[tuple[str, str], ...] = field(default=())
+
+    def describe(self) -> str:
+        bm, bn, bk = self.tile
+        text = (f"{self.family} ({self.entry} in cuda_src/{self.source}): tile {bm}x{bn}x{bk}, "
+                f"block {self.block_dims[0]}x{self.block_dims[1]}, grid {self.grid[0]}x{self.grid[1]}x{self.grid[2]}, "
+                f"dynamic smem {self.smem} B")
+        return text
+
+
+def _vec_ok(contig_extent: int, other_stride: int, batch_strides: tuple[int, int], align: int) -> bool:
+    """16-byte vectors along a contiguous dim need: its extent, the other stride and the batch
+    strides all multiples of 4 floats, and a 16-byte aligned base pointer."""
+    return (contig_extent % 4 == 0 and other_stride % 4 == 0 and align >= 16
+            and all(s % 4 == 0 for s in batch_strides))
+
+
+def _grid(tiles: int, batch: int) -> tuple[int, int, int]:
+    return (max(tiles, 1), 1, max(1, min(batch, MAX_GRID_Z)))
+
+
+def _tiles(p: Problem, bm: int, bn: int) -> int:
+    return -(-p.M // bm) * -(-p.N // bn)
+
+
+def _pick_warps(p: Problem, dev: DeviceFacts, options, bm_of, bn_of):
+    """Largest tile that still gives at least one full wave of blocks; else the smallest."""
+    for warps in options:
+        if _tiles(p, bm_of(warps), bn_of(warps)) * p.batch_total >= dev.sm_count:
+            return warps
+    return options[-1]
+
+
+class Family:
+    name = ""
+    source = ""
+    entry = ""
+    min_cc = (7, 0)
+    precisions: tuple[str, ...] = ()
+
+    def reject(self, p: Problem, dev: DeviceFacts) -> str | None:
+        if dev.cc < self.min_cc:
+            return f"needs sm{self.min_cc[0]}{self.min_cc[1]}+, device is {dev.arch}"
+        if p.precision not in self.precisions:
+            return f"does not compute precision '{p.precision}'"
+        return None
+
+    def configure(self, p: Problem, dev: DeviceFacts) -> KernelConfig:  # pragma: no cover
+        raise NotImplementedError
+
+
+class Scalar(Family):
+    """One output per thread, 16x16 shared tiles, any strides: the last resort."""
+
+    name, source, entry = "scalar", "scalar.cu", "fastmm_scalar"
+    precisions = ("ieee", "tf32", "tf32x3")  # fp32 FMA is at least as accurate as any of them
+
+    def configure(self, p, dev):
+        tiles = _tiles(p, 16, 16)
+        return KernelConfig(self.name, self.source, self.entry, (), 256, (16, 16, 1),
+                            _grid(min(tiles, 2**31 - 1), p.batch_total), 0, (16, 16, 16),
+                            (("loads", "single floats, any stride"), ("math", "fp32 FMA")))
+
+
+class _Simt(Family):
+    precisions = ("ieee", "tf32", "tf32x3")  # full fp32; serves tf32 requests where no TF32 path can
+    warp_options = ((2, 4), (2, 2), (1, 2))  # (WARPS_M, WARPS_N): 128x128, 128x64, 64x64
+    bk = 8
+    a_transpose_mode = LOAD_VEC_K  # how a k-contiguous, vector-able A is loaded
+
+    def load_modes(self, p: Problem):
+        sAm, sAk = p.a_strides
+        sBk, sBn = p.b_strides
+        if sAm == 1 and _vec_ok(p.M, sAk, p.a_batch_strides, p.a_align):
+            a = LOAD_VEC_FAST
+        elif sAk == 1 and _vec_ok(p.K, sAm, p.a_batch_strides, p.a_align):
+            a = self.a_transpose_mode
+        elif sAm == 1 and sAk != 1:
+            a = LOAD_ELEM_FAST
+        else:
+            a = LOAD_ELEM_K
+        if sBn == 1 and _vec_ok(p.N, sBk, p.b_batch_strides, p.b_align):
+            b = LOAD_VEC_FAST
+        elif sBk == 1 and _vec_ok(p.K, sBn, p.b_batch_strides, p.b_align):
+            b = self.a_transpose_mode
+        elif sBk == 1 and sBn != 1:
+            b = LOAD_ELEM_K
+        else:
+            b = LOAD_ELEM_FAST
+        c_vec = p.c_strides[1] == 1 and _vec_ok(p.N, p.c_strides[0], p.c_batch_strides, p.c_align)
+        return a, b, c_vec
+
+    def smem_bytes(self, bm, bn, stages):
+        return 0
+
+    def extra_macros(self, p, dev, bm, bn):
+        return ()
+
+    def configure(self, p, dev):
+        wm, wn = _pick_warps(p, dev, self.warp_options, lambda w: w[0] * 64, lambda w: w[1] * 32)
+        bm, bn = wm * 64, wn * 32
+        a, b, c_vec = self.load_modes(p)
+        extra = self.extra_macros(p, dev, bm, bn)
+        macros = (("WARPS_M", wm), ("WARPS_N", wn), ("BK", self.bk), ("A_MODE", a), ("B_MODE", b),
+                  ("C_VEC", int(c_vec))) + extra
+        smem = self.smem_bytes(bm, bn, dict(extra).get("STAGES", 2))
+        threads = wm * wn * 32
+        details = (("A loads", LOAD_NAMES[a]), ("B loads", LOAD_NAMES[b]),
+                   ("C stores", "float4" if c_vec else "single floats"), ("math", "fp32 FFMA, 8x8 per thread"))
+        return KernelConfig(self.name, self.source, self.entry, macros, threads, (threads, 1, 1),
+                            _grid(_tiles(p, bm, bn), p.batch_total), smem, (bm, bn, self.bk), details)
+
+
+class SimtFloat4(_Simt):
+    """Register-staged SIMT: float4 global loads where the layout allows, any arch."""
+
+    name, source, entry = "simt_float4", "simt_float4.cu", "fastmm_simt_float4"
+
+
+class SimtCpAsync(_Simt):
+    """cp.async multi-stage SIMT (sm80+)."""
+
+    name, source, entry = "simt_cp_async", "simt_cp_async.cu", "fastmm_simt_cp_async"
+    min_cc = (8, 0)
+    a_transpose_mode = LOAD_ELEM_K  # cp.async cannot transpose a vector
+    stages = 4
+
+    def smem_bytes(self, bm, bn, stages):
+        return stages * self.bk * ((bm + 4) + (bn + 4)) * 4
+
+    def extra_macros(self, p, dev, bm, bn):
+        stages = self.stages
+        while stages > 2 and self.smem_bytes(bm, bn, stages) > dev.smem_per_block_optin:
+            stages -= 1
+        return (("STAGES", stages),)
+
+
+class Tf32Mma(Family):
+    """Tensor cores through mma.sync m16n8k8 TF32 (sm80+); also tf32x3 (3 products per step)."""
+
+    name, source, entry = "tf32_mma", "tf32_mma.cu", "fastmm_tf32_mma"
+    min_cc = (8, 0)
+    precisions = ("tf32", "tf32x3")
+    warp_options = ((2, 4), (2, 2), (1, 2))
+    bk = 32
+    max_stages = 3  # 3 x 35 KiB: two 256-thread blocks fit in an H100/H200 SM
+
+    @staticmethod
+    def warp_n(x3: bool) -> int:
+        """Warp tile 64 x 32; 64 x 16 for tf32x3, which holds three accumulator sets."""
+        return 16 if x3 else 32
+
+    def configure(self, p, dev):
+        wn_ = self.warp_n(p.precision == "tf32x3")
+        wm, wn = _pick_warps(p, dev, self.warp_options, lambda w: w[0] * 64, lambda w: w[1] * wn_)
+        bm, bn = wm * 64, wn * wn_
+        sAm, sAk = p.a_strides
+        sBk, sBn = p.b_strides
+        a_mk = sAk == 1 or sAm != 1
+        b_kn = sBn == 1 or sBk != 1
+        a_vec = (_vec_ok(p.K, sAm, p.a_batch_strides, p.a_align) if a_mk and sAk == 1 else
+                 (not a_mk) and _vec_ok(p.M, sAk, p.a_batch_strides, p.a_align))
+        b_vec = (_vec_ok(p.N, sBk, p.b_batch_strides, p.b_align) if b_kn and sBn == 1 else
+                 (not b_kn) and _vec_ok(p.K, sBn, p.b_batch_strides, p.b_align))
+        sCm, sCn = p.c_strides
+        c_vec = (sCn == 1 and p.N % 2 == 0 and sCm % 2 == 0 and p.c_align >= 8
+                 and all(s % 2 == 0 for s in p.c_batch_strides))
+        a_floats = bm * (self.bk + 4) if a_mk else self.bk * (bm + 8)
+        b_floats = self.bk * (bn + 8) if b_kn else bn * (self.bk + 4)
+        per_stage = (a_floats + b_floats) * 4
+        stages = max(2, min(self.max_stages, dev.smem_per_block_optin // per_stage))
+        x3 = p.precision == "tf32x3"
+        macros = (("WARPS_M", wm), ("WARPS_N", wn), ("WARP_N", self.warp_n(x3)), ("STAGES", stages), ("A_SMEM_MK", int(a_mk)),
+                  ("A_VEC", int(a_vec)), ("B_SMEM_KN", int(b_kn)), ("B_VEC", int(b_vec)),
+                  ("C_VEC", int(c_vec)), ("PRECISION_X3", int(x3)))
+        threads = wm * wn * 32
+        details = (
+            ("A in smem", "[m][k]" if a_mk else "[k][m]"), ("A loads", "16-byte cp.async" if a_vec else "4-byte cp.async"),
+            ("B in smem", "[k][n]" if b_kn else "[n][k]"), ("B loads", "16-byte cp.async" if b_vec else "4-byte cp.async"),
+            ("C stores", "float2" if c_vec else "single floats"),
+            ("math", "3xTF32 mma.sync (big*big + separate small cross terms)" if x3 else
+             "TF32 mma.sync m16n8k8, inputs rounded with cvt.rna, fp32 accumulate"))
+        return KernelConfig(self.name, self.source, self.entry, macros, threads, (threads, 1, 1),
+                            _grid(_tiles(p, bm, bn), p.batch_total), per_stage * stages, (bm, bn, self.bk), details)
+
+
+#: Families in order of preference within a precision (first that accepts wins).
+FAMILIES: dict[str, Family] = {f.name: f for f in (Tf32Mma(), SimtCpAsync(), SimtFloat4(), Scalar())}

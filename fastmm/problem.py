@@ -1,0 +1,83 @@
+"""What the dispatcher decides from: the device's facts and the problem's shape, strides,
+alignment and precision. Plain frozen dataclasses (hashable: a Problem is the plan-cache key)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PRECISIONS = ("ieee", "tf32", "tf32x3")
+
+
+@dataclass(frozen=True)
+class DeviceFacts:
+    """The properties of one GPU the planner needs. Read from the driver by
+    :func:`fastmm.runtime.device.device_facts`, or made up by :meth:`simulated` for tests."""
+
+    index: int
+    name: str
+    cc: tuple[int, int]
+    sm_count: int
+    smem_per_block_optin: int
+    smem_per_sm: int
+    l2_bytes: int
+    simulated: bool = False
+
+    @property
+    def arch(self) -> str:
+        return f"sm_{self.cc[0]}{self.cc[1]}"
+
+    @classmethod
+    def simulated_device(cls, arch: str, index: int = 0) -> "DeviceFacts":
+        """A device with the published limits of a real part of that arch (for CPU-side tests and
+        for showing plans where there is no GPU)."""
+        table = {
+            "sm_75": ("simulated T4", (7, 5), 40, 64 * 1024, 64 * 1024, 4 << 20),
+            "sm_80": ("simulated A100", (8, 0), 108, 163 * 1024, 164 * 1024, 40 << 20),
+            "sm_86": ("simulated RTX A6000", (8, 6), 84, 99 * 1024, 100 * 1024, 6 << 20),
+            "sm_89": ("simulated L40S", (8, 9), 142, 99 * 1024, 100 * 1024, 96 << 20),
+            "sm_90": ("simulated H200", (9, 0), 132, 227 * 1024, 228 * 1024, 60 << 20),
+        }
+        name, cc, sms, optin, per_sm, l2 = table[arch]
+        return cls(index, name, cc, sms, optin, per_sm, l2, simulated=True)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """C[z] = A[z] @ B[z] for z < batch_total, each operand described by element strides.
+
+    The batch is at most two broadcast dimensions (z = z0 * batch_inner + z1); ``*_batch_strides``
+    are the strides of (z0, z1). ``*_align`` is the largest of 16/8/4/1 bytes dividing the
+    operand's data pointer.
+    """
+
+    M: int
+    N: int
+    K: int
+    a_strides: tuple[int, int]  # (along M, along K)
+    b_strides: tuple[int, int]  # (along K, along N)
+    c_strides: tuple[int, int]  # (along M, along N)
+    batch_inner: int = 1
+    batch_total: int = 1
+    a_batch_strides: tuple[int, int] = (0, 0)
+    b_batch_strides: tuple[int, int] = (0, 0)
+    c_batch_strides: tuple[int, int] = (0, 0)
+    a_align: int = 16
+    b_align: int = 16
+    c_align: int = 16
+    precision: str = "ieee"
+
+    @classmethod
+    def dense(cls, M: int, N: int, K: int, precision: str = "ieee", batch: int = 1,
+              a_t: bool = False, b_t: bool = False, align: int = 16) -> "Problem":
+        """Contiguous (optionally transposed-view) operands: handy for tests and explain text."""
+        a = (1, M) if a_t else (K, 1)
+        b = (1, K) if b_t else (N, 1)
+        return cls(M, N, K, a, b, (N, 1), 1, batch, (0, M * K), (0, K * N), (0, M * N),
+                   align, align, align, precision)
+
+    def layout_of(self, which: str) -> str:
+        s = {"a": self.a_strides, "b": self.b_strides, "c": self.c_strides}[which]
+        if s[1] == 1:
+            return "row-major"
+        if s[0] == 1:
+            return "column-major"
+        return "strided"

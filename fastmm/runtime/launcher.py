@@ -1,0 +1,97 @@
+"""Loaded kernels and their launch.
+
+One loaded module per (device, kernel key), kept for the life of the process, so the steady-state
+call is a dict lookup plus one launch. Launches go on the stream PyTorch considers current for the
+device; nothing here synchronizes. Compiling or loading while a CUDA graph is being captured is
+refused by the caller (api), since both would break the capture.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..families import DEFAULT_SMEM, KernelConfig
+from ..problem import DeviceFacts
+from .cache import default_cache, kernel_key
+from .compiler import compile_cubin, nvrtc_version
+from .sources import source_digest
+
+
+@dataclass
+class LoadedKernel:
+    kernel: object  # cuda.core Kernel
+    launch_config: object  # cuda.core LaunchConfig (grid/block/smem of the plan)
+    key: str
+    state: str  # how it got here: "compiled", "disk"; "memory" once reused
+    path: Path | None
+
+
+_modules: dict[tuple[int, str], tuple[object, str, Path | None]] = {}
+_guard = threading.Lock()
+_streams: dict[int, object] = {}
+
+
+def key_for(cfg: KernelConfig, arch: str) -> str:
+    return kernel_key(source_digest(cfg.source), cfg.macros, arch, nvrtc_version())
+
+
+def is_loaded(dev: DeviceFacts, cfg: KernelConfig) -> bool:
+    return (dev.index, key_for(cfg, dev.arch)) in _modules
+
+
+def load(dev: DeviceFacts, cfg: KernelConfig) -> LoadedKernel:
+    """Compile (or fetch from the disk cache) and load ``cfg`` for ``dev``; cached per process."""
+    from cuda.core import Device, LaunchConfig, ObjectCode
+
+    key = key_for(cfg, dev.arch)
+    slot = (dev.index, key)
+    entry = _modules.get(slot)
+    state = "memory"
+    if entry is None:
+        with _guard:
+            entry = _modules.get(slot)
+            if entry is None:
+                res = default_cache().get_or_compile(
+                    cfg.family + "-" + dev.arch, key, dev.arch, lambda: compile_cubin(cfg.source, cfg.macros, dev.arch))
+                Device(dev.index).set_current()  # load into (and set attributes for) this device
+                kernel = ObjectCode.from_cubin(res.cubin, name=cfg.entry).get_kernel(cfg.entry)
+                if cfg.smem > DEFAULT_SMEM:
+                    _allow_dynamic_smem(kernel, cfg.smem, dev.index)
+                entry = (kernel, res.state, res.path)
+                _modules[slot] = entry
+                state = res.state
+    kernel, _, path = entry
+    lc = LaunchConfig(grid=cfg.grid, block=cfg.block_dims, shmem_size=cfg.smem)
+    return LoadedKernel(kernel, lc, key, state, path)
+
+
+def _allow_dynamic_smem(kernel, nbytes: int, device_index: int) -> None:
+    """Opt in to more than 48 KiB of dynamic shared memory (a per-kernel attribute)."""
+    from cuda.bindings import driver
+
+    attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    handle = kernel.handle
+    if isinstance(handle, driver.CUkernel):
+        err, dev = driver.cuDeviceGet(device_index)
+        (err,) = driver.cuKernelSetAttribute(attr, nbytes, handle, dev)
+    else:
+        (err,) = driver.cuFuncSetAttribute(handle, attr, nbytes)
+    if int(err) != 0:
+        raise RuntimeError(f"could not allow {nbytes} B of dynamic shared memory: {err}")
+
+
+def stream_for(handle: int):
+    """A cuda.core view of a foreign (PyTorch) stream, made once per handle."""
+    s = _streams.get(handle)
+    if s is None:
+        from cuda.core import Stream
+
+        s = _streams[handle] = Stream.from_handle(handle)
+    return s
+
+
+def launch(loaded: LoadedKernel, stream_handle: int, args: tuple) -> None:
+    from cuda.core import launch as cc_launch
+
+    cc_launch(stream_for(stream_handle), loaded.launch_config, loaded.kernel, *args)
