@@ -23,21 +23,24 @@ def run_cfg(cfg, plan, a, b, c):
                                      *p.c_batch_strides))
 
 
-def with_macros(cfg, **over):
+def with_macros(cfg, M, N, **over):
+    """``cfg`` with some macros replaced; tile, block, grid and shared memory recomputed."""
     m = dict(cfg.macros)
     m.update(over)
-    smem = cfg.smem
-    if cfg.family == "simt_cp_async":
-        bm, bn = m["WARPS_M"] * 64, m["WARPS_N"] * 32
-        smem = m["STAGES"] * m["BK"] * ((bm + 4) + (bn + 4)) * 4
-        tile = (bm, bn, m["BK"])
-    elif cfg.family == "tf32_mma":
-        per = cfg.smem // dict(cfg.macros)["STAGES"]
-        smem = per * m["STAGES"]
-        tile = cfg.tile
+    wm, wn = m.get("WARPS_M", 2), m.get("WARPS_N", 4)
+    if cfg.family == "tf32_mma":
+        wtn = m.get("WARP_N", 32)
+        bm, bn, bk = wm * 64, wn * wtn, 32
+        a_f = bm * (bk + 4) if m["A_SMEM_MK"] else bk * (bm + 8)
+        b_f = bk * (bn + 8) if m["B_SMEM_KN"] else bn * (bk + 4)
+        smem = (a_f + b_f) * 4 * m["STAGES"]
     else:
-        tile = (m.get("WARPS_M", 2) * 64, m.get("WARPS_N", 4) * 32, m.get("BK", 8))
-    return dataclasses.replace(cfg, macros=tuple(m.items()), smem=smem, tile=tile)
+        bm, bn, bk = wm * 64, wn * 32, m.get("BK", 8)
+        smem = m["STAGES"] * bk * ((bm + 4) + (bn + 4)) * 4 if cfg.family == "simt_cp_async" else 0
+    threads = wm * wn * 32
+    tiles = -(-M // bm) * -(-N // bn)
+    return dataclasses.replace(cfg, macros=tuple(m.items()), smem=smem, tile=(bm, bn, bk), block=threads,
+                               block_dims=(threads, 1, 1), grid=(tiles, 1, cfg.grid[2]))
 
 
 def rel_err(c, a, b):
@@ -101,22 +104,22 @@ def main():
     torch.backends.cuda.matmul.allow_tf32 = False
     s = api.analyse(a, b)
     for prec, fam, variants in [
-        ("ieee", "simt_cp_async", [dict(), dict(MIN_BLOCKS=2), dict(BK=16, STAGES=3), dict(BK=16, STAGES=3, MIN_BLOCKS=2), dict(BK=8, STAGES=3, MIN_BLOCKS=2)]),
-        ("ieee", "simt_float4", [dict(), dict(MIN_BLOCKS=2)]),
-        ("tf32", "tf32_mma", [dict(), dict(STAGES=4), dict(STAGES=2), dict(WARP_N=64, WARPS_N=2)]),
-        ("tf32x3", "tf32_mma", [dict()]),
+        ("ieee", "simt_cp_async", [dict(), dict(MIN_BLOCKS=2), dict(BK=16, STAGES=3), dict(BK=16, STAGES=2, MIN_BLOCKS=2),
+                                   dict(BK=16, STAGES=4), dict(BK=32, STAGES=2), dict(BK=32, STAGES=3), dict(BK=16, STAGES=3, WARPS_M=2, WARPS_N=2)]),
+        ("ieee", "simt_float4", [dict(), dict(MIN_BLOCKS=2), dict(BK=16)]),
+        ("tf32", "tf32_mma", [dict(), dict(STAGES=4), dict(STAGES=2), dict(WARP_N=64, WARPS_N=2), dict(WARP_N=64, WARPS_N=2, STAGES=4),
+                              dict(WARPS_M=2, WARPS_N=2, WARP_N=64)]),
+        ("tf32x3", "tf32_mma", [dict(), dict(PROMOTE=0), dict(WARP_N=32), dict(STAGES=4)]),
     ]:
         p, _ = api.build_problem(s, c, prec)
         plan = api.plan_for(p, 0, fam)
         for v in variants:
-            cfg = with_macros(plan.kernel, **v)
-            if "WARP_N" in v:
-                cfg = dataclasses.replace(cfg, grid=((M // 128) * (N // 128), 1, 1))
+            cfg = with_macros(plan.kernel, M, N, **v)
             try:
                 c.fill_(float("nan"))
                 run_cfg(cfg, plan, a, b, c)
                 torch.cuda.synchronize()
-                err = rel_err(c[:256], a[:256], b)
+                err = rel_err(c[:512], a[:512], b)
                 t = time_ms(lambda: run_cfg(cfg, plan, a, b, c))
                 rows.append((f"{fam} {prec} {v}", t, flops / t / 1e9, err))
             except Exception as exc:
