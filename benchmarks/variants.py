@@ -35,7 +35,7 @@ def with_macros(cfg, M, N, **over):
         b_f = bk * (bn + 8) if m["B_SMEM_KN"] else bn * (bk + 4)
         smem = (a_f + b_f) * 4 * m["STAGES"]
     else:
-        bm, bn, bk = wm * 64, wn * 32, m.get("BK", 8)
+        bm, bn, bk = wm * 64, wn * (32 if m.get("THREAD_M", 8) == 8 else 64), m.get("BK", 8)
         smem = m["STAGES"] * bk * ((bm + 4) + (bn + 4)) * 4 if cfg.family == "simt_cp_async" else 0
     threads = wm * wn * 32
     tiles = -(-M // bm) * -(-N // bn)
@@ -104,12 +104,11 @@ def main():
     torch.backends.cuda.matmul.allow_tf32 = False
     s = api.analyse(a, b)
     for prec, fam, variants in [
-        ("ieee", "simt_cp_async", [dict(), dict(MIN_BLOCKS=2), dict(BK=16, STAGES=3), dict(BK=16, STAGES=2, MIN_BLOCKS=2),
-                                   dict(BK=16, STAGES=4), dict(BK=32, STAGES=2), dict(BK=32, STAGES=3), dict(BK=16, STAGES=3, WARPS_M=2, WARPS_N=2)]),
-        ("ieee", "simt_float4", [dict(), dict(MIN_BLOCKS=2), dict(BK=16)]),
-        ("tf32", "tf32_mma", [dict(), dict(STAGES=4), dict(STAGES=2), dict(WARP_N=64, WARPS_N=2), dict(WARP_N=64, WARPS_N=2, STAGES=4),
-                              dict(WARPS_M=2, WARPS_N=2, WARP_N=64)]),
-        ("tf32x3", "tf32_mma", [dict(), dict(PROMOTE=0), dict(WARP_N=32), dict(STAGES=4)]),
+        ("ieee", "simt_cp_async", [dict(), dict(WARPS_M=4, WARPS_N=2), dict(WARPS_M=2, WARPS_N=2), dict(BK=8, STAGES=4),
+                                   dict(STAGES=4), dict(STAGES=2), dict(THREAD_M=8), dict(BK=32, STAGES=2)]),
+        ("ieee", "simt_float4", [dict(), dict(THREAD_M=8, MIN_BLOCKS=2), dict(WARPS_M=2, WARPS_N=2), dict(BK=16)]),
+        ("tf32", "tf32_mma", [dict(), dict(STAGES=4), dict(STAGES=2)]),
+        ("tf32x3", "tf32_mma", [dict(), dict(WARP_N=64, WARPS_N=2)]),
     ]:
         p, _ = api.build_problem(s, c, prec)
         plan = api.plan_for(p, 0, fam)

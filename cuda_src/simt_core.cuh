@@ -6,9 +6,11 @@
 // loads (LDS.128); the pad keeps the transposing stores of row-major A free of bank conflicts
 // and leaves rows 16-byte aligned.
 //
-// Block = WARPS_M x WARPS_N warps; a warp computes 64 x 32 of C as 8 x 4 lanes, each lane an
-// 8 x 8 thread tile split into 2 x 2 sub-tiles of 4 x 4 so that the lanes of a warp read
-// consecutive float4s (one wavefront for A, a broadcast for B).
+// Block = WARPS_M x WARPS_N warps. Each lane computes a THREAD_M x 8 thread tile made of 4 x 4
+// sub-tiles, spread so that the lanes of a warp read consecutive float4s of A and of B:
+//   THREAD_M = 8:  lanes 8 (m) x 4 (n), warp tile 64 x 32; 16 floats read per 64 FFMA.
+//   THREAD_M = 16: lanes 4 (m) x 8 (n), warp tile 64 x 64; 24 floats per 128 FFMA - a third less
+//                  shared-memory traffic per FFMA, which is what limits the 8 x 8 tile on sm90.
 #pragma once
 #include "common.cuh"
 
@@ -22,9 +24,17 @@
 #define BK 8
 #endif
 
+#ifndef THREAD_M
+#define THREAD_M 8
+#endif
+#define THREAD_N 8
+#define LANES_M (THREAD_M == 8 ? 8 : 4)
+#define LANES_N (32 / LANES_M)
+#define A_GROUP_STRIDE (LANES_M * 4)  // distance between a lane's 4-row groups
+#define B_GROUP_STRIDE (LANES_N * 4)  // distance between a lane's two 4-column groups
 #define THREADS (WARPS_M * WARPS_N * 32)
-#define BM (WARPS_M * 64)
-#define BN (WARPS_N * 32)
+#define BM (WARPS_M * LANES_M * THREAD_M)
+#define BN (WARPS_N * LANES_N * THREAD_N)
 #define PAD 4
 #ifndef MIN_BLOCKS
 #define MIN_BLOCKS 1  // 2 caps registers at 128 for two 256-thread blocks per SM (small spills)
@@ -92,22 +102,24 @@ struct TileCursor {
     }
 };
 
-// One step of k: 8 A values x 8 B values -> 64 FFMA into acc.
+// One step of k: THREAD_M A values x 8 B values -> THREAD_M * 8 FFMA into acc.
 __device__ __forceinline__ void outer_product_step(const float* As, const float* Bs, int k,
-                                                   int am, int bn, float acc[8][8]) {
-    float a[8], b[8];
-    *(float4*)&a[0] = *(const float4*)&As[k * A_STRIDE + am];
-    *(float4*)&a[4] = *(const float4*)&As[k * A_STRIDE + am + 32];
-    *(float4*)&b[0] = *(const float4*)&Bs[k * B_STRIDE + bn];
-    *(float4*)&b[4] = *(const float4*)&Bs[k * B_STRIDE + bn + 16];
+                                                   int am, int bn, float acc[THREAD_M][THREAD_N]) {
+    float a[THREAD_M], b[THREAD_N];
 #pragma unroll
-    for (int i = 0; i < 8; ++i)
+    for (int g = 0; g < THREAD_M / 4; ++g)
+        *(float4*)&a[4 * g] = *(const float4*)&As[k * A_STRIDE + am + g * A_GROUP_STRIDE];
 #pragma unroll
-        for (int j = 0; j < 8; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+    for (int h = 0; h < 2; ++h)
+        *(float4*)&b[4 * h] = *(const float4*)&Bs[k * B_STRIDE + bn + h * B_GROUP_STRIDE];
+#pragma unroll
+    for (int i = 0; i < THREAD_M; ++i)
+#pragma unroll
+        for (int j = 0; j < THREAD_N; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
 }
 
 __device__ __forceinline__ void compute_tile(const float* As, const float* Bs, int am, int bn,
-                                             float acc[8][8]) {
+                                             float acc[THREAD_M][THREAD_N]) {
 #pragma unroll
     for (int k = 0; k < BK; ++k) outer_product_step(As, Bs, k, am, bn, acc);
 }
@@ -115,21 +127,28 @@ __device__ __forceinline__ void compute_tile(const float* As, const float* Bs, i
 // Thread's place in the block tile: first A column (m) and B column (n) of its sub-tiles.
 __device__ __forceinline__ void thread_origin(int& am, int& bn) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    am = (warp / WARPS_N) * 64 + (lane / 4) * 4;
-    bn = (warp % WARPS_N) * 32 + (lane % 4) * 4;
+    am = (warp / WARPS_N) * (LANES_M * THREAD_M) + (lane / LANES_N) * 4;
+    bn = (warp % WARPS_N) * (LANES_N * THREAD_N) + (lane % LANES_N) * 4;
 }
 
-// Write the 8 x 8 thread tile; rows/cols outside C are skipped. C_VEC: C rows contiguous,
-// N % 4 == 0 and 16-byte aligned, so a float4 is either wholly inside or wholly outside.
-__device__ __forceinline__ void store_tile(float* Cb, int M, int N, i64 sCm, i64 sCn,
-                                           int m0, int n0, int am, int bn, const float acc[8][8]) {
+__device__ __forceinline__ void zero_tile(float acc[THREAD_M][THREAD_N]) {
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-        const int m = m0 + am + (i / 4) * 32 + (i % 4);
+    for (int i = 0; i < THREAD_M; ++i)
+#pragma unroll
+        for (int j = 0; j < THREAD_N; ++j) acc[i][j] = 0.f;
+}
+
+// Write the thread tile; rows/cols outside C are skipped. C_VEC: C rows contiguous,
+// N % 4 == 0 and 16-byte aligned, so a float4 is either wholly inside or wholly outside.
+__device__ __forceinline__ void store_tile(float* Cb, int M, int N, i64 sCm, i64 sCn, int m0, int n0,
+                                           int am, int bn, const float acc[THREAD_M][THREAD_N]) {
+#pragma unroll
+    for (int i = 0; i < THREAD_M; ++i) {
+        const int m = m0 + am + (i / 4) * A_GROUP_STRIDE + (i % 4);
         if (m >= M) continue;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            const int n = n0 + bn + h * 16;
+            const int n = n0 + bn + h * B_GROUP_STRIDE;
 #if C_VEC
             if (n < N)
                 *(float4*)&Cb[(i64)m * sCm + n] =

@@ -54,11 +54,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) fastmm_simt_cp
             TileCursor<B_MODE, BN> cb;
             ca.init(Ab, M, sAm, sAk, m0);
             cb.init(Bb, N, sBn, sBk, n0);
-            float acc[8][8];
-#pragma unroll
-            for (int i = 0; i < 8; ++i)
-#pragma unroll
-                for (int j = 0; j < 8; ++j) acc[i][j] = 0.f;
+            float acc[THREAD_M][THREAD_N];
+            zero_tile(acc);
 
             // Prologue: STAGES-1 tiles in flight. Every thread commits a group per step, even an
             // empty one, so the wait counts below stay uniform.

@@ -61,11 +61,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) fastmm_simt_fl
             int tm, tn;
             tile_coords<8>(tile, tiles_m, tiles_n, tm, tn);
             const int m0 = tm * BM, n0 = tn * BN;
-            float acc[8][8];
-#pragma unroll
-            for (int i = 0; i < 8; ++i)
-#pragma unroll
-                for (int j = 0; j < 8; ++j) acc[i][j] = 0.f;
+            float acc[THREAD_M][THREAD_N];
+            zero_tile(acc);
 
             StagedTile<A_MODE, BM> a;
             StagedTile<B_MODE, BN> b;

@@ -61,11 +61,12 @@ def _tiles(p: Problem, bm: int, bn: int) -> int:
     return -(-p.M // bm) * -(-p.N // bn)
 
 
-def _pick_warps(p: Problem, dev: DeviceFacts, options, bm_of, bn_of):
-    """Largest tile that still gives at least one full wave of blocks; else the smallest."""
-    for warps in options:
-        if _tiles(p, bm_of(warps), bn_of(warps)) * p.batch_total >= dev.sm_count:
-            return warps
+def _pick_tile(p: Problem, dev: DeviceFacts, options, tile_of):
+    """First (largest) option whose tiles fill at least one wave of blocks; else the smallest."""
+    for opt in options:
+        bm, bn = tile_of(opt)
+        if _tiles(p, bm, bn) * p.batch_total >= dev.sm_count:
+            return opt
     return options[-1]
 
 
@@ -102,9 +103,15 @@ class Scalar(Family):
 
 class _Simt(Family):
     precisions = ("ieee", "tf32", "tf32x3")  # full fp32; serves tf32 requests where no TF32 path can
-    warp_options = ((2, 4), (2, 2), (1, 2))  # (WARPS_M, WARPS_N): 128x128, 128x64, 64x64
+    # (WARPS_M, WARPS_N, THREAD_M), largest tile first: 128x256, 128x128, 128x64, 64x64.
+    tile_options = ((2, 4, 16), (2, 2, 16), (2, 2, 8), (1, 2, 8))
     bk = 8
     a_transpose_mode = LOAD_VEC_K  # how a k-contiguous, vector-able A is loaded
+
+    @staticmethod
+    def tile_of(opt):
+        wm, wn, tm = opt
+        return wm * 64, wn * (32 if tm == 8 else 64)
 
     def load_modes(self, p: Problem):
         sAm, sAk = p.a_strides
@@ -135,16 +142,18 @@ class _Simt(Family):
         return ()
 
     def configure(self, p, dev):
-        wm, wn = _pick_warps(p, dev, self.warp_options, lambda w: w[0] * 64, lambda w: w[1] * 32)
-        bm, bn = wm * 64, wn * 32
+        opt = _pick_tile(p, dev, self.tile_options, self.tile_of)
+        wm, wn, tm = opt
+        bm, bn = self.tile_of(opt)
         a, b, c_vec = self.load_modes(p)
         extra = self.extra_macros(p, dev, bm, bn)
-        macros = (("WARPS_M", wm), ("WARPS_N", wn), ("BK", self.bk), ("A_MODE", a), ("B_MODE", b),
-                  ("C_VEC", int(c_vec))) + extra
+        macros = (("WARPS_M", wm), ("WARPS_N", wn), ("THREAD_M", tm), ("BK", self.bk), ("A_MODE", a),
+                  ("B_MODE", b), ("C_VEC", int(c_vec))) + extra
         smem = self.smem_bytes(bm, bn, dict(extra).get("STAGES", 2))
         threads = wm * wn * 32
         details = (("A loads", LOAD_NAMES[a]), ("B loads", LOAD_NAMES[b]),
-                   ("C stores", "float4" if c_vec else "single floats"), ("math", "fp32 FFMA, 8x8 per thread"))
+                   ("C stores", "float4" if c_vec else "single floats"),
+                   ("math", f"fp32 FFMA, {tm}x8 outputs per thread"))
         return KernelConfig(self.name, self.source, self.entry, macros, threads, (threads, 1, 1),
                             _grid(_tiles(p, bm, bn), p.batch_total), smem, (bm, bn, self.bk), details)
 
@@ -161,7 +170,8 @@ class SimtCpAsync(_Simt):
     name, source, entry = "simt_cp_async", "simt_cp_async.cu", "fastmm_simt_cp_async"
     min_cc = (8, 0)
     a_transpose_mode = LOAD_ELEM_K  # cp.async cannot transpose a vector
-    stages = 4
+    bk = 16
+    stages = 3
 
     def smem_bytes(self, bm, bn, stages):
         return stages * self.bk * ((bm + 4) + (bn + 4)) * 4
@@ -179,19 +189,22 @@ class Tf32Mma(Family):
     name, source, entry = "tf32_mma", "tf32_mma.cu", "fastmm_tf32_mma"
     min_cc = (8, 0)
     precisions = ("tf32", "tf32x3")
-    warp_options = ((2, 4), (2, 2), (1, 2))
     bk = 32
-    max_stages = 3  # 3 x 35 KiB: two 256-thread blocks fit in an H100/H200 SM
+    max_stages = 3  # 3 x 35 KiB: two 128x128 blocks fit in an H100/H200 SM
 
     @staticmethod
-    def warp_n(x3: bool) -> int:
-        """Warp tile 64 x 32; 64 x 16 for tf32x3, which holds three accumulator sets."""
-        return 16 if x3 else 32
+    def tile_options(x3: bool):
+        """(WARPS_M, WARPS_N, WARP_N), largest tile first. Warps are 64 x 64 for tf32; 64 x 32
+        for tf32x3, which holds three accumulator sets."""
+        if x3:
+            return ((2, 4, 32), (2, 2, 32), (1, 2, 32))
+        return ((2, 2, 64), (1, 2, 64), (1, 1, 64))
 
     def configure(self, p, dev):
-        wn_ = self.warp_n(p.precision == "tf32x3")
-        wm, wn = _pick_warps(p, dev, self.warp_options, lambda w: w[0] * 64, lambda w: w[1] * wn_)
-        bm, bn = wm * 64, wn * wn_
+        x3 = p.precision == "tf32x3"
+        opt = _pick_tile(p, dev, self.tile_options(x3), lambda o: (o[0] * 64, o[1] * o[2]))
+        wm, wn, warp_n = opt
+        bm, bn = wm * 64, wn * warp_n
         sAm, sAk = p.a_strides
         sBk, sBn = p.b_strides
         a_mk = sAk == 1 or sAm != 1
@@ -207,8 +220,7 @@ class Tf32Mma(Family):
         b_floats = self.bk * (bn + 8) if b_kn else bn * (self.bk + 4)
         per_stage = (a_floats + b_floats) * 4
         stages = max(2, min(self.max_stages, dev.smem_per_block_optin // per_stage))
-        x3 = p.precision == "tf32x3"
-        macros = (("WARPS_M", wm), ("WARPS_N", wn), ("WARP_N", self.warp_n(x3)), ("STAGES", stages), ("A_SMEM_MK", int(a_mk)),
+        macros = (("WARPS_M", wm), ("WARPS_N", wn), ("WARP_N", warp_n), ("STAGES", stages), ("A_SMEM_MK", int(a_mk)),
                   ("A_VEC", int(a_vec)), ("B_SMEM_KN", int(b_kn)), ("B_VEC", int(b_vec)),
                   ("C_VEC", int(c_vec)), ("PRECISION_X3", int(x3)))
         threads = wm * wn * 32
