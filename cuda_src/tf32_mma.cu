@@ -73,20 +73,27 @@ __device__ __forceinline__ void copy_tile(float* S, const float* base, int R, in
                                           i64 s_col, int r0, int c0) {
     constexpr int W = VEC ? 4 : 1;
     constexpr int ROW_UNITS = COLS / W;
-    constexpr int DR = THREADS / ROW_UNITS;  // rows between one thread's consecutive units
-    static_assert(ROWS * ROW_UNITS % THREADS == 0 && THREADS % ROW_UNITS == 0, "tile must split evenly");
-    // Thread's units: (r_t + p * DR, c_t); written without dividing the unit index so the
-    // address is one pointer stepped by a loop-invariant stride.
-    const int r_t = threadIdx.x / ROW_UNITS, c_t = (threadIdx.x % ROW_UNITS) * W;
+    constexpr int TPR = ROW_UNITS < THREADS ? ROW_UNITS : THREADS;  // threads across one row
+    constexpr int CPT = ROW_UNITS / TPR;                            // units per thread per row
+    constexpr int DR = THREADS / TPR;                               // rows per pass of the block
+    static_assert(ROW_UNITS % TPR == 0 && THREADS % TPR == 0 && ROWS % DR == 0, "tile must split evenly");
+    // Thread's units: (r_t + p * DR, c_t + j * TPR * W); written without dividing a unit index so
+    // the address is one pointer stepped by loop-invariant strides.
+    const int r_t = threadIdx.x / TPR, c_t = (threadIdx.x % TPR) * W;
     const float* first = base + (i64)(r0 + r_t) * s_row + (i64)(c0 + c_t) * s_col;
     const i64 step = (i64)DR * s_row;
-    const bool c_ok = c0 + c_t < Cn;
 #pragma unroll
-    for (int p = 0; p < ROWS * ROW_UNITS / THREADS; ++p) {
-        const bool ok = c_ok && r0 + r_t + p * DR < R;
-        const float* src = ok ? first + p * step : base;  // invalid: reads nothing, mapped address
-        if (VEC) cp_async_16(&S[(r_t + p * DR) * LD + c_t], src, ok);
-        else cp_async_4(&S[(r_t + p * DR) * LD + c_t], src, ok);
+    for (int j = 0; j < CPT; ++j) {
+        const bool c_ok = c0 + c_t + j * TPR * W < Cn;
+        const float* col = first + (i64)(j * TPR * W) * s_col;
+#pragma unroll
+        for (int p = 0; p < ROWS / DR; ++p) {
+            const bool ok = c_ok && r0 + r_t + p * DR < R;
+            const float* src = ok ? col + p * step : base;  // invalid: reads nothing, mapped address
+            float* dst = &S[(r_t + p * DR) * LD + c_t + j * TPR * W];
+            if (VEC) cp_async_16(dst, src, ok);
+            else cp_async_4(dst, src, ok);
+        }
     }
 }
 
