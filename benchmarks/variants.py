@@ -104,11 +104,10 @@ def main():
     torch.backends.cuda.matmul.allow_tf32 = False
     s = api.analyse(a, b)
     for prec, fam, variants in [
-        ("ieee", "simt_cp_async", [dict(), dict(WARPS_M=4, WARPS_N=2), dict(WARPS_M=2, WARPS_N=2), dict(BK=8, STAGES=4),
-                                   dict(STAGES=4), dict(STAGES=2), dict(THREAD_M=8), dict(BK=32, STAGES=2)]),
-        ("ieee", "simt_float4", [dict(), dict(THREAD_M=8, MIN_BLOCKS=2), dict(WARPS_M=2, WARPS_N=2), dict(BK=16)]),
-        ("tf32", "tf32_mma", [dict(), dict(STAGES=4), dict(STAGES=2)]),
-        ("tf32x3", "tf32_mma", [dict(), dict(WARP_N=64, WARPS_N=2)]),
+        ("ieee", "simt_cp_async", [dict(), dict(STAGES=4), dict(BK=8, STAGES=4), dict(BK=32, STAGES=3), dict(BK=8, STAGES=6)]),
+        ("ieee", "simt_float4", [dict(), dict(WARPS_M=2, WARPS_N=2)]),
+        ("tf32", "tf32_mma", [dict(), dict(STAGES=4)]),
+        ("tf32x3", "tf32_mma", [dict()]),
     ]:
         p, _ = api.build_problem(s, c, prec)
         plan = api.plan_for(p, 0, fam)

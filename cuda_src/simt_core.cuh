@@ -118,10 +118,17 @@ __device__ __forceinline__ void outer_product_step(const float* As, const float*
         for (int j = 0; j < THREAD_N; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
 }
 
+// k-steps [K0, K1) of a shared tile.
+template <int K0, int K1>
+__device__ __forceinline__ void compute_steps(const float* As, const float* Bs, int am, int bn,
+                                              float acc[THREAD_M][THREAD_N]) {
+#pragma unroll
+    for (int k = K0; k < K1; ++k) outer_product_step(As, Bs, k, am, bn, acc);
+}
+
 __device__ __forceinline__ void compute_tile(const float* As, const float* Bs, int am, int bn,
                                              float acc[THREAD_M][THREAD_N]) {
-#pragma unroll
-    for (int k = 0; k < BK; ++k) outer_product_step(As, Bs, k, am, bn, acc);
+    compute_steps<0, BK>(As, Bs, am, bn, acc);
 }
 
 // Thread's place in the block tile: first A column (m) and B column (n) of its sub-tiles.

@@ -70,6 +70,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) fastmm_simt_cp
             for (int kt = 0; kt < k_tiles; ++kt) {
                 cp_async_wait<STAGES - 2>();   // tile kt has landed (for this thread's copies)
                 __syncthreads();               // ... and for everyone's; stage kt-1 is free again
+                const float* At = As + (kt % STAGES) * A_TILE_FLOATS;
+                const float* Bt = Bs + (kt % STAGES) * B_TILE_FLOATS;
+                // The first k-step goes before the copies for tile kt+STAGES-1, so their address
+                // arithmetic overlaps FFMAs instead of stalling every warp right after the barrier.
+                compute_steps<0, 1>(At, Bt, am, bn, acc);
                 const int next = kt + STAGES - 1;
                 if (next < k_tiles) {
                     const int s = next % STAGES;
@@ -77,8 +82,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) fastmm_simt_cp
                     copy_tile_async(Bs + s * B_TILE_FLOATS, B_STRIDE, cb, Bb, next * BK, K);
                 }
                 cp_async_commit();
-                const int s = kt % STAGES;
-                compute_tile(As + s * A_TILE_FLOATS, Bs + s * B_TILE_FLOATS, am, bn, acc);
+                compute_steps<1, BK>(At, Bt, am, bn, acc);
             }
             cp_async_wait<0>();
             __syncthreads();  // all reads of shared memory done before the next tile's prologue

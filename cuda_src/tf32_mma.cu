@@ -178,17 +178,19 @@ extern "C" __global__ void __launch_bounds__(THREADS) fastmm_tf32_mma(FASTMM_PAR
             for (int kt = 0; kt < k_tiles; ++kt) {
                 cp_async_wait<STAGES - 2>();
                 __syncthreads();
-                const int next = kt + STAGES - 1;
-                if (next < k_tiles) {
-                    const int s = next % STAGES;
-                    load_tiles(As + s * A_TILE_FLOATS, Bs + s * B_TILE_FLOATS, Ab, Bb, M, N, K,
-                               sAm, sAk, sBk, sBn, m0, n0, next * BK);
-                }
-                cp_async_commit();
                 const float* At = As + (kt % STAGES) * A_TILE_FLOATS;
                 const float* Bt = Bs + (kt % STAGES) * B_TILE_FLOATS;
 #pragma unroll
                 for (int kk = 0; kk < BK; kk += 8) {
+                    if (kk == 8) {  // copies for a later tile, issued between k-steps (see simt_cp_async.cu)
+                        const int next = kt + STAGES - 1;
+                        if (next < k_tiles) {
+                            const int s = next % STAGES;
+                            load_tiles(As + s * A_TILE_FLOATS, Bs + s * B_TILE_FLOATS, Ab, Bb, M, N, K,
+                                       sAm, sAk, sBk, sBn, m0, n0, next * BK);
+                        }
+                        cp_async_commit();
+                    }
                     unsigned a[MI][4], b[NI][2];
 #if PRECISION_X3
                     unsigned as[MI][4], bs[NI][2];
