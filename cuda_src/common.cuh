@@ -21,11 +21,22 @@
     const int M = (int)M_, N = (int)N_, K = (int)K_;                              \
     const int batch_inner = (int)batch_inner_, batch_total = (int)batch_total_;
 
+// Split-K: with gridDim.y = S > 1, block row y computes k-tiles [y * per, (y + 1) * per) and
+// writes its partial C to C + y * sC0 (the host passes a batch of 1 and a workspace of S slices;
+// splitk_reduce.cu then sums the slices in a fixed order, so results are the same bits every
+// run). With gridDim.y = 1 this is the whole K range and the C offset is 0.
+__device__ __forceinline__ void split_range(int K, int bk, int& kt_begin, int& kt_end) {
+    const int total = (K + bk - 1) / bk;
+    const int per = (total + gridDim.y - 1) / gridDim.y;
+    kt_begin = min(total, (int)blockIdx.y * per);
+    kt_end = min(total, kt_begin + per);
+}
+
 // Move A, B and C to batch z.
 #define FASTMM_BATCH_OFFSETS(z)                                                   \
     const float* Ab = A + (i64)((z) / batch_inner) * sA0 + (i64)((z) % batch_inner) * sA1; \
     const float* Bb = B + (i64)((z) / batch_inner) * sB0 + (i64)((z) % batch_inner) * sB1; \
-    float* Cb = C + (i64)((z) / batch_inner) * sC0 + (i64)((z) % batch_inner) * sC1;
+    float* Cb = C + (i64)((z) / batch_inner) * sC0 + (i64)((z) % batch_inner) * sC1 + (i64)blockIdx.y * sC0;
 
 // Grouped tile order: walk GROUP rows of tiles column by column so blocks resident at the same
 // time share A rows and B columns in L2 (the grid is 1-D over tiles, so no 65535 limit on M).

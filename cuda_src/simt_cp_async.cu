@@ -40,7 +40,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) fastmm_simt_cp
     float* As = smem;                             // STAGES x A_TILE_FLOATS
     float* Bs = smem + STAGES * A_TILE_FLOATS;    // STAGES x B_TILE_FLOATS
     const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
-    const int k_tiles = (K + BK - 1) / BK;
+    int kt_begin, kt_end;
+    split_range(K, BK, kt_begin, kt_end);
     int am, bn;
     thread_origin(am, bn);
 
@@ -61,23 +62,25 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) fastmm_simt_cp
             // empty one, so the wait counts below stay uniform.
 #pragma unroll
             for (int s = 0; s < STAGES - 1; ++s) {
-                if (s < k_tiles) {
-                    copy_tile_async(As + s * A_TILE_FLOATS, A_STRIDE, ca, Ab, s * BK, K);
-                    copy_tile_async(Bs + s * B_TILE_FLOATS, B_STRIDE, cb, Bb, s * BK, K);
+                if (kt_begin + s < kt_end) {
+                    copy_tile_async(As + s * A_TILE_FLOATS, A_STRIDE, ca, Ab, (kt_begin + s) * BK, K);
+                    copy_tile_async(Bs + s * B_TILE_FLOATS, B_STRIDE, cb, Bb, (kt_begin + s) * BK, K);
                 }
                 cp_async_commit();
             }
-            for (int kt = 0; kt < k_tiles; ++kt) {
+            // Stage of k-tile kt is (kt - kt_begin) % STAGES.
+            for (int kt = kt_begin; kt < kt_end; ++kt) {
                 cp_async_wait<STAGES - 2>();   // tile kt has landed (for this thread's copies)
                 __syncthreads();               // ... and for everyone's; stage kt-1 is free again
-                const float* At = As + (kt % STAGES) * A_TILE_FLOATS;
-                const float* Bt = Bs + (kt % STAGES) * B_TILE_FLOATS;
+                const int cur = (kt - kt_begin) % STAGES;
+                const float* At = As + cur * A_TILE_FLOATS;
+                const float* Bt = Bs + cur * B_TILE_FLOATS;
                 // The first k-step goes before the copies for tile kt+STAGES-1, so their address
                 // arithmetic overlaps FFMAs instead of stalling every warp right after the barrier.
                 compute_steps<0, 1>(At, Bt, am, bn, acc);
                 const int next = kt + STAGES - 1;
-                if (next < k_tiles) {
-                    const int s = next % STAGES;
+                if (next < kt_end) {
+                    const int s = (next - kt_begin) % STAGES;
                     copy_tile_async(As + s * A_TILE_FLOATS, A_STRIDE, ca, Ab, next * BK, K);
                     copy_tile_async(Bs + s * B_TILE_FLOATS, B_STRIDE, cb, Bb, next * BK, K);
                 }

@@ -141,7 +141,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) fastmm_tf32_mma(FASTMM_PAR
     float* As = smem;
     float* Bs = smem + STAGES * A_TILE_FLOATS;
     const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
-    const int k_tiles = (K + BK - 1) / BK;
+    int kt_begin, kt_end;
+    split_range(K, BK, kt_begin, kt_end);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int g = lane / 4, t = lane % 4;  // the mma fragment coordinates of this lane
     const int wm = (warp / WARPS_N) * WARP_M, wn = (warp % WARPS_N) * WARP_N;
@@ -170,22 +171,24 @@ extern "C" __global__ void __launch_bounds__(THREADS) fastmm_tf32_mma(FASTMM_PAR
 
 #pragma unroll
             for (int s = 0; s < STAGES - 1; ++s) {
-                if (s < k_tiles)
+                if (kt_begin + s < kt_end)
                     load_tiles(As + s * A_TILE_FLOATS, Bs + s * B_TILE_FLOATS, Ab, Bb, M, N, K,
-                               sAm, sAk, sBk, sBn, m0, n0, s * BK);
+                               sAm, sAk, sBk, sBn, m0, n0, (kt_begin + s) * BK);
                 cp_async_commit();
             }
-            for (int kt = 0; kt < k_tiles; ++kt) {
+            // Stage of k-tile kt is (kt - kt_begin) % STAGES.
+            for (int kt = kt_begin; kt < kt_end; ++kt) {
                 cp_async_wait<STAGES - 2>();
                 __syncthreads();
-                const float* At = As + (kt % STAGES) * A_TILE_FLOATS;
-                const float* Bt = Bs + (kt % STAGES) * B_TILE_FLOATS;
+                const int cur = (kt - kt_begin) % STAGES;
+                const float* At = As + cur * A_TILE_FLOATS;
+                const float* Bt = Bs + cur * B_TILE_FLOATS;
 #pragma unroll
                 for (int kk = 0; kk < BK; kk += 8) {
                     if (kk == 8) {  // copies for a later tile, issued between k-steps (see simt_cp_async.cu)
                         const int next = kt + STAGES - 1;
-                        if (next < k_tiles) {
-                            const int s = next % STAGES;
+                        if (next < kt_end) {
+                            const int s = (next - kt_begin) % STAGES;
                             load_tiles(As + s * A_TILE_FLOATS, Bs + s * B_TILE_FLOATS, Ab, Bb, M, N, K,
                                        sAm, sAk, sBk, sBn, m0, n0, next * BK);
                         }

@@ -11,7 +11,7 @@ import contextlib
 import itertools
 import threading
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -30,21 +30,80 @@ class FastmmWarning(UserWarning):
 # precision
 
 def resolve_precision(precision: str | None) -> str:
-    """``None`` follows PyTorch's float32 matmul setting ("highest" -> ieee, else tf32)."""
+    """``None`` follows PyTorch's float32 matmul setting ("highest" -> ieee, else tf32).
+
+    Inside ``torch.compile`` dynamo cannot trace ``torch.get_float32_matmul_precision()`` (it
+    returns a str), so there ``None`` reads the cuBLAS TF32 flag instead: the same setting
+    (``set_float32_matmul_precision("high")`` sets it, "highest" clears it), folded to a constant
+    and guarded by dynamo, so changing the setting recompiles.
+    """
     if precision is None:
-        if torch.get_float32_matmul_precision() != "highest" or torch.backends.cuda.matmul.allow_tf32:
-            return "tf32"
-        return "ieee"
+        if torch.compiler.is_compiling():
+            return "tf32" if torch._C._get_cublas_allow_tf32() else "ieee"
+        return "tf32" if _torch_allows_tf32() else "ieee"
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(map(repr, PRECISIONS))} or None, got {precision!r}")
     return precision
 
 
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def autocast_half_active(device_type: str) -> bool:
+    """Is ``torch.autocast`` on with a half dtype for ``device_type``? Then matmuls belong to
+    torch (autocast casts them to that dtype; fastmm computes float32 only)."""
+    try:
+        if not torch.is_autocast_enabled(device_type):
+            return False
+        dtype = torch.get_autocast_dtype(device_type)
+    except RuntimeError:  # a device type autocast does not know (meta, ...)
+        return False
+    except (TypeError, AttributeError):  # torch < 2.4: no device argument
+        if device_type == "cuda":
+            enabled, get = torch.is_autocast_enabled(), torch.get_autocast_gpu_dtype
+        elif device_type == "cpu":
+            enabled, get = torch.is_autocast_cpu_enabled(), torch.get_autocast_cpu_dtype
+        else:
+            return False
+        if not enabled:
+            return False
+        dtype = get()
+    return dtype in _HALF
+
+
+def _torch_allows_tf32() -> bool:
+    """Whether torch.matmul on CUDA may use TF32 now. Read from ``fp32_precision`` (torch >= 2.9),
+    which both the old and the new precision APIs set: torch 2.13's old getters
+    (``get_float32_matmul_precision``, ``allow_tf32``) raise once a program has mixed the two APIs,
+    e.g. ``set_float32_matmul_precision("high")`` then ``allow_tf32 = False``."""
+    matmul = torch.backends.cuda.matmul
+    try:
+        value = matmul.fp32_precision
+    except AttributeError:  # older torch: only the old API exists
+        return torch.get_float32_matmul_precision() != "highest" or matmul.allow_tf32
+    if value == "none":  # inherits the generic setting
+        value = getattr(torch.backends, "fp32_precision", "none")
+    return value == "tf32"
+
+
 @contextlib.contextmanager
 def _torch_precision(precision: str | None):
     """Run torch.matmul at the precision the caller asked fastmm for (tf32x3 -> full fp32)."""
-    if precision is None:
-        yield
+    if precision is None or _torch_allows_tf32() == (precision == "tf32"):
+        yield  # already so: leave torch's global setting alone (toggling it can leave it mixed)
+        return
+    try:
+        old_setting = torch.get_float32_matmul_precision()
+    except RuntimeError:  # torch 2.13 after a program mixed its precision APIs
+        old_setting = None
+    if old_setting is not None:
+        # set and restore through one API: restoring allow_tf32 alone turned "medium" into the
+        # mixed state in which get_float32_matmul_precision() raises
+        torch.set_float32_matmul_precision("high" if precision == "tf32" else "highest")
+        try:
+            yield
+        finally:
+            torch.set_float32_matmul_precision(old_setting)
         return
     old = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
@@ -58,10 +117,11 @@ def _torch_precision(precision: str | None):
 # shapes
 
 def _raise_torch_shape_error(a: torch.Tensor, b: torch.Tensor) -> None:
-    """Let torch word the error: the same shapes as zero-stride CPU views (no memory)."""
-    ea = torch.empty(1).expand(a.shape) if a.dim() else torch.empty(())
-    eb = torch.empty(1).expand(b.shape) if b.dim() else torch.empty(())
-    torch.matmul(ea, eb)
+    """Let torch word the error on the operands themselves: which check fails first (mv, mm or
+    bmm) depends on their strides, so stand-ins with other strides can get other messages
+    (zero-stride views said "size mismatch" where torch says "Expected size for first two
+    dimensions of batch2 tensor" for (4,) @ (2, 5, 6)). torch checks shapes before computing."""
+    torch.matmul(a, b)
     raise RuntimeError(f"matmul shapes are incompatible: {tuple(a.shape)} and {tuple(b.shape)}")  # not reached
 
 
@@ -142,6 +202,8 @@ def _not_served_reason(a: torch.Tensor, b: torch.Tensor) -> str | None:
         return f"operands are on different devices ({a.device}, {b.device})"
     if a.dtype != _FLOAT32 or b.dtype != _FLOAT32:
         return f"dtypes are {a.dtype} and {b.dtype}; fastmm kernels compute float32"
+    if autocast_half_active(a.device.type):
+        return "torch.autocast is on with a half dtype: autocast's rules send this matmul to torch in that dtype"
     if a.is_sparse or b.is_sparse or a.layout != torch.strided or b.layout != torch.strided:
         return "sparse or non-strided layout"
     if a.is_complex() or b.is_complex():
@@ -180,17 +242,7 @@ def _warn_once(message: str) -> None:
 # ---------------------------------------------------------------------------------------------
 # running a plan
 
-@dataclass
-class Prepared:
-    """A call ready to launch: one problem per launch (more than one only when a batch has more
-    than two non-mergeable dims), the plan, and the loaded kernel."""
-
-    plan: Plan
-    loaded: object
-    launches: list[tuple[int, int, int]] = field(default_factory=list)  # byte offsets of A, B, C
-
-
-_prepared: dict[tuple, tuple[Plan, object]] = {}
+_prepared: dict[tuple, tuple] = {}  # (device, problem, forced family) -> (plan, kernel, reduce kernel)
 _prepared_guard = threading.Lock()
 
 
@@ -211,13 +263,13 @@ def build_problem(s: Shapes, c: torch.Tensor, precision: str):
         inner.insert(0, (1, 0, 0, 0))
     (n0, a0, b0, c0), (n1, a1, b1, c1) = inner
     M, N, K = s.M, s.N, s.K
-    offsets = [(0, 0, 0)]
-    for idx in itertools.product(*(range(d[0]) for d in outer)):
-        offsets.append(tuple(sum(i * d[j] for i, d in zip(idx, outer)) for j in (1, 2, 3)))
-    if outer:
-        offsets = offsets[1:]
+    # One launch per index of the outer dims; product() of no dims yields one empty index, so a
+    # call with at most two batch dims is exactly one launch at offset 0.
+    offsets = [tuple(sum(i * d[j] for i, d in zip(idx, outer)) for j in (1, 2, 3))
+               for idx in itertools.product(*(range(d[0]) for d in outer))]
     pa, pb, pc = s.a.data_ptr(), s.b.data_ptr(), c.data_ptr()
-    aligns = [min(_align(p + 4 * o[i]) for o in offsets) for i, p in enumerate((pa, pb, pc))]
+    # (an outer dim of size 0 leaves no launch at all; explain still describes the problem)
+    aligns = [min((_align(p + 4 * o[i]) for o in offsets), default=_align(p)) for i, p in enumerate((pa, pb, pc))]
     problem = Problem(
         M, N, K,
         (_norm(M, sa[-2]), _norm(K, sa[-1])), (_norm(K, sb[-2]), _norm(N, sb[-1])), (_norm(M, sc[-2]), _norm(N, sc[-1])),
@@ -241,21 +293,33 @@ def _run(s: Shapes, c: torch.Tensor, precision: str, force: str | None) -> Plan:
         plan = plan_for(problem, dev_index, force)
         if plan.kernel is None:
             return plan
-        if not launcher.is_loaded(plan.device, plan.kernel) and torch.cuda.is_current_stream_capturing():
+        needed = [k for k in (plan.kernel, plan.reduce) if k is not None]
+        if torch.cuda.is_current_stream_capturing() and not all(launcher.is_loaded(plan.device, k) for k in needed):
             raise RuntimeError(
                 f"fastmm: kernel {plan.kernel.family} for this shape is not loaded yet, and compiling or loading it "
                 "would break the CUDA graph being captured. Run the same call once before capturing, or call "
                 "fastmm.warmup(a, b) first.")
         loaded = launcher.load(plan.device, plan.kernel)
+        reduce = launcher.load(plan.device, plan.reduce) if plan.reduce is not None else None
         with _prepared_guard:
-            _prepared[key] = hit = (plan, loaded)
-    plan, loaded = hit
+            _prepared[key] = hit = (plan, loaded, reduce)
+    plan, loaded, reduce = hit
     if s.K == 0:
         c.zero_()
         return plan
-    stream = torch.cuda.current_stream(c.device).cuda_stream
+    stream = _current_stream(dev_index)
     p = problem
     pa, pb, pc = s.a.data_ptr(), s.b.data_ptr(), c.data_ptr()
+    if reduce is not None:
+        # Split-K: partial products into S contiguous M x N slices (split stride passed as the C
+        # batch stride, batch of 1), then one fixed-order sum into C.
+        split = plan.kernel.split_k
+        work = torch.empty(split * p.M * p.N, dtype=_FLOAT32, device=c.device)
+        launcher.launch(loaded, stream, (
+            pa, pb, work.data_ptr(), p.M, p.N, p.K, *p.a_strides, *p.b_strides, p.N, 1,
+            1, 1, *p.a_batch_strides, *p.b_batch_strides, p.M * p.N, 0))
+        launcher.launch(reduce, stream, (work.data_ptr(), pc, p.M, p.N, split, *p.c_strides))
+        return plan
     for oa, ob, oc in offsets:
         launcher.launch(loaded, stream, (
             pa + 4 * oa, pb + 4 * ob, pc + 4 * oc, p.M, p.N, p.K, *p.a_strides, *p.b_strides, *p.c_strides,
@@ -325,7 +389,16 @@ def matmul_fastmm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, pr
 
 def _fallback(a, b, out, precision, reason):
     with _torch_precision(precision if a.is_cuda else None):
-        return torch.matmul(a, b) if out is None else torch.matmul(a, b, out=out)
+        if out is None:
+            return torch.matmul(a, b)
+        if (out.dtype == a.dtype == b.dtype and out.device == a.device == b.device
+                and (_overlaps(out, a) or _overlaps(out, b))):
+            # torch.matmul(a, b, out=a) reads what it has already overwritten (silently wrong):
+            # compute aside, then apply torch's out= rules and copy
+            result = torch.matmul(a, b)
+            _resize_out(out, tuple(result.shape))
+            return out.copy_(result)
+        return torch.matmul(a, b, out=out)
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
@@ -341,6 +414,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
             out is not None and not isinstance(out, torch.Tensor)):
         return torch.matmul(a, b, out=out) if out is not None else torch.matmul(a, b)
     precision = resolve_precision(precision)
+    if autocast_half_active(a.device.type):  # autocast decides the dtype; fastmm is float32 only
+        return torch.matmul(a, b, out=out) if out is not None else torch.matmul(a, b)
     needs_grad = torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)
     if needs_grad:
         if out is not None:  # torch refuses this itself, with its own message
@@ -348,5 +423,91 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
         from .ops import matmul_autograd
 
         return matmul_autograd(a, b, precision)
-    result, _, _ = matmul_fastmm(a, b, out, precision)
+    if torch.compiler.is_compiling():
+        # Let torch.compile see one opaque custom op (shapes from its fake) instead of tracing
+        # into the launch path, which reads data pointers that fake tensors do not have.
+        if out is None:
+            return torch.ops.fastmm.matmul(a, b, precision)
+        _resize_out(out, analyse(a, b).out_shape)
+        torch.ops.fastmm.matmul_out(a, b, precision, out)
+        return out
+    key = _fast_key(a, b, out, precision)
+    entry = _fast.get(key)
+    if entry is not None and (out is None or not _ranges_overlap(entry, a, b, out)):
+        return _launch_fast(entry, a, b, out)
+    result, plan, reason = matmul_fastmm(a, b, out, precision)
+    if plan is not None and reason is None and entry is None:
+        _remember_fast(key, a, b, out, precision)
     return result
+
+
+# ---------------------------------------------------------------------------------------------
+# the steady-state path: one dict lookup, (an allocation,) one launch
+
+_fast: dict[tuple, tuple] = {}
+
+
+def _fast_key(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, precision: str) -> tuple:
+    """Everything the plan depends on, read cheaply: shapes, strides, dtypes, devices, pointer
+    alignment, precision and the environment switches."""
+    key = (a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, a.device, b.device,
+           a.data_ptr() & 15, b.data_ptr() & 15, precision, config.disabled(), config.forced_kernel())
+    if out is not None:
+        key += (out.shape, out.stride(), out.dtype, out.device, out.data_ptr() & 15)
+    return key
+
+
+def _current_stream(index: int) -> int:
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return raw(index)
+    return torch.cuda.current_stream(index).cuda_stream
+
+
+def _extent(t: torch.Tensor) -> int:
+    """Bytes from t's first element to just past its last (non-negative strides)."""
+    return 4 * (1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))) if t.numel() else 0
+
+
+def _ranges_overlap(entry: tuple, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> bool:
+    ea, eb, eo = entry[6]
+    o = out.data_ptr()
+    return (o < a.data_ptr() + ea and a.data_ptr() < o + eo) or (o < b.data_ptr() + eb and b.data_ptr() < o + eo)
+
+
+def _remember_fast(key: tuple, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, precision: str) -> None:
+    """After a first call has planned and loaded the kernel: keep what the next identical call
+    needs. Only for the common case: one launch, no split-K workspace, K > 0, and an ``out``
+    (if any) that already had the right shape and is written directly."""
+    s = analyse(a, b)
+    if s.K == 0 or any(n == 0 for n in s.batch + (s.M, s.N)):
+        return
+    view_shape = s.batch + (s.M, s.N)
+    if out is None:
+        c = torch.empty(view_shape, device="meta")  # what matmul allocates: contiguous, aligned
+    else:
+        if tuple(out.shape) != s.out_shape or _overlaps(out, a) or _overlaps(out, b):
+            return
+        c = out.unsqueeze(-2) if s.squeeze_m else out
+        c = c.unsqueeze(-1) if s.squeeze_n else c
+    problem, offsets = build_problem(s, c, precision)
+    index = a.device.index if a.device.index is not None else torch.cuda.current_device()
+    hit = _prepared.get((index, problem, config.forced_kernel()))
+    if hit is None or len(offsets) != 1 or hit[2] is not None:
+        return
+    p = problem
+    tail = (p.M, p.N, p.K, *p.a_strides, *p.b_strides, *p.c_strides, p.batch_inner, p.batch_total,
+            *p.a_batch_strides, *p.b_batch_strides, *p.c_batch_strides)
+    extents = (_extent(a), _extent(b), _extent(out)) if out is not None else None
+    _fast[key] = (view_shape, s.out_shape, hit[1], tail, a.device, index, extents)
+
+
+def _launch_fast(entry: tuple, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    from .runtime.launcher import launch
+
+    view_shape, out_shape, loaded, tail, device, index, _ = entry
+    c = torch.empty(view_shape, dtype=_FLOAT32, device=device) if out is None else out
+    launch(loaded, _current_stream(index), (a.data_ptr(), b.data_ptr(), c.data_ptr()) + tail)
+    if out is not None:
+        return out
+    return c if view_shape == out_shape else c.view(out_shape)

@@ -93,6 +93,6 @@ def cache_state(plan: Plan) -> str:
     if slot is not None:
         origin = {"compiled": "compiled by this process", "disk": "loaded from the disk cache"}[slot[1]]
         return f"in memory ({origin}); file {slot[2] or '(memory-only cache)'}"
-    if cache.read(path, plan.device.arch) is not None:
+    if cache.read(path, plan.device.arch, key) is not None:
         return f"on disk, not loaded yet: {path}"
     return f"not compiled yet: the first call compiles it into {path}"

@@ -38,6 +38,11 @@ class KernelConfig:
     tile: tuple[int, int, int]  # BM, BN, BK
     details: tuple[tuple[str, str], ...] = field(default=())
 
+    @property
+    def split_k(self) -> int:
+        """K is split over grid.y blocks; partial products go to a workspace, then splitk_reduce."""
+        return self.grid[1]
+
     def describe(self) -> str:
         bm, bn, bk = self.tile
         text = (f"{self.family} ({self.entry} in cuda_src/{self.source}): tile {bm}x{bn}x{bk}, "
@@ -53,8 +58,36 @@ def _vec_ok(contig_extent: int, other_stride: int, batch_strides: tuple[int, int
             and all(s % 4 == 0 for s in batch_strides))
 
 
-def _grid(tiles: int, batch: int) -> tuple[int, int, int]:
-    return (max(tiles, 1), 1, max(1, min(batch, MAX_GRID_Z)))
+def _grid(tiles: int, batch: int, split: int = 1) -> tuple[int, int, int]:
+    return (max(tiles, 1), split, max(1, min(batch, MAX_GRID_Z)))
+
+
+#: Split K only while every split keeps at least this many k-tiles of work.
+MIN_KTILES_PER_SPLIT = 16
+MAX_SPLIT = 64
+
+
+def split_k_for(p: Problem, dev: DeviceFacts, tiles: int, bk: int) -> int:
+    """How many ways to split K: enough blocks for about two waves when the output tiles alone
+    leave SMs idle (skinny M or N, long K). Only for a batch of 1 (the workspace is one slice
+    per split)."""
+    if p.batch_total != 1 or tiles >= dev.sm_count:
+        return 1
+    k_tiles = -(-p.K // bk)
+    return max(1, min(-(-2 * dev.sm_count // tiles), k_tiles // MIN_KTILES_PER_SPLIT, MAX_SPLIT))
+
+
+def k_dominant(p: Problem) -> bool:
+    """Long K with a small output: big tiles + split-K beat small tiles."""
+    return p.batch_total == 1 and p.K >= 4 * max(p.M, p.N)
+
+
+def splitk_reduce_config(p: Problem, dev: DeviceFacts, split: int) -> KernelConfig:
+    """The second pass of a split-K plan (cuda_src/splitk_reduce.cu)."""
+    blocks = min(-(-p.M * p.N // 256), 4 * dev.sm_count)
+    return KernelConfig("splitk_reduce", "splitk_reduce.cu", "fastmm_splitk_reduce", (), 256, (256, 1, 1),
+                        (max(blocks, 1), 1, 1), 0, (0, 0, 0),
+                        (("order", f"sums the {split} partial slices in a fixed order (deterministic)"),))
 
 
 def _tiles(p: Problem, bm: int, bn: int) -> int:
@@ -141,11 +174,19 @@ class _Simt(Family):
     def extra_macros(self, p, dev, bm, bn):
         return ()
 
+    can_split = False
+
     def configure(self, p, dev):
-        opt = _pick_tile(p, dev, self.tile_options, self.tile_of)
+        if self.can_split and k_dominant(p):
+            opt = self.tile_options[1]  # 128x128: splits supply the parallelism
+        else:
+            opt = _pick_tile(p, dev, self.tile_options, self.tile_of)
         wm, wn, tm = opt
         bm, bn = self.tile_of(opt)
+        split = split_k_for(p, dev, _tiles(p, bm, bn), self.bk) if self.can_split else 1
         a, b, c_vec = self.load_modes(p)
+        if split > 1:
+            c_vec = p.N % 4 == 0  # partials go to a fresh contiguous workspace
         extra = self.extra_macros(p, dev, bm, bn)
         macros = (("WARPS_M", wm), ("WARPS_N", wn), ("THREAD_M", tm), ("BK", self.bk), ("A_MODE", a),
                   ("B_MODE", b), ("C_VEC", int(c_vec))) + extra
@@ -154,8 +195,10 @@ class _Simt(Family):
         details = (("A loads", LOAD_NAMES[a]), ("B loads", LOAD_NAMES[b]),
                    ("C stores", "float4" if c_vec else "single floats"),
                    ("math", f"fp32 FFMA, {tm}x8 outputs per thread"))
+        if split > 1:
+            details += (("split-K", f"{split} slices of K, reduced by splitk_reduce"),)
         return KernelConfig(self.name, self.source, self.entry, macros, threads, (threads, 1, 1),
-                            _grid(_tiles(p, bm, bn), p.batch_total), smem, (bm, bn, self.bk), details)
+                            _grid(_tiles(p, bm, bn), p.batch_total, split), smem, (bm, bn, self.bk), details)
 
 
 class SimtFloat4(_Simt):
@@ -170,8 +213,9 @@ class SimtCpAsync(_Simt):
     name, source, entry = "simt_cp_async", "simt_cp_async.cu", "fastmm_simt_cp_async"
     min_cc = (8, 0)
     a_transpose_mode = LOAD_ELEM_K  # cp.async cannot transpose a vector
-    bk = 16
-    stages = 3
+    can_split = True
+    bk = 8
+    stages = 6  # measured best on the H200 (benchmarks/NOTES.md); fewer where shared memory is short
 
     def smem_bytes(self, bm, bn, stages):
         return stages * self.bk * ((bm + 4) + (bn + 4)) * 4
@@ -202,9 +246,11 @@ class Tf32Mma(Family):
 
     def configure(self, p, dev):
         x3 = p.precision == "tf32x3"
-        opt = _pick_tile(p, dev, self.tile_options(x3), lambda o: (o[0] * 64, o[1] * o[2]))
+        options = self.tile_options(x3)
+        opt = options[0] if k_dominant(p) else _pick_tile(p, dev, options, lambda o: (o[0] * 64, o[1] * o[2]))
         wm, wn, warp_n = opt
         bm, bn = wm * 64, wn * warp_n
+        split = split_k_for(p, dev, _tiles(p, bm, bn), self.bk)
         sAm, sAk = p.a_strides
         sBk, sBn = p.b_strides
         a_mk = sAk == 1 or sAm != 1
@@ -216,6 +262,8 @@ class Tf32Mma(Family):
         sCm, sCn = p.c_strides
         c_vec = (sCn == 1 and p.N % 2 == 0 and sCm % 2 == 0 and p.c_align >= 8
                  and all(s % 2 == 0 for s in p.c_batch_strides))
+        if split > 1:
+            c_vec = p.N % 2 == 0  # partials go to a fresh contiguous workspace
         a_floats = bm * (self.bk + 4) if a_mk else self.bk * (bm + 8)
         b_floats = self.bk * (bn + 8) if b_kn else bn * (self.bk + 4)
         per_stage = (a_floats + b_floats) * 4
@@ -230,8 +278,10 @@ class Tf32Mma(Family):
             ("C stores", "float2" if c_vec else "single floats"),
             ("math", "3xTF32 mma.sync (big*big + separate small cross terms)" if x3 else
              "TF32 mma.sync m16n8k8, inputs rounded with cvt.rna, fp32 accumulate"))
+        if split > 1:
+            details += (("split-K", f"{split} slices of K, reduced by splitk_reduce"),)
         return KernelConfig(self.name, self.source, self.entry, macros, threads, (threads, 1, 1),
-                            _grid(_tiles(p, bm, bn), p.batch_total), per_stage * stages, (bm, bn, self.bk), details)
+                            _grid(_tiles(p, bm, bn), p.batch_total, split), per_stage * stages, (bm, bn, self.bk), details)
 
 
 #: Families in order of preference within a precision (first that accepts wins).

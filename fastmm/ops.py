@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import torch
 
-from .api import analyse, matmul_fastmm
+from .api import analyse, matmul_fastmm, resolve_precision
 
 
 @torch.library.custom_op("fastmm::matmul", mutates_args=())
 def matmul_op(a: torch.Tensor, b: torch.Tensor, precision: str) -> torch.Tensor:
+    resolve_precision(precision)  # an unknown name is a ValueError here, not a KeyError in the planner
     result, _, _ = matmul_fastmm(a, b, None, precision)
     # A fresh, contiguous tensor on every path: what the fake below promises.
     return result.contiguous() if not result.is_contiguous() else result
@@ -29,6 +30,7 @@ def _(a, b, precision):
 
 @torch.library.custom_op("fastmm::matmul_out", mutates_args={"out"})
 def matmul_out_op(a: torch.Tensor, b: torch.Tensor, precision: str, out: torch.Tensor) -> None:
+    resolve_precision(precision)
     matmul_fastmm(a, b, out, precision)
 
 
@@ -50,10 +52,12 @@ def _backward(ctx, grad):
     a, b = ctx.saved_tensors
     a_shape, b_shape = ctx.a_shape, ctx.b_shape
     g = grad
-    if len(a_shape) == 1:
-        g = g.unsqueeze(-2)
+    # Restore the squeezed N dim before the M dim: for 1-D @ 1-D the grad is 0-d, and only this
+    # order turns it into the (1, 1) matrix the products below expect.
     if len(b_shape) == 1:
         g = g.unsqueeze(-1)
+    if len(a_shape) == 1:
+        g = g.unsqueeze(-2)
     grad_a = grad_b = None
     if ctx.needs_input_grad[0]:
         b2 = b.unsqueeze(-1) if len(b_shape) == 1 else b

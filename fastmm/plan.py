@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .families import FAMILIES, KernelConfig
+from .families import FAMILIES, KernelConfig, splitk_reduce_config
 from .problem import DeviceFacts, Problem
 
 INT32_MAX = 2**31 - 1
-MIN_CC = (7, 0)
+MIN_CC = (7, 5)  # NVRTC 13 builds nothing older than sm_75
 #: Problems with at most this many outputs go to the scalar kernel: a 64x64 tile would leave
 #: most of its threads idle, and the call is launch-bound anyway.
 TINY_OUTPUTS = 1024
@@ -32,6 +32,7 @@ class Plan:
     precision_used: str | None
     rejected: tuple[tuple[str, str], ...] = field(default=())
     fallback: str | None = None  # why torch.matmul runs instead (kernel is None)
+    reduce: KernelConfig | None = None  # second pass of a split-K kernel
 
     def describe(self) -> str:
         lines = []
@@ -42,6 +43,8 @@ class Plan:
             lines.append("  macros: " + ", ".join(f"{k}={v}" for k, v in self.kernel.macros))
             for key, value in self.kernel.details:
                 lines.append(f"  {key}: {value}")
+            if self.reduce is not None:
+                lines.append(f"then: {self.reduce.describe()}")
         for name, reason in self.rejected:
             lines.append(f"rejected {name}: {reason}")
         return "\n".join(lines)
@@ -97,4 +100,5 @@ def select(p: Problem, dev: DeviceFacts, force: str | None = None) -> Plan:
         raise ValueError(f"kernel family {force!r} cannot run this problem: {dict(rejected)[force]}")
     assert chosen is not None  # scalar accepts everything that passed _problem_fallback
     used = p.precision if chosen.family == "tf32_mma" else "ieee"
-    return Plan(p, dev, chosen, used, tuple(rejected), None)
+    reduce = splitk_reduce_config(p, dev, chosen.split_k) if chosen.split_k > 1 else None
+    return Plan(p, dev, chosen, used, tuple(rejected), None, reduce)

@@ -1,9 +1,10 @@
 """On-disk cache of compiled kernels: one file per kernel key.
 
-File format: a header line ``FASTMM-CUBIN 1 <arch> <sha256 of payload> <payload length>\\n``
-followed by the cubin. A file is trusted only if the header parses, the arch is the one asked
-for, and length and hash match: truncated, empty, garbage or renamed files are recompiled and
-replaced, never loaded (loading a bad cubin can take the process down).
+File format: a header line ``FASTMM-CUBIN 2 <arch> <kernel key> <sha256 of payload> <payload
+length>\\n`` followed by the cubin. A file is trusted only if the header parses, the arch and key
+are the ones asked for, and length and hash match: truncated, empty, garbage, wrong-arch or
+renamed files are recompiled and replaced, never loaded (loading a bad cubin can take the process
+down).
 
 Writes go to a private temporary name in the same folder and are then renamed over the target
 with ``os.replace``: rename is atomic on POSIX, so a reader sees either the old file or the whole
@@ -26,7 +27,7 @@ from typing import Callable
 from .. import config
 from .._version import __version__
 
-MAGIC = b"FASTMM-CUBIN 1"
+MAGIC = b"FASTMM-CUBIN 2"
 
 
 class CacheWarning(UserWarning):
@@ -48,24 +49,32 @@ def kernel_key(source_digest: str, macros: tuple[tuple[str, int], ...], arch: st
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def encode(arch: str, cubin: bytes) -> bytes:
+def encode(arch: str, cubin: bytes, key: str = "-") -> bytes:
     digest = hashlib.sha256(cubin).hexdigest()
-    return b"%s %s %s %d\n" % (MAGIC, arch.encode(), digest.encode(), len(cubin)) + cubin
+    return b"%s %s %s %s %d\n" % (MAGIC, arch.encode(), key.encode(), digest.encode(), len(cubin)) + cubin
 
 
-def decode(blob: bytes, arch: str) -> bytes | None:
-    """The cubin in ``blob`` if it is a complete, uncorrupted entry for ``arch``; else None."""
+def parse_header(blob: bytes) -> tuple[str, str] | None:
+    """(arch, key) named by an entry's header, or None if it is not a fastmm cache entry."""
+    parts = blob.partition(b"\n")[0].split(b" ")
+    if len(parts) != 6 or b" ".join(parts[:2]) != MAGIC:
+        return None
+    return parts[2].decode(errors="replace"), parts[3].decode(errors="replace")
+
+
+def decode(blob: bytes, arch: str, key: str | None = None) -> bytes | None:
+    """The cubin in ``blob`` if it is a complete, uncorrupted entry for ``arch`` (and ``key``,
+    when given); else None."""
     head, sep, payload = blob.partition(b"\n")
-    if not sep:
+    named = parse_header(blob)
+    if not sep or named is None or named[0] != arch or (key is not None and named[1] != key):
         return None
     parts = head.split(b" ")
-    if len(parts) != 5 or b" ".join(parts[:2]) != MAGIC or parts[2].decode(errors="replace") != arch:
-        return None
     try:
-        length = int(parts[4])
+        length = int(parts[5])
     except ValueError:
         return None
-    if length != len(payload) or hashlib.sha256(payload).hexdigest().encode() != parts[3]:
+    if length != len(payload) or hashlib.sha256(payload).hexdigest().encode() != parts[4]:
         return None
     return payload
 
@@ -120,18 +129,18 @@ class DiskCache:
         finally:
             os.close(fd)  # closing releases the lock
 
-    def read(self, path: Path, arch: str) -> bytes | None:
+    def read(self, path: Path, arch: str, key: str | None = None) -> bytes | None:
         try:
             blob = path.read_bytes()
         except OSError:
             return None
-        return decode(blob, arch)
+        return decode(blob, arch, key)
 
-    def write(self, path: Path, arch: str, cubin: bytes) -> None:
+    def write(self, path: Path, arch: str, cubin: bytes, key: str = "-") -> None:
         fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=f".{path.name}.", suffix=".tmp")
         try:
             with os.fdopen(fd, "wb") as fh:
-                fh.write(encode(arch, cubin))
+                fh.write(encode(arch, cubin, key))
                 fh.flush()
                 os.fsync(fh.fileno())
             os.replace(tmp, path)
@@ -148,17 +157,17 @@ class DiskCache:
                 self.compiles += 1
                 return CacheResult(compile_fn(), "compiled", None)
             path = self.path_for(name, key)
-            cubin = self.read(path, arch)
+            cubin = self.read(path, arch, key)
             if cubin is not None:
                 return CacheResult(cubin, "disk", path)
             with self._process_lock(path):
-                cubin = self.read(path, arch)  # another process may have written it meanwhile
+                cubin = self.read(path, arch, key)  # another process may have written it meanwhile
                 if cubin is not None:
                     return CacheResult(cubin, "disk", path)
                 cubin = compile_fn()
                 self.compiles += 1
                 if self._usable:
-                    self.write(path, arch, cubin)
+                    self.write(path, arch, cubin, key)
                 return CacheResult(cubin, "compiled", path if self._usable else None)
 
     # --- maintenance (the `python -m fastmm cache` command) ---
@@ -171,9 +180,11 @@ class DiskCache:
         out = []
         for path in self.entries():
             blob = path.read_bytes()
-            head = blob.partition(b"\n")[0].split(b" ")
-            arch = head[2].decode(errors="replace") if len(head) == 5 else "?"
-            out.append((path, decode(blob, arch) is not None))
+            named = parse_header(blob)
+            # valid: intact, and stored under the file name its key gives
+            ok = (named is not None and decode(blob, named[0], named[1]) is not None
+                  and path.name.endswith(f"-{named[1][:32]}.cubin"))
+            out.append((path, ok))
         return out
 
     def clear(self) -> int:

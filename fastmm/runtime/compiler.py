@@ -7,8 +7,22 @@ from __future__ import annotations
 
 import functools
 import io
+import threading
 
 from .sources import read_source, source_dir
+
+_import_lock = threading.Lock()
+
+
+@functools.lru_cache(maxsize=1)
+def _cuda_core():
+    """cuda.core, imported once under a lock: its first import from several threads at once has
+    failed ("cannot import name 'Program' from 'cuda.core.cu13'") while the package was only
+    half initialised."""
+    with _import_lock:
+        import cuda.core
+
+        return cuda.core
 
 
 class CompileError(RuntimeError):
@@ -29,8 +43,7 @@ def nvrtc_version() -> tuple[int, int]:
 def nvrtc_unavailable_reason() -> str | None:
     """None when NVRTC and cuda.core can compile; otherwise why not (for explain)."""
     try:
-        import cuda.core  # noqa: F401
-
+        _cuda_core()
         nvrtc_version()
     except Exception as exc:  # ImportError, missing libnvrtc.so, ...
         return f"NVRTC is not usable ({type(exc).__name__}: {exc})"
@@ -38,8 +51,8 @@ def nvrtc_unavailable_reason() -> str | None:
 
 
 def compile_cubin(source: str, macros: tuple[tuple[str, int], ...], arch: str) -> bytes:
-    from cuda.core import Program, ProgramOptions
-
+    core = _cuda_core()
+    Program, ProgramOptions = core.Program, core.ProgramOptions
     options = ProgramOptions(
         name=source, arch=arch, std="c++17", include_path=[str(source_dir())],
         define_macro=[(k, str(v)) for k, v in macros] or None,

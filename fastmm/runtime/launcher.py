@@ -42,8 +42,10 @@ def is_loaded(dev: DeviceFacts, cfg: KernelConfig) -> bool:
 
 def load(dev: DeviceFacts, cfg: KernelConfig) -> LoadedKernel:
     """Compile (or fetch from the disk cache) and load ``cfg`` for ``dev``; cached per process."""
-    from cuda.core import Device, LaunchConfig, ObjectCode
+    from .compiler import _cuda_core
 
+    core = _cuda_core()
+    Device, LaunchConfig, ObjectCode = core.Device, core.LaunchConfig, core.ObjectCode
     key = key_for(cfg, dev.arch)
     slot = (dev.index, key)
     entry = _modules.get(slot)
@@ -91,7 +93,13 @@ def stream_for(handle: int):
     return s
 
 
-def launch(loaded: LoadedKernel, stream_handle: int, args: tuple) -> None:
-    from cuda.core import launch as cc_launch
+_launch_fn = []  # cuda.core.launch, looked up once: this is the per-call hot path
 
-    cc_launch(stream_for(stream_handle), loaded.launch_config, loaded.kernel, *args)
+
+def launch(loaded: LoadedKernel, stream_handle: int, args: tuple) -> None:
+    if not _launch_fn:
+        from cuda.core import launch as cc_launch
+
+        _launch_fn.append(cc_launch)
+    stream = _streams.get(stream_handle) or stream_for(stream_handle)
+    _launch_fn[0](stream, loaded.launch_config, loaded.kernel, *args)

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# The one script to run on the GPU machine, from the repo root, in one call:
+#   bash benchmarks/run_gpu.sh                      # logs and JSON under $OUT (default /tmp)
+#   BENCH_ARGS="--only square4k,unaligned" bash benchmarks/run_gpu.sh
+# 1. versions (GPU, driver, torch, cuda.core, cuda.bindings, NVRTC)
+# 2. the test suite, GPU tests included (junit XML + log)
+# 3. python -m fastmm: the self-check of every kernel path
+# 4. the benchmark suite vs torch.matmul (JSON), its table printed last
+# Runs every step even when an earlier one fails; exits non-zero if any step failed.
+set -u -o pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+# The GPU machine has no package registry: tell pip at once instead of letting it wait on the
+# network (tests that need to fetch a build backend then skip, saying so).
+export PIP_NO_INDEX=${PIP_NO_INDEX:-1}
+OUT=${OUT:-/tmp}
+mkdir -p "$OUT"
+PY=${PYTHON:-python3}
+failed=()
+start=$SECONDS
+
+step() { echo; echo "=================== $* ($((SECONDS - start)) s)"; }
+
+step "versions"
+nvidia-smi --query-gpu=index,name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1 || echo "nvidia-smi failed"
+"$PY" - <<'PY' 2>&1 | tee "$OUT/versions.txt"
+import platform, torch
+print("python", platform.python_version(), "| torch", torch.__version__, "| torch CUDA", torch.version.cuda)
+for mod in ("cuda.core", "cuda.bindings"):
+    try:
+        print(mod, __import__(mod, fromlist=["__version__"]).__version__)
+    except Exception as exc:
+        print(mod, "unavailable:", exc)
+try:
+    from cuda.bindings import nvrtc
+    err, major, minor = nvrtc.nvrtcVersion()
+    print("NVRTC", f"{major}.{minor}")
+except Exception as exc:
+    print("NVRTC unavailable:", exc)
+if torch.cuda.is_available():
+    for i in range(torch.cuda.device_count()):
+        p = torch.cuda.get_device_properties(i)
+        print(f"cuda:{i}", p.name, f"sm_{p.major}{p.minor}", p.multi_processor_count, "SMs")
+else:
+    print("torch sees no CUDA device")
+PY
+git log -1 --format='commit %h %s' 2>/dev/null || true
+git status --short 2>/dev/null | head -20 || true
+
+step "tests: $PY -m pytest tests -q -rfEs"
+"$PY" -m pytest tests -q -rfEs --junitxml="$OUT/junit.xml" 2>&1 | tee "$OUT/pytest.log"
+rc=$?; [ "$rc" -eq 0 ] || failed+=("pytest (exit $rc)")
+
+step "self-check: $PY -m fastmm"
+"$PY" -m fastmm 2>&1 | tee "$OUT/selfcheck.log"
+rc=$?; [ "$rc" -eq 0 ] || failed+=("python -m fastmm (exit $rc)")
+
+step "benchmark: $PY benchmarks/bench.py --json $OUT/bench.json ${BENCH_ARGS:-}"
+# shellcheck disable=SC2086
+"$PY" benchmarks/bench.py --json "$OUT/bench.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"
+rc=$?; [ "$rc" -eq 0 ] || failed+=("benchmarks/bench.py (exit $rc)")
+
+step "summary"
+grep -E "^(FAILED|ERROR)|[0-9]+ (passed|failed)" "$OUT/pytest.log" | tail -25 || true
+grep -E "^  FAIL|self-check (passed|FAILED)" "$OUT/selfcheck.log" || true
+if [ -f "$OUT/bench.json" ]; then
+    echo
+    "$PY" benchmarks/bench.py --table-from "$OUT/bench.json"
+fi
+echo
+echo "logs: $OUT/versions.txt $OUT/pytest.log $OUT/junit.xml $OUT/selfcheck.log $OUT/bench.log $OUT/bench.json"
+if [ ${#failed[@]} -gt 0 ]; then
+    echo "FAILED steps: ${failed[*]} (total $((SECONDS - start)) s)"
+    exit 1
+fi
+echo "all steps passed (total $((SECONDS - start)) s)"

@@ -1,0 +1,203 @@
+"""NVRTC compiles every kernel family for every supported arch (fastmm.runtime.compiler,
+fastmm.runtime.sources), with the macros the planner really produces.
+
+The configurations come from ``fastmm.plan.select(problem, device, force=family)`` over a set of
+problems chosen to reach every load mode, shared-memory layout, tile option and precision; a
+coverage test proves they do. They are reduced to a set that still covers every macro value
+and tile per (arch, family, precision), and compiled once each, in parallel.
+"""
+from __future__ import annotations
+
+import os
+import re
+import struct
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from fastmm.families import FAMILIES
+from fastmm.plan import select
+from fastmm.problem import DeviceFacts, Problem
+from fastmm.runtime.compiler import CompileError, compile_cubin
+from fastmm.runtime.sources import kernel_sources, source_dir
+
+SM80_PLUS = ("sm_80", "sm_86", "sm_89", "sm_90")
+FAMILIES_FOR = {arch: tuple(FAMILIES) for arch in SM80_PLUS}
+FAMILIES_FOR["sm_75"] = ("scalar", "simt_float4")
+EM_CUDA = 190
+
+
+def _problems() -> list[Problem]:
+    out = []
+    for precision in ("ieee", "tf32", "tf32x3"):
+        dense = [
+            (8192, 8192, 4096, {}),  # aligned, largest tile
+            (1000, 1001, 1003, {}),  # N and K not multiples of 4
+            (1024, 1022, 1024, {}),  # N even, not a multiple of 4 (tf32 float2 stores)
+            (1024, 1024, 1024, {"align": 4}),  # storage offset 1
+            (1024, 1024, 1024, {"align": 8}),  # storage offset 2
+            (1024, 1024, 1024, {"a_t": True}),  # transposed A
+            (1024, 1024, 1024, {"b_t": True}),  # transposed B
+            (1024, 1024, 1024, {"a_t": True, "b_t": True}),
+            (1023, 1024, 1023, {"a_t": True, "b_t": True}),  # transposed, odd extents
+            (1024, 2048, 512, {}),  # mid sizes: with 512^2 and 8192^2 they reach every tile option
+            (1536, 1536, 512, {}),
+            (512, 512, 512, {}),  # small: small tile options
+            (64, 64, 64, {}),
+            (3, 5, 4, {}),
+            (256, 256, 512, {"batch": 64}),  # batched
+            (256, 256, 65536, {}),  # long K: split-K plus the reduce pass
+            (16, 4096, 4096, {}),  # skinny M
+        ]
+        out += [Problem.dense(M, N, K, precision=precision, **kw) for M, N, K, kw in dense]
+        # no unit stride on A or B (every other element of a wider tensor)
+        out.append(Problem(1024, 1024, 1024, (2048, 2), (2048, 2), (1024, 1), precision=precision))
+        # row-strided slice x[:, :K] with an odd row pitch
+        out.append(Problem(1024, 1024, 1020, (1021, 1), (1029, 1), (1024, 1), precision=precision))
+    return out
+
+
+def _configs():
+    """Unique (arch, KernelConfig) pairs, in a stable order."""
+    seen, out = set(), []
+    for arch, families in FAMILIES_FOR.items():
+        dev = DeviceFacts.simulated_device(arch)
+        for p in _problems():
+            for family in families:
+                try:
+                    plan = select(p, dev, force=family)
+                except ValueError:  # e.g. tf32_mma with precision "ieee"
+                    continue
+                for cfg in (plan.kernel, plan.reduce):
+                    if cfg is None:
+                        continue
+                    key = (arch, cfg.source, cfg.macros)
+                    if key not in seen:
+                        seen.add(key)
+                        out.append((arch, cfg))
+    return out
+
+
+def _features(cfg) -> set:
+    """What a config exercises: each macro value and its tile, per precision (tf32 vs tf32x3)."""
+    x3 = dict(cfg.macros).get("PRECISION_X3", 0)
+    tile = tuple(v for k, v in cfg.macros if k in ("WARPS_M", "WARPS_N", "THREAD_M", "WARP_N"))
+    return {(x3, k, v) for k, v in cfg.macros} | {(x3, "tile", tile)}
+
+
+def _cover(configs):
+    """Per (arch, family), a few configs that together exercise every feature any of them does
+    (greedy set cover): compiling all ~190 distinct ones would take minutes on a CI machine."""
+    groups: dict[tuple[str, str], list] = {}
+    for arch, cfg in configs:
+        groups.setdefault((arch, cfg.family), []).append(cfg)
+    out = []
+    for (arch, _), cfgs in groups.items():
+        need = set().union(*(_features(c) for c in cfgs))
+        while need:
+            best = max(cfgs, key=lambda c: len(_features(c) & need))
+            need -= _features(best)
+            out.append((arch, best))
+    return out
+
+
+CANDIDATES = _configs()
+CONFIGS = _cover(CANDIDATES)
+
+
+def _id(item) -> str:
+    arch, cfg = item
+    return f"{arch}-{cfg.family}-" + "-".join(f"{k}{v}" for k, v in cfg.macros)
+
+
+def _elf_arch(cubin: bytes) -> set[int]:
+    """SM numbers a cubin's ELF header may name (the field moved between cubin ABI versions)."""
+    flags = struct.unpack_from("<I", cubin, 48)[0]
+    return {flags & 0xFF, (flags >> 8) & 0xFF}
+
+
+@pytest.fixture(scope="module")
+def cubins() -> dict:
+    """Every configuration compiled once, in parallel (NVRTC runs without the GIL):
+    (arch, source, macros) -> cubin bytes, or the exception compiling raised."""
+
+    def build(item):
+        arch, cfg = item
+        try:
+            return compile_cubin(cfg.source, cfg.macros, arch)
+        except Exception as exc:  # reported by the test of that configuration
+            return exc
+
+    with ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1))) as pool:
+        results = list(pool.map(build, CONFIGS))
+    return {(arch, cfg.source, cfg.macros): res for (arch, cfg), res in zip(CONFIGS, results)}
+
+
+@pytest.mark.parametrize("arch,cfg", CONFIGS, ids=[_id(c) for c in CONFIGS])
+def test_planned_config_compiles_to_a_cubin_for_its_arch(cubins, arch, cfg):
+    cubin = cubins[(arch, cfg.source, cfg.macros)]
+    if isinstance(cubin, Exception):
+        raise cubin
+    assert cubin[:4] == b"\x7fELF"
+    assert struct.unpack_from("<H", cubin, 18)[0] == EM_CUDA
+    assert int(arch[3:]) in _elf_arch(cubin)
+    assert cfg.entry.encode() in cubin  # the entry point the launcher looks up by name
+
+
+def test_configs_cover_every_family_arch_and_macro_value():
+    seen: dict[tuple[str, str], set] = {}
+    for arch, cfg in CONFIGS:
+        seen.setdefault((arch, cfg.family), set()).add(cfg.macros)
+    for arch, families in FAMILIES_FOR.items():
+        for family in families:
+            assert (arch, family) in seen, (arch, family)
+    for arch in SM80_PLUS:
+        assert (arch, "splitk_reduce") in seen
+        for family, wanted in [
+            ("simt_float4", {"A_MODE": {0, 1, 2, 3}, "B_MODE": {0, 1, 2, 3}, "C_VEC": {0, 1}}),
+            ("simt_cp_async", {"A_MODE": {0, 2, 3}, "B_MODE": {0, 2, 3}, "C_VEC": {0, 1}}),
+            ("tf32_mma", {"A_SMEM_MK": {0, 1}, "A_VEC": {0, 1}, "B_SMEM_KN": {0, 1}, "B_VEC": {0, 1},
+                          "C_VEC": {0, 1}, "PRECISION_X3": {0, 1}}),
+        ]:
+            values: dict[str, set] = {}
+            for macros in seen[(arch, family)]:
+                for k, v in macros:
+                    values.setdefault(k, set()).add(v)
+            for k, want in wanted.items():
+                assert want <= values[k], (arch, family, k, values[k])
+        # every tile option of each tiled family
+        for family in ("simt_float4", "simt_cp_async"):
+            tiles = {tuple(v for k, v in m if k in ("WARPS_M", "WARPS_N", "THREAD_M")) for m in seen[(arch, family)]}
+            assert tiles >= set(FAMILIES[family].tile_options), (arch, family, tiles)
+        for x3 in (False, True):
+            tiles = {tuple(v for k, v in m if k in ("WARPS_M", "WARPS_N", "WARP_N"))
+                     for m in seen[(arch, "tf32_mma")] if dict(m)["PRECISION_X3"] == int(x3)}
+            assert tiles >= set(FAMILIES["tf32_mma"].tile_options(x3)), (arch, x3, tiles)
+
+
+def test_every_kernel_source_is_planned():
+    planned = {cfg.source for _, cfg in CONFIGS}
+    assert set(kernel_sources()) == planned
+
+
+def test_kernel_sources_include_no_toolkit_headers():
+    files = sorted(p for p in source_dir().iterdir() if p.suffix in (".cu", ".cuh"))
+    assert files
+    local = {p.name for p in files}
+    for path in files:
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            stripped = line.strip()
+            assert not re.match(r"#\s*include\s*<", stripped), f"{path.name}:{n}: {stripped}"
+            m = re.match(r'#\s*include\s*"([^"]+)"', stripped)
+            if m:
+                assert m.group(1) in local, f"{path.name}:{n} includes {m.group(1)}, not in cuda_src/"
+
+
+def test_a_kernel_that_does_not_compile_raises_compile_error_with_the_log():
+    # 3 x 2 warps cannot split the tile copies evenly: a static_assert in simt_core.cuh fires
+    macros = (("WARPS_M", 3), ("WARPS_N", 2), ("THREAD_M", 8), ("BK", 8), ("A_MODE", 0), ("B_MODE", 0), ("C_VEC", 0))
+    with pytest.raises(CompileError) as exc:
+        compile_cubin("simt_float4.cu", macros, "sm_80")
+    text = str(exc.value)
+    assert "simt_float4.cu" in text and "sm_80" in text
+    assert "split evenly" in text  # NVRTC's log names the failed static_assert

@@ -1,0 +1,571 @@
+"""fastmm's kernels on a real GPU, against a float64 reference (skipped without CUDA).
+
+Each kernel family is forced through ``api.matmul_fastmm(..., force=family)`` (the test checks the
+plan really used it), and the default path runs through ``fastmm.matmul`` (checking explain says a
+fastmm kernel, not torch, served it). Tolerances, relative Frobenius error vs float64:
+ieee 1e-5, tf32 1e-3, tf32x3 1e-6. Inputs are fresh ``torch.randn`` values for every check.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import fastmm
+from fastmm import api
+from fastmm.families import FAMILIES
+from fastmm.runtime import launcher
+
+pytestmark = pytest.mark.cuda
+
+TOL = {"ieee": 1e-5, "tf32": 1e-3, "tf32x3": 1e-6}
+FAMILY_PRECISIONS = [("scalar", "ieee"), ("simt_float4", "ieee"), ("simt_cp_async", "ieee"),
+                     ("tf32_mma", "tf32"), ("tf32_mma", "tf32x3")]
+FP_IDS = [f"{f}-{p}" for f, p in FAMILY_PRECISIONS]
+PRECISIONS = ("ieee", "tf32", "tf32x3")
+SHAPES = [(1, 1, 1), (3, 5, 4), (17, 19, 23), (129, 96, 132), (257, 129, 193), (1000, 1000, 1000),
+          (4097, 4095, 4093)]
+SHAPE_IDS = ["x".join(map(str, s)) for s in SHAPES]
+SMALL = [(64, 64, 64), (67, 65, 63)]  # aligned dims / odd dims, for the exhaustive combinations
+SMALL_IDS = ["64^3", "67x65x63"]
+NAN = float("nan")
+
+
+def randn(*shape) -> torch.Tensor:
+    return torch.randn(*shape, device="cuda")
+
+
+def rel(x: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((x.double() - ref.double()).norm() / ref.double().norm()).item()
+
+
+def check(c, a, b, precision, rel_err) -> None:
+    assert not torch.isnan(c).any(), "NaN in the result (an output element was not written?)"
+    err = rel_err(c, a, b)
+    assert err <= TOL[precision], f"relative error {err:.3g} > {TOL[precision]} ({precision})"
+
+
+def forced(a, b, family, precision, out=None):
+    """``a @ b`` on ``family``; skips where the GPU cannot run it (e.g. sm75 and cp.async)."""
+    try:
+        result, plan, reason = api.matmul_fastmm(a, b, out, precision, force=family)
+    except ValueError as exc:
+        if "needs sm" in str(exc):
+            pytest.skip(str(exc))
+        raise
+    assert reason is None, f"fell back to torch: {reason}"
+    if plan is not None:  # None only when the result has no elements
+        assert plan.kernel.family == family
+        assert plan.precision_used == (precision if family == "tf32_mma" else "ieee")
+    return result
+
+
+def at_offset(shape, offset: int, fill: float | None = None) -> torch.Tensor:
+    """A tensor of ``shape`` starting ``offset`` floats into its storage."""
+    n = math.prod(shape)
+    base = randn(n + offset + 5) if fill is None else torch.full((n + offset + 5,), fill, device="cuda")
+    return base[offset:offset + n].view(shape)
+
+
+def exact_reference(a, b):
+    return torch.matmul(a.double(), b.double()).float()
+
+
+# --- every family on the named shapes -----------------------------------------------------------
+
+@pytest.mark.parametrize("M,N,K", SHAPES, ids=SHAPE_IDS)
+@pytest.mark.parametrize("family,precision", FAMILY_PRECISIONS, ids=FP_IDS)
+def test_family_matches_float64(family, precision, M, N, K, rel_err):
+    a, b = randn(M, K), randn(K, N)
+    a0, b0 = a.clone(), b.clone()
+    c = forced(a, b, family, precision)
+    assert c.shape == (M, N) and c.dtype == torch.float32 and c.is_contiguous()
+    check(c, a, b, precision, rel_err)
+    out = torch.full((M, N), NAN, device="cuda")  # every element must be overwritten
+    assert forced(a, b, family, precision, out=out) is out
+    check(out, a, b, precision, rel_err)
+    assert torch.equal(a, a0) and torch.equal(b, b0)  # inputs never modified (no in-place rounding)
+
+
+@pytest.mark.parametrize("M,N,K", SHAPES, ids=SHAPE_IDS)
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_default_path_matches_float64(precision, M, N, K, rel_err):
+    a, b = randn(M, K), randn(K, N)
+    a0, b0 = a.clone(), b.clone()
+    exp = fastmm.explain(a, b, precision=precision)
+    assert exp.kernel in FAMILIES and exp.fallback is None, str(exp)
+    check(fastmm.matmul(a, b, precision=precision), a, b, precision, rel_err)
+    a2, b2 = randn(M, K), randn(K, N)  # the second call of a shape takes the steady-state path
+    check(fastmm.matmul(a2, b2, precision=precision), a2, b2, precision, rel_err)
+    out = torch.full((M, N), NAN, device="cuda")
+    assert fastmm.matmul(a, b, precision=precision, out=out) is out
+    check(out, a, b, precision, rel_err)
+    assert torch.equal(a, a0) and torch.equal(b, b0)
+
+
+@pytest.mark.parametrize("M,N,K", [(16, 4096, 4096), (64, 64, 16384), (256, 256, 8192)], ids=str)
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_skinny_and_long_k_shapes(precision, M, N, K, rel_err):
+    """Where the planner splits K (a second, fixed-order reduce pass)."""
+    a, b = randn(M, K), randn(K, N)
+    exp = fastmm.explain(a, b, precision=precision)
+    assert exp.kernel is not None, str(exp)
+    first = fastmm.matmul(a, b, precision=precision)
+    check(first, a, b, precision, rel_err)
+    assert torch.equal(fastmm.matmul(a, b, precision=precision), first)  # deterministic: same bits
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_simt_families_serve_tf32_requests_at_fp32_accuracy(precision, rel_err):
+    a, b = randn(300, 200), randn(200, 260)
+    for family in ("simt_float4", "simt_cp_async", "scalar"):
+        c = forced(a, b, family, precision)  # checks precision_used == "ieee"
+        check(c, a, b, "ieee", rel_err)
+
+
+# --- exact answers ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("family,precision", FAMILY_PRECISIONS + [("default", p) for p in PRECISIONS],
+                         ids=FP_IDS + [f"default-{p}" for p in PRECISIONS])
+def test_small_examples_are_exact(family, precision):
+    def mm(a, b):
+        return fastmm.matmul(a, b, precision=precision) if family == "default" else forced(a, b, family, precision)
+
+    a = torch.tensor([[1.0, 2.0], [3.0, 4.0]], device="cuda")
+    b = torch.tensor([[5.0, 6.0], [7.0, 8.0]], device="cuda")
+    assert torch.equal(mm(a, b), torch.tensor([[19.0, 22.0], [43.0, 50.0]], device="cuda"))
+    row = torch.tensor([[1.0, 2.0, 3.0]], device="cuda")
+    col = torch.tensor([[4.0, 5.0, 6.0]], device="cuda").T
+    assert torch.equal(mm(row, col), torch.tensor([[32.0]], device="cuda"))
+    v = fastmm.matmul(torch.tensor([1.0, 2.0, 3.0], device="cuda"), torch.tensor([4.0, 5.0, 6.0], device="cuda"),
+                      precision=precision)
+    assert v.shape == () and v.item() == 32.0
+
+
+@pytest.mark.parametrize("M,N,K", [(129, 96, 132), (257, 129, 193), (64, 256, 1000)], ids=str)
+@pytest.mark.parametrize("family,precision", FAMILY_PRECISIONS, ids=FP_IDS)
+def test_small_integer_inputs_give_exact_sums(family, precision, M, N, K):
+    """Integers in [-3, 3] are exact in TF32 and every partial sum is exact in fp32, so any
+    correct kernel returns the float64 answer bit for bit (CUTLASS's trick)."""
+    a = torch.randint(-3, 4, (M, K), device="cuda").float()
+    b = torch.randint(-3, 4, (K, N), device="cuda").float()
+    c = forced(a, b, family, precision)
+    assert torch.equal(c, exact_reference(a, b))
+    assert c.abs().sum() > 0
+
+
+# --- strides, offsets, views ------------------------------------------------------------------
+
+@pytest.mark.parametrize("M,N,K", SMALL, ids=SMALL_IDS)
+@pytest.mark.parametrize("offset", [1, 2, 3])
+@pytest.mark.parametrize("which", ["a", "b", "c"])
+@pytest.mark.parametrize("family,precision", FAMILY_PRECISIONS, ids=FP_IDS)
+def test_storage_offsets(family, precision, which, offset, M, N, K, rel_err):
+    a = at_offset((M, K), offset) if which == "a" else randn(M, K)
+    b = at_offset((K, N), offset) if which == "b" else randn(K, N)
+    out = at_offset((M, N), offset, fill=NAN) if which == "c" else torch.full((M, N), NAN, device="cuda")
+    forced(a, b, family, precision, out=out)
+    check(out, a, b, precision, rel_err)
+
+
+@pytest.mark.parametrize("offset", [1, 2, 3])
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_storage_offsets_on_every_operand_default_path(precision, offset, rel_err):
+    M, N, K = 300, 260, 196
+    a, b = at_offset((M, K), offset), at_offset((K, N), (offset + 1) % 4)
+    out = at_offset((M, N), (offset + 2) % 4, fill=NAN)
+    assert fastmm.explain(a, b, precision=precision, out=out).kernel is not None
+    fastmm.matmul(a, b, precision=precision, out=out)
+    check(out, a, b, precision, rel_err)
+
+
+@pytest.mark.parametrize("M,N,K", SMALL + [(300, 260, 196)], ids=SMALL_IDS + ["300x260x196"])
+@pytest.mark.parametrize("views", ["aT", "bT", "aT_bT"])
+@pytest.mark.parametrize("family,precision", FAMILY_PRECISIONS, ids=FP_IDS)
+def test_transposed_views(family, precision, views, M, N, K, rel_err):
+    a = randn(K, M).T if "aT" in views else randn(M, K)
+    b = randn(N, K).T if "bT" in views else randn(K, N)
+    check(forced(a, b, family, precision), a, b, precision, rel_err)
+    out = randn(N, M).fill_(NAN).T  # a column-major out
+    forced(a, b, family, precision, out=out)
+    check(out, a, b, precision, rel_err)
+
+
+@pytest.mark.parametrize("pad", [1, 2, 4])
+@pytest.mark.parametrize("family,precision", FAMILY_PRECISIONS, ids=FP_IDS)
+def test_row_strided_slices(family, precision, pad, rel_err):
+    M, N, K = 130, 96, 100
+    a = randn(M, K + pad)[:, :K]
+    b = randn(K, N + pad)[:, :N]
+    out = torch.full((M, N + pad), NAN, device="cuda")[:, :N]
+    forced(a, b, family, precision, out=out)
+    check(out, a, b, precision, rel_err)
+    a2 = randn(M, 2 * K)[:, ::2]  # no unit stride at all
+    check(forced(a2, b, family, precision), a2, b, precision, rel_err)
+
+
+BATCHED = [
+    ((3, 33, 40), (3, 40, 65)),
+    ((2, 1, 33, 40), (3, 40, 65)),  # broadcast both ways
+    ((33, 40), (4, 40, 65)),
+    ((4, 33, 40), (40, 65)),
+    ((2, 1, 4, 33, 40), (1, 3, 4, 40, 65)),  # three batch dims that cannot merge: two launches
+    ((40,), (3, 40, 65)),
+    ((3, 33, 40), (40,)),
+    ((5, 1, 2, 40), (5, 40, 1)),
+]
+
+
+@pytest.mark.parametrize("sa,sb", BATCHED, ids=[f"{a}@{b}" for a, b in BATCHED])
+@pytest.mark.parametrize("family,precision", FAMILY_PRECISIONS, ids=FP_IDS)
+def test_batched_and_broadcast_shapes(family, precision, sa, sb, rel_err):
+    a, b = randn(*sa), randn(*sb)
+    c = forced(a, b, family, precision)
+    assert c.shape == torch.matmul(a.cpu(), b.cpu()).shape
+    check(c, a, b, precision, rel_err)
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_expanded_stride_zero_batch(precision, rel_err):
+    a = randn(1, 70, 50).expand(6, 70, 50)
+    b = randn(6, 50, 90)
+    check(fastmm.matmul(a, b, precision=precision), a, b, precision, rel_err)
+    out = torch.full((6, 70, 90), NAN, device="cuda")
+    fastmm.matmul(b.transpose(-1, -2), a.transpose(-1, -2), precision=precision, out=out.transpose(-1, -2))
+    check(out, a, b, precision, rel_err)
+
+
+def test_batch_beyond_the_grid_z_limit(rel_err):
+    a, b = randn(70_000, 4, 8), randn(70_000, 8, 4)
+    for precision in ("ieee", "tf32"):
+        check(fastmm.matmul(a, b, precision=precision), a, b, precision, rel_err)
+
+
+# --- empty and degenerate shapes ------------------------------------------------------------------
+
+@pytest.mark.parametrize("family,precision", FAMILY_PRECISIONS + [("default", "ieee")], ids=FP_IDS + ["default"])
+def test_k_zero_gives_zeros_and_empty_dims_give_empty_results(family, precision):
+    def mm(a, b, out=None):
+        if family == "default":
+            return fastmm.matmul(a, b, precision=precision, out=out)
+        return forced(a, b, family, precision, out=out)
+
+    out = torch.full((37, 41), NAN, device="cuda")
+    assert mm(randn(37, 0), randn(0, 41), out=out) is out
+    assert torch.equal(out, torch.zeros(37, 41, device="cuda"))
+    assert torch.equal(mm(randn(3, 37, 0), randn(0, 41)), torch.zeros(3, 37, 41, device="cuda"))
+    assert mm(randn(0, 16), randn(16, 41)).shape == (0, 41)
+    assert mm(randn(37, 16), randn(16, 0)).shape == (37, 0)
+    assert mm(randn(0, 37, 16), randn(16, 41)).shape == (0, 37, 41)
+    assert mm(randn(0), randn(0)).item() == 0.0
+
+
+# --- out= ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_out_overlapping_an_input_gives_the_right_answer(precision, rel_err):
+    for n in (64, 257):
+        a, b = randn(n, n), randn(n, n)
+        a0, b0 = a.clone(), b.clone()
+        assert fastmm.matmul(a, b, out=a, precision=precision) is a
+        check(a, a0, b0, precision, rel_err)
+        assert fastmm.matmul(a0, b, out=b, precision=precision) is b
+        check(b, a0, b0, precision, rel_err)
+        buf = randn(2, n, n)  # out is one half of a buffer whose other half is an input
+        x, y = buf[0].clone(), b0.clone()
+        fastmm.matmul(buf[0], y, out=buf[1], precision=precision)
+        check(buf[1], x, y, precision, rel_err)
+        t = randn(n, n)  # out is the transpose of an input
+        t0 = t.clone()
+        fastmm.matmul(t, b0, out=t.T, precision=precision)
+        check(t.T, t0, b0, precision, rel_err)
+
+
+@pytest.mark.parametrize("family,precision", FAMILY_PRECISIONS, ids=FP_IDS)
+def test_out_overlapping_an_input_on_each_family(family, precision, rel_err):
+    a, b = randn(96, 96), randn(96, 96)
+    a0 = a.clone()
+    forced(a, b, family, precision, out=a)
+    check(a, a0, b, precision, rel_err)
+
+
+def test_out_of_the_wrong_shape_is_resized_with_torchs_warning(rel_err):
+    a, b = randn(30, 20), randn(20, 10)
+    out = randn(4, 4)
+    with pytest.warns(UserWarning, match="An output with one or more elements was resized"):
+        assert fastmm.matmul(a, b, out=out, precision="ieee") is out
+    assert out.shape == (30, 10)
+    check(out, a, b, "ieee", rel_err)
+
+
+def test_out_errors_are_torchs_errors():
+    a, b = randn(3, 4), randn(4, 5)
+    for out in (torch.empty(3, 5, device="cuda", dtype=torch.float64), torch.empty(3, 5)):
+        with pytest.raises(RuntimeError) as theirs:
+            torch.matmul(a, b, out=out.clone())
+        with pytest.raises(RuntimeError) as ours:
+            fastmm.matmul(a, b, out=out)
+        assert str(ours.value) == str(theirs.value)
+    with pytest.raises(RuntimeError) as theirs:
+        torch.matmul(a, b.cpu())
+    with pytest.raises(RuntimeError) as ours:
+        fastmm.matmul(a, b.cpu())
+    assert str(ours.value) == str(theirs.value)
+
+
+@pytest.mark.parametrize("M,N,K", [(129, 96, 132), (257, 129, 193), (67, 65, 63)], ids=str)
+@pytest.mark.parametrize("family,precision", FAMILY_PRECISIONS, ids=FP_IDS)
+def test_nothing_outside_the_output_is_written(family, precision, M, N, K, rel_err):
+    canary = -12345.0
+    g = 4096  # guard floats on each side
+    flat = torch.full((g + M * N + g,), canary, device="cuda")
+    out = flat[g:g + M * N].view(M, N)
+    padded = torch.full((M + 2, N + 8), canary, device="cuda")
+    out2 = padded[1:M + 1, 4:N + 4]
+    a_buf = randn(g + M * K + g)  # inputs live inside guarded buffers too
+    b_buf = randn(g + K * N + g)
+    a_before, b_before = a_buf.clone(), b_buf.clone()
+    a = a_buf[g:g + M * K].view(M, K)
+    b = b_buf[g:g + K * N].view(K, N)
+    forced(a, b, family, precision, out=out)
+    forced(a, b, family, precision, out=out2)
+    torch.cuda.synchronize()
+    check(out, a, b, precision, rel_err)
+    check(out2, a, b, precision, rel_err)
+    assert torch.all(flat[:g] == canary) and torch.all(flat[g + M * N:] == canary)
+    mask = torch.ones_like(padded, dtype=torch.bool)
+    mask[1:M + 1, 4:N + 4] = False
+    assert torch.all(padded[mask] == canary)
+    assert torch.equal(a_buf, a_before) and torch.equal(b_buf, b_before)
+
+
+# --- beyond 32-bit element offsets ----------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tall_a():
+    """A with more than 2^31 elements (8.6 GB): offsets into it need 64-bit arithmetic."""
+    rows = 2**31 // 1024 + 257
+    return torch.randn(rows, 1024, device="cuda")
+
+
+@pytest.mark.parametrize("family,precision", FAMILY_PRECISIONS, ids=FP_IDS)
+def test_operands_past_2_31_elements(tall_a, family, precision):
+    b = randn(1024, 8)
+    c = forced(tall_a, b, family, precision)
+    for rows in (slice(0, 64), slice(-64, None)):
+        assert rel(c[rows], tall_a[rows].double() @ b.double()) <= TOL[precision]
+
+
+# --- explain and the cache ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_explain_on_cuda_names_the_kernel_and_the_cache_state(precision):
+    a, b = randn(512, 384), randn(384, 256)
+    fastmm.matmul(a, b, precision=precision)
+    exp = fastmm.explain(a, b, precision=precision)
+    major, minor = torch.cuda.get_device_capability(a.device)
+    assert exp.capability == f"{major}.{minor}" and str(a.device) in exp.device
+    assert exp.kernel in FAMILIES and exp.parameters and exp.launch["grid"]
+    assert exp.cache.startswith("in memory")
+    text = str(exp)
+    assert f"kernel: {exp.kernel}" in text and "cache: in memory" in text
+    assert "M=512 N=256 K=384" in text
+    if major >= 8 and precision != "ieee":
+        assert exp.kernel == "tf32_mma" and exp.precision_used == precision
+
+
+def test_explain_on_cuda_for_inputs_torch_serves():
+    for dtype in (torch.float64, torch.float16):
+        a, b = randn(8, 8).to(dtype), randn(8, 8).to(dtype)
+        exp = fastmm.explain(a, b)
+        assert exp.kernel is None and str(dtype) in exp.fallback
+        assert torch.equal(fastmm.matmul(a, b), torch.matmul(a, b))
+
+
+def test_cache_state_goes_from_compiled_to_memory_to_disk(tmp_cache, monkeypatch, rel_err):
+    # an empty in-process state, as in a new process
+    monkeypatch.setattr(launcher, "_modules", {})
+    monkeypatch.setattr(api, "_prepared", {})
+    monkeypatch.setattr(api, "_fast", {}, raising=False)
+    a, b = randn(300, 200), randn(200, 100)
+    exp = fastmm.explain(a, b, precision="ieee")
+    assert exp.cache.startswith("not compiled yet") and str(tmp_cache) in exp.cache
+    plan = exp.plan
+    first = launcher.load(plan.device, plan.kernel)
+    assert first.state == "compiled" and first.path is not None and first.path.parent == tmp_cache
+    assert launcher.load(plan.device, plan.kernel).state == "memory"
+    assert fastmm.explain(a, b, precision="ieee").cache.startswith("in memory (compiled by this process)")
+    monkeypatch.setattr(launcher, "_modules", {})  # a second process, same cache folder
+    assert fastmm.explain(a, b, precision="ieee").cache.startswith("on disk, not loaded yet")
+    assert launcher.load(plan.device, plan.kernel).state == "disk"
+    assert fastmm.explain(a, b, precision="ieee").cache.startswith("in memory (loaded from the disk cache)")
+    check(fastmm.matmul(a, b, precision="ieee"), a, b, "ieee", rel_err)
+    torch.cuda.synchronize()
+
+
+def test_forced_kernel_environment_variable(monkeypatch, rel_err):
+    a, b = randn(500, 300), randn(300, 400)
+    monkeypatch.setenv("FASTMM_KERNEL", "scalar")
+    assert fastmm.explain(a, b, precision="tf32").kernel == "scalar"
+    check(fastmm.matmul(a, b, precision="tf32"), a, b, "ieee", rel_err)
+    monkeypatch.setenv("FASTMM_DISABLE", "1")
+    exp = fastmm.explain(a, b)
+    assert exp.kernel is None and "FASTMM_DISABLE" in exp.fallback
+    check(fastmm.matmul(a, b, precision="ieee"), a, b, "ieee", rel_err)  # torch.matmul, at ieee
+
+
+# --- streams and CUDA graphs ----------------------------------------------------------------------
+
+def test_launches_go_on_the_current_stream(rel_err):
+    a, b = randn(512, 512), randn(512, 512)
+    fastmm.matmul(a, b, precision="ieee")  # compiled and loaded outside the timing below
+    new_a = randn(512, 512)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(50_000_000)  # ~25 ms of work queued first on the side stream
+        a.copy_(new_a)  # runs after the sleep, on the side stream
+        c = fastmm.matmul(a, b, precision="ieee")  # must queue behind the copy
+    torch.cuda.synchronize()
+    check(c, new_a, b, "ieee", rel_err)
+
+
+def test_two_streams_at_once_each_get_the_right_answer(rel_err):
+    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+    a1, b1 = randn(512, 384), randn(384, 640)
+    a2, b2 = randn(300, 500), randn(500, 200)
+    fastmm.matmul(a1, b1, precision="ieee")
+    fastmm.matmul(a2, b2, precision="tf32")
+    s1.wait_stream(torch.cuda.current_stream())
+    s2.wait_stream(torch.cuda.current_stream())
+    outs1, outs2 = [], []
+    for _ in range(20):
+        with torch.cuda.stream(s1):
+            outs1.append(fastmm.matmul(a1, b1, precision="ieee"))
+        with torch.cuda.stream(s2):
+            outs2.append(fastmm.matmul(a2, b2, precision="tf32"))
+    torch.cuda.synchronize()
+    for c in outs1:
+        check(c, a1, b1, "ieee", rel_err)
+    for c in outs2:
+        check(c, a2, b2, "tf32", rel_err)
+
+
+GRAPH_SHAPES = [(256, 320, 192), (64, 64, 16384), (3, 5, 4)]  # tiled, split-K (two kernels), scalar
+
+
+@pytest.mark.parametrize("M,N,K", GRAPH_SHAPES, ids=["tiled", "long_k", "tiny"])
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_cuda_graph_capture_after_warmup_replays_with_new_values(precision, M, N, K, rel_err):
+    a, b = randn(M, K), randn(K, N)
+    out = torch.full((M, N), NAN, device="cuda")
+    fastmm.warmup(a, b, precision=precision)
+    fastmm.warmup(a, b, precision=precision, out=out)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        c = fastmm.matmul(a, b, precision=precision)
+        fastmm.matmul(a, b, precision=precision, out=out)
+    for _ in range(3):
+        a.copy_(randn(M, K))
+        b.copy_(randn(K, N))
+        out.fill_(NAN)
+        graph.replay()
+        torch.cuda.synchronize()
+        check(c, a, b, precision, rel_err)
+        check(out, a, b, precision, rel_err)
+
+
+def test_capturing_an_unwarmed_shape_raises_and_says_warm_up(tmp_cache, monkeypatch):
+    monkeypatch.setattr(launcher, "_modules", {})  # nothing loaded in this process
+    monkeypatch.setattr(api, "_prepared", {})
+    monkeypatch.setattr(api, "_fast", {}, raising=False)
+    a, b = randn(200, 136), randn(136, 168)
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match="(?i)warm"):
+        with torch.cuda.graph(graph):
+            fastmm.matmul(a, b, precision="ieee")
+    assert launcher._modules == {}  # nothing was compiled or loaded during the capture
+    torch.cuda.synchronize()
+
+
+# --- autograd, custom ops, torch.compile on the GPU ---------------------------------------------
+
+GRAD_SHAPES = [((130, 70), (70, 90)), ((2, 1, 33, 40), (3, 40, 65)), ((70,), (70, 90)), ((130, 70), (70,)),
+               ((3, 33, 40), (40, 65))]
+
+
+@pytest.mark.parametrize("sa,sb", GRAD_SHAPES, ids=[f"{a}@{b}" for a, b in GRAD_SHAPES])
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_custom_op_gradients_match_float64(precision, sa, sb):
+    a = randn(*sa).requires_grad_()
+    b = randn(*sb).requires_grad_()
+    y = torch.ops.fastmm.matmul(a, b, precision)
+    g = torch.randn_like(y)
+    y.backward(g)
+    a64 = a.detach().double().requires_grad_()
+    b64 = b.detach().double().requires_grad_()
+    y64 = torch.matmul(a64, b64)
+    y64.backward(g.double())
+    assert rel(y.detach(), y64.detach()) <= TOL[precision]
+    assert rel(a.grad, a64.grad) <= TOL[precision]
+    assert rel(b.grad, b64.grad) <= TOL[precision]
+
+
+def test_fastmm_matmul_backward_uses_fastmm_and_matches_float64():
+    a, b = randn(64, 48).requires_grad_(), randn(48, 80).requires_grad_()
+    fastmm.matmul(a, b, precision="ieee").square().sum().backward()
+    a64, b64 = a.detach().double().requires_grad_(), b.detach().double().requires_grad_()
+    (a64 @ b64).square().sum().backward()
+    assert rel(a.grad, a64.grad) <= 1e-5 and rel(b.grad, b64.grad) <= 1e-5
+
+
+CUDA_OPCHECK = {
+    "contiguous": lambda: (randn(33, 40), randn(40, 65)),
+    "transposed": lambda: (randn(40, 33).T, randn(65, 40).T),
+    "offset": lambda: (at_offset((33, 40), 1), at_offset((40, 65), 3)),
+    "empty": lambda: (randn(0, 40), randn(40, 65)),
+    "k_zero": lambda: (randn(33, 0), randn(0, 65)),
+    "broadcast": lambda: (randn(2, 1, 33, 40), randn(3, 40, 65)),
+    "vector": lambda: (randn(40), randn(3, 40, 65)),
+    "grad": lambda: (randn(33, 40).requires_grad_(), randn(40, 65).requires_grad_()),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CUDA_OPCHECK))
+def test_opcheck_on_cuda(case):
+    a, b = CUDA_OPCHECK[case]()
+    torch.library.opcheck(torch.ops.fastmm.matmul, (a, b, "ieee"))
+    if not (a.requires_grad or b.requires_grad):
+        out = torch.empty(torch.matmul(a, b).shape, device="cuda")
+        torch.library.opcheck(torch.ops.fastmm.matmul_out, (a, b, "ieee", out))
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_torch_compile_fullgraph_equals_eager_on_cuda(precision, rel_err):
+    torch._dynamo.reset()
+
+    def f(x, y):
+        return fastmm.matmul(torch.relu(x), y, precision=precision) * 2
+
+    a, b = randn(4, 96, 80), randn(80, 72)
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    got, eager = compiled(a, b), f(a, b)
+    assert rel(got, eager) <= TOL[precision]
+    check(got / 2, torch.relu(a), b, precision, rel_err)
+    torch._dynamo.reset()
+
+
+# --- other devices --------------------------------------------------------------------------------
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_second_gpu_runs_on_its_own_modules(rel_err):
+    a, b = torch.randn(300, 200, device="cuda:1"), torch.randn(200, 100, device="cuda:1")
+    for precision in PRECISIONS:
+        c = fastmm.matmul(a, b, precision=precision)
+        assert c.device == a.device
+        check(c, a, b, precision, rel_err)
+    exp = fastmm.explain(a, b)
+    assert "cuda:1" in exp.device and exp.kernel is not None
+    assert any(index == 1 for index, _ in launcher._modules)

@@ -1,0 +1,193 @@
+"""fastmm as torch.library custom ops (fastmm.ops) on CPU inputs: opcheck of both ops, gradients
+through fastmm.matmul, and torch.compile seeing one opaque op."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.library import opcheck
+
+import fastmm  # noqa: F401  (registers torch.ops.fastmm.*)
+
+
+def r(*shape, grad=False, dtype=torch.float32):
+    return torch.randn(*shape, dtype=dtype, requires_grad=grad)
+
+
+def _sliced_a():
+    return torch.randn(7, 9)[1:4, 2:6]  # (3, 4), row stride 9, offset 11
+
+
+CASES = {
+    "contiguous": lambda: (r(3, 4), r(4, 5)),
+    "transposed": lambda: (r(4, 3).T, r(5, 4).T),
+    "sliced": lambda: (_sliced_a(), torch.randn(6, 7)[1:5, 1:6]),
+    "strided_columns": lambda: (torch.randn(3, 8)[:, ::2], torch.randn(4, 10)[:, ::2]),
+    "empty_m": lambda: (r(0, 4), r(4, 5)),
+    "empty_k": lambda: (r(3, 0), r(0, 5)),
+    "empty_batch": lambda: (r(0, 3, 4), r(4, 5)),
+    "batched": lambda: (r(2, 3, 4), r(2, 4, 5)),
+    "broadcast": lambda: (r(2, 1, 3, 4), r(5, 4, 6)),
+    "expanded_batch": lambda: (r(1, 3, 4).expand(4, 3, 4), r(4, 4, 5)),
+    "1d_1d": lambda: (r(4), r(4)),
+    "1d_2d": lambda: (r(4), r(4, 5)),
+    "2d_1d": lambda: (r(3, 4), r(4)),
+    "1d_3d": lambda: (r(4), r(2, 4, 5)),
+    "3d_1d": lambda: (r(2, 3, 4), r(4)),
+}
+GRAD_CASES = {
+    "grad_a": lambda: (r(3, 4, grad=True), r(4, 5)),
+    "grad_b": lambda: (r(3, 4), r(4, 5, grad=True)),
+    "grad_both_broadcast": lambda: (r(2, 1, 3, 4, grad=True), r(5, 4, 6, grad=True)),
+    "grad_1d_1d": lambda: (r(4, grad=True), r(4, grad=True)),
+    "grad_1d_3d": lambda: (r(4, grad=True), r(2, 4, 5, grad=True)),
+    "grad_transposed": lambda: (r(4, 3, grad=True).T, r(5, 4).T),
+}
+
+
+@pytest.mark.parametrize("precision", ["ieee", "tf32"])
+@pytest.mark.parametrize("case", sorted(CASES) + sorted(GRAD_CASES))
+def test_opcheck_matmul(case, precision):
+    a, b = {**CASES, **GRAD_CASES}[case]()
+    opcheck(torch.ops.fastmm.matmul, (a, b, precision))
+
+
+# torch.matmul itself warns for 1-D @ 2-D with a right-shaped out (it resizes out to (1, N) inside)
+@pytest.mark.filterwarnings("ignore:An output with one or more elements was resized:UserWarning")
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_opcheck_matmul_out(case):
+    a, b = CASES[case]()
+    out = torch.empty(torch.matmul(a, b).shape)
+    opcheck(torch.ops.fastmm.matmul_out, (a, b, "ieee", out))
+
+
+def test_ops_compute_torchs_result():
+    a, b = r(2, 3, 4), r(4, 5)
+    assert torch.equal(torch.ops.fastmm.matmul(a, b, "ieee"), a @ b)
+    out = torch.full((2, 3, 5), float("nan"))
+    assert torch.ops.fastmm.matmul_out(a, b, "ieee", out) is None
+    assert torch.equal(out, a @ b)
+
+
+def test_functional_op_result_is_contiguous_and_not_an_input():
+    a, b = r(4, 3).T, r(5, 4).T
+    c = torch.ops.fastmm.matmul(a, b, "ieee")
+    assert c.is_contiguous() and c.untyped_storage().data_ptr() not in (
+        a.untyped_storage().data_ptr(), b.untyped_storage().data_ptr())
+
+
+@pytest.mark.parametrize("op", ["matmul", "matmul_out"])
+def test_ops_reject_an_unknown_precision(op):
+    a, b = r(3, 4), r(4, 5)
+    args = (a, b, "bogus") if op == "matmul" else (a, b, "bogus", torch.empty(3, 5))
+    with pytest.raises(ValueError, match="'ieee', 'tf32', 'tf32x3'"):
+        getattr(torch.ops.fastmm, op)(*args)
+
+
+# --- autograd ----------------------------------------------------------------------------------
+
+GRAD_SHAPES = [
+    ((3, 4), (4, 5)),
+    ((4,), (4,)),
+    ((4,), (4, 5)),
+    ((3, 4), (4,)),
+    ((2, 1, 3, 4), (5, 4, 2)),
+    ((3, 4), (2, 4, 5)),
+    ((4,), (2, 4, 3)),
+    ((2, 3, 4), (4,)),
+    ((1, 3, 4), (2, 4, 5)),
+]
+
+
+@pytest.mark.parametrize("sa,sb", GRAD_SHAPES, ids=[f"{a}@{b}" for a, b in GRAD_SHAPES])
+def test_gradcheck_through_fastmm_matmul(sa, sb):
+    a, b = r(*sa, grad=True, dtype=torch.float64), r(*sb, grad=True, dtype=torch.float64)
+    assert torch.autograd.gradcheck(lambda x, y: fastmm.matmul(x, y, precision="ieee"), (a, b))
+
+
+@pytest.mark.parametrize("sa,sb", GRAD_SHAPES[:5], ids=[f"{a}@{b}" for a, b in GRAD_SHAPES[:5]])
+def test_gradgradcheck_through_fastmm_matmul(sa, sb):
+    a, b = r(*sa, grad=True, dtype=torch.float64), r(*sb, grad=True, dtype=torch.float64)
+    assert torch.autograd.gradgradcheck(lambda x, y: fastmm.matmul(x, y, precision="ieee"), (a, b))
+
+
+def test_gradient_of_one_side_only():
+    a, b = r(3, 4, grad=True, dtype=torch.float64), r(4, 5, dtype=torch.float64)
+    fastmm.matmul(a, b).sum().backward()
+    assert torch.allclose(a.grad, torch.ones(3, 5, dtype=torch.float64) @ b.T)
+    assert b.grad is None
+
+
+def test_grad_goes_through_the_custom_op():
+    a, b = r(3, 4, grad=True), r(4, 5)
+    y = fastmm.matmul(a, b)
+    assert y.requires_grad and y.grad_fn is not None
+    assert "fastmm" in type(y.grad_fn).__name__.lower() or "fastmm" in str(y.grad_fn.name()).lower()
+
+
+def test_no_grad_mode_returns_a_plain_tensor():
+    a, b = r(3, 4, grad=True), r(4, 5)
+    with torch.no_grad():
+        y = fastmm.matmul(a, b)
+    assert not y.requires_grad and torch.equal(y, (a @ b).detach())
+
+
+# --- torch.compile -----------------------------------------------------------------------------
+
+@pytest.fixture
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_compile_fullgraph_equals_eager(fresh_dynamo, backend):
+    def f(x, y, z):
+        return fastmm.matmul(torch.relu(x), y, precision="ieee") @ z + 1
+
+    a, b, c = r(2, 8, 16), r(16, 12), r(12,)
+    compiled = torch.compile(f, fullgraph=True, backend=backend)
+    assert torch.allclose(compiled(a, b, c), f(a, b, c), rtol=1e-6, atol=1e-6)
+    a2, b2, c2 = r(2, 8, 16), r(16, 12), r(12,)  # new values, same shapes: no retrace needed
+    assert torch.allclose(compiled(a2, b2, c2), f(a2, b2, c2), rtol=1e-6, atol=1e-6)
+
+
+def test_compile_sees_fastmm_as_one_custom_op(fresh_dynamo):
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    def f(x, y):
+        return fastmm.matmul(x, y, precision="tf32") * 2
+
+    a, b = r(3, 4), r(4, 5)
+    compiled = torch.compile(f, fullgraph=True, backend=record)
+    assert torch.equal(compiled(a, b), f(a, b))
+    targets = [n.target for n in graphs[0].graph.nodes if n.op == "call_function"]
+    assert torch.ops.fastmm.matmul.default in targets or torch.ops.fastmm.matmul in targets
+
+
+def test_compile_with_out_equals_eager(fresh_dynamo):
+    def f(x, y, o):
+        fastmm.matmul(x, y, out=o, precision="ieee")
+        return o * 3
+
+    a, b = r(3, 4), r(4, 5)
+    o1, o2 = torch.empty(3, 5), torch.empty(3, 5)
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    assert torch.equal(compiled(a, b, o1), f(a, b, o2))
+    assert torch.equal(o1, o2) and torch.equal(o1, a @ b)
+
+
+def test_compile_backward_equals_eager(fresh_dynamo):
+    def loss(x, y):
+        return fastmm.matmul(x, y, precision="ieee").square().sum()
+
+    a, b = r(2, 3, 4, grad=True), r(4, 5, grad=True)
+    loss(a, b).backward()
+    ga, gb = a.grad.clone(), b.grad.clone()
+    a.grad = b.grad = None
+    torch.compile(loss, fullgraph=True, backend="aot_eager")(a, b).backward()
+    assert torch.allclose(a.grad, ga, rtol=1e-5, atol=1e-5) and torch.allclose(b.grad, gb, rtol=1e-5, atol=1e-5)
