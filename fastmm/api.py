@@ -8,6 +8,7 @@ asks :mod:`fastmm.runtime` to run it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import threading
 import warnings
@@ -18,6 +19,7 @@ import torch
 from . import config
 from .plan import Plan, select
 from .problem import PRECISIONS, DeviceFacts, Problem
+from .runtime.compiler import CompileError
 
 _FLOAT32 = torch.float32
 
@@ -243,6 +245,7 @@ def _warn_once(message: str) -> None:
 # running a plan
 
 _prepared: dict[tuple, tuple] = {}  # (device, problem, forced family) -> (plan, kernel, reduce kernel)
+_failed: dict[tuple, str] = {}  # (device, kernel config) -> why it could not be built
 _prepared_guard = threading.Lock()
 
 
@@ -278,7 +281,11 @@ def build_problem(s: Shapes, c: torch.Tensor, precision: str):
 
 
 def plan_for(problem: Problem, device_index: int, force: str | None = None) -> Plan:
-    return select(problem, device_facts(device_index), force or config.forced_kernel())
+    plan = select(problem, device_facts(device_index), force or config.forced_kernel())
+    failed = _failed.get((device_index, plan.kernel)) if plan.kernel is not None else None
+    if failed is not None:  # this kernel failed to build earlier in this process
+        plan = dataclasses.replace(plan, kernel=None, reduce=None, fallback=failed)
+    return plan
 
 
 def _run(s: Shapes, c: torch.Tensor, precision: str, force: str | None) -> Plan:
@@ -299,17 +306,40 @@ def _run(s: Shapes, c: torch.Tensor, precision: str, force: str | None) -> Plan:
                 f"fastmm: kernel {plan.kernel.family} for this shape is not loaded yet, and compiling or loading it "
                 "would break the CUDA graph being captured. Run the same call once before capturing, or call "
                 "fastmm.warmup(a, b) first.")
-        loaded = launcher.load(plan.device, plan.kernel)
-        reduce = launcher.load(plan.device, plan.reduce) if plan.reduce is not None else None
+        try:
+            loaded = launcher.load(plan.device, plan.kernel)
+            reduce = launcher.load(plan.device, plan.reduce) if plan.reduce is not None else None
+        except CompileError as exc:
+            # A kernel NVRTC rejects must not take the model down: remember it, warn once, and
+            # let torch.matmul serve this problem (explain reports the same reason).
+            reason = f"kernel {plan.kernel.family} failed to compile ({str(exc).splitlines()[0]})"
+            _failed[(plan.device.index, plan.kernel)] = reason
+            _warn_once(f"fastmm: {reason}; torch.matmul serves these calls instead")
+            plan = dataclasses.replace(plan, kernel=None, reduce=None, fallback=reason)
+            loaded = reduce = None
         with _prepared_guard:
             _prepared[key] = hit = (plan, loaded, reduce)
     plan, loaded, reduce = hit
+    if plan.kernel is None:
+        return plan
     if s.K == 0:
         c.zero_()
         return plan
     stream = _current_stream(dev_index)
-    p = problem
+    p = plan.launch_problem or problem
     pa, pb, pc = s.a.data_ptr(), s.b.data_ptr(), c.data_ptr()
+    for which, rows, cols in plan.staging:
+        # Zero-padded aligned copy of an operand that 16-byte loads could not read in place. The
+        # buffer may be freed on return: PyTorch's allocator is stream-ordered, so it is not
+        # handed out again before the kernel queued below has run.
+        src = s.a.reshape(s.M, s.K) if which == "a" else s.b.reshape(s.K, s.N)
+        buf = torch.empty(rows, cols, dtype=_FLOAT32, device=c.device)
+        buf[:, src.shape[1]:].zero_()
+        buf[:, :src.shape[1]].copy_(src)
+        if which == "a":
+            pa = buf.data_ptr()
+        else:
+            pb = buf.data_ptr()
     if reduce is not None:
         # Split-K: partial products into S contiguous M x N slices (split stride passed as the C
         # batch stride, batch of 1), then one fixed-order sum into C.
@@ -493,7 +523,7 @@ def _remember_fast(key: tuple, a: torch.Tensor, b: torch.Tensor, out: torch.Tens
     problem, offsets = build_problem(s, c, precision)
     index = a.device.index if a.device.index is not None else torch.cuda.current_device()
     hit = _prepared.get((index, problem, config.forced_kernel()))
-    if hit is None or len(offsets) != 1 or hit[2] is not None:
+    if hit is None or len(offsets) != 1 or hit[2] is not None or hit[0].staging or hit[0].kernel is None:
         return
     p = problem
     tail = (p.M, p.N, p.K, *p.a_strides, *p.b_strides, *p.c_strides, p.batch_inner, p.batch_total,

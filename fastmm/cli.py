@@ -84,9 +84,33 @@ def configs_for(dev, problems=None):
     return found
 
 
-def precompile(devices, problems=None, out=_say) -> int:
+def progress_bar(stream=None, width: int = 30):
+    """A callback for :func:`precompile`: a bar redrawn in place on a terminal; elsewhere (logs,
+    pipes) one line per tenth of the way."""
+    stream = stream if stream is not None else sys.stderr
+    tty = hasattr(stream, "isatty") and stream.isatty()
+    shown = set()
+
+    def show(done: int, total: int, arch: str, what: str) -> None:
+        filled = width * done // max(total, 1)
+        text = f"  {arch} [{'#' * filled}{'.' * (width - filled)}] {done}/{total} {what}"
+        if tty:
+            stream.write("\r" + text.ljust(width + 40)[: width + 60] + ("\n" if done == total else ""))
+        else:
+            step = (arch, 10 * done // max(total, 1))
+            if step in shown and done != total:
+                return
+            shown.add(step)
+            stream.write(text + "\n")
+        stream.flush()
+
+    return show
+
+
+def precompile(devices, problems=None, out=_say, progress=None) -> int:
     """Compile (or find in the disk cache) the representative configurations for each device.
-    Returns the number of failures."""
+    Returns the number of failures. ``progress(done, total, arch, family)`` is called after each
+    kernel (see :func:`progress_bar`)."""
     from .runtime.cache import default_cache
     from .runtime.compiler import compile_cubin
 
@@ -97,7 +121,9 @@ def precompile(devices, problems=None, out=_say) -> int:
         configs = configs_for(dev, problems)
         states = {"compiled": 0, "disk": 0}
         families = sorted({cfg.family for cfg in configs.values()})
-        for key, cfg in configs.items():
+        for i, (key, cfg) in enumerate(configs.items()):
+            if progress is not None and i == 0:
+                progress(0, len(configs), dev.arch, "")
             try:
                 res = cache.get_or_compile(cfg.family + "-" + dev.arch, key, dev.arch,
                                            lambda cfg=cfg: compile_cubin(cfg.source, cfg.macros, dev.arch))
@@ -105,6 +131,8 @@ def precompile(devices, problems=None, out=_say) -> int:
             except Exception as exc:
                 failures += 1
                 out(f"  FAILED {cfg.family} {dict(cfg.macros)} for {dev.arch}: {exc}")
+            if progress is not None:
+                progress(i + 1, len(configs), dev.arch, cfg.family)
         where = cache.folder if cache.usable() else "memory only"
         out(f"{dev.arch} ({dev.name}): {len(configs)} kernels of {len(families)} families ({', '.join(families)}): "
             f"{states['compiled']} compiled, {states['disk']} already cached, in {time.perf_counter() - t0:.1f} s -> {where}")
@@ -351,9 +379,16 @@ def cmd_cache(args) -> int:
         for path, ok in results:
             print(f"{'ok ' if ok else 'BAD'}  {path.name}")
         if bad and args.delete_bad:
+            kept = []
             for path in bad:
-                path.unlink(missing_ok=True)
-            print(f"deleted {len(bad)} bad entries (they are recompiled on next use)")
+                try:
+                    path.unlink(missing_ok=True)
+                except OSError as exc:  # a folder of that name, no permission, ...
+                    kept.append(f"{path.name} ({exc.strerror or exc})")
+            print(f"deleted {len(bad) - len(kept)} bad entries (they are recompiled on next use)")
+            if kept:
+                print("could not delete: " + ", ".join(kept))
+                return 1
         print(f"{len(results)} entries in {cache.folder}: {len(results) - len(bad)} valid, {len(bad)} bad")
         return 1 if bad and not args.delete_bad else 0
     if args.action == "clear":
@@ -378,7 +413,7 @@ def cmd_cache(args) -> int:
         from .runtime.device import device_facts
 
         devices = [device_facts(torch.cuda.current_device())]
-    return 1 if precompile(devices, out=print) else 0
+    return 1 if precompile(devices, out=print, progress=progress_bar()) else 0
 
 
 def cmd_explain(args) -> int:

@@ -76,8 +76,13 @@ def explain(a: torch.Tensor, b: torch.Tensor, *, precision: str | None = None,
         exp.kernel = k.family
         exp.parameters = dict(k.macros)
         exp.parameters.update(dict(k.details))
+        for which, rows, cols in plan.staging:
+            exp.parameters[f"staged {which.upper()}"] = (
+                f"copied into a zero-padded {rows}x{cols} buffer with 16-byte aligned rows before the launch")
         exp.launch = {"grid": k.grid, "block": k.block_dims, "dynamic_smem_bytes": k.smem, "tile": k.tile,
                       "launches": len(offsets)}
+        if plan.reduce is not None:
+            exp.launch["then"] = plan.reduce.describe()
         exp.cache = cache_state(plan)
     return exp
 

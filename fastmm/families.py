@@ -58,6 +58,11 @@ def _vec_ok(contig_extent: int, other_stride: int, batch_strides: tuple[int, int
             and all(s % 4 == 0 for s in batch_strides))
 
 
+def _round4(n: int, padded: bool) -> int:
+    """A contiguous extent as the vector check should see it: padded rows count as whole."""
+    return -(-n // 4) * 4 if padded else n
+
+
 def _grid(tiles: int, batch: int, split: int = 1) -> tuple[int, int, int]:
     return (max(tiles, 1), split, max(1, min(batch, MAX_GRID_Z)))
 
@@ -65,16 +70,36 @@ def _grid(tiles: int, batch: int, split: int = 1) -> tuple[int, int, int]:
 #: Split K only while every split keeps at least this many k-tiles of work.
 MIN_KTILES_PER_SPLIT = 16
 MAX_SPLIT = 64
+#: Estimated cost of each extra split (workspace traffic, reduction), relative to the GEMM.
+SPLIT_COST = 0.02
 
 
-def split_k_for(p: Problem, dev: DeviceFacts, tiles: int, bk: int) -> int:
-    """How many ways to split K: enough blocks for about two waves when the output tiles alone
-    leave SMs idle (skinny M or N, long K). Only for a batch of 1 (the workspace is one slice
-    per split)."""
-    if p.batch_total != 1 or tiles >= dev.sm_count:
+def split_k_for(p: Problem, dev: DeviceFacts, tiles: int, bk: int, blocks_per_sm: int = 1) -> int:
+    """How many ways to split K. Time is modelled as waves of blocks: ceil(tiles * S / slots) / S,
+    times a small cost per extra split; S = 1 unless splitting fills the GPU better (skinny M or
+    N, long K, or a last wave that would leave most SMs idle). Only for a batch of 1 (the
+    workspace holds one slice per split) and for fewer than two waves of tiles: beyond that the
+    gain is a fraction of the last wave while the workspace grows with M x N."""
+    slots = dev.sm_count * blocks_per_sm
+    if p.batch_total != 1 or tiles >= 2 * slots:
         return 1
     k_tiles = -(-p.K // bk)
-    return max(1, min(-(-2 * dev.sm_count // tiles), k_tiles // MIN_KTILES_PER_SPLIT, MAX_SPLIT))
+    limit = max(1, min(MAX_SPLIT, k_tiles // MIN_KTILES_PER_SPLIT))
+
+    def cost(split: int) -> float:
+        return -(-tiles * split // slots) / split * (1 + SPLIT_COST * (split - 1))
+
+    return effective_split(k_tiles, min(range(1, limit + 1), key=lambda split: (cost(split), split)))
+
+
+def effective_split(units: int, split: int) -> int:
+    """The number of block rows that get work when ``units`` k-tiles (or chunks) are dealt out
+    ``ceil(units / split)`` at a time, as split_range() in common.cuh does: asking for more
+    would only add all-zero workspace slices."""
+    if split <= 1 or units <= 0:
+        return 1
+    per = -(-units // split)
+    return -(-units // per)
 
 
 def k_dominant(p: Problem) -> bool:
@@ -95,10 +120,10 @@ def _tiles(p: Problem, bm: int, bn: int) -> int:
 
 
 def _pick_tile(p: Problem, dev: DeviceFacts, options, tile_of):
-    """First (largest) option whose tiles fill at least one wave of blocks; else the smallest."""
+    """First (largest) option whose tiles fill (90% of) a wave of blocks; else the smallest."""
     for opt in options:
         bm, bn = tile_of(opt)
-        if _tiles(p, bm, bn) * p.batch_total >= dev.sm_count:
+        if _tiles(p, bm, bn) * p.batch_total >= 0.9 * dev.sm_count:
             return opt
     return options[-1]
 
@@ -151,13 +176,13 @@ class _Simt(Family):
         sBk, sBn = p.b_strides
         if sAm == 1 and _vec_ok(p.M, sAk, p.a_batch_strides, p.a_align):
             a = LOAD_VEC_FAST
-        elif sAk == 1 and _vec_ok(p.K, sAm, p.a_batch_strides, p.a_align):
+        elif sAk == 1 and _vec_ok(_round4(p.K, p.a_padded), sAm, p.a_batch_strides, p.a_align):
             a = self.a_transpose_mode
         elif sAm == 1 and sAk != 1:
             a = LOAD_ELEM_FAST
         else:
             a = LOAD_ELEM_K
-        if sBn == 1 and _vec_ok(p.N, sBk, p.b_batch_strides, p.b_align):
+        if sBn == 1 and _vec_ok(_round4(p.N, p.b_padded), sBk, p.b_batch_strides, p.b_align):
             b = LOAD_VEC_FAST
         elif sBk == 1 and _vec_ok(p.K, sBn, p.b_batch_strides, p.b_align):
             b = self.a_transpose_mode
@@ -183,7 +208,7 @@ class _Simt(Family):
             opt = _pick_tile(p, dev, self.tile_options, self.tile_of)
         wm, wn, tm = opt
         bm, bn = self.tile_of(opt)
-        split = split_k_for(p, dev, _tiles(p, bm, bn), self.bk) if self.can_split else 1
+        split = split_k_for(p, dev, _tiles(p, bm, bn), self.bk, 2 if wm * wn <= 4 else 1) if self.can_split else 1
         a, b, c_vec = self.load_modes(p)
         if split > 1:
             c_vec = p.N % 4 == 0  # partials go to a fresh contiguous workspace
@@ -250,14 +275,14 @@ class Tf32Mma(Family):
         opt = options[0] if k_dominant(p) else _pick_tile(p, dev, options, lambda o: (o[0] * 64, o[1] * o[2]))
         wm, wn, warp_n = opt
         bm, bn = wm * 64, wn * warp_n
-        split = split_k_for(p, dev, _tiles(p, bm, bn), self.bk)
+        split = split_k_for(p, dev, _tiles(p, bm, bn), self.bk, 2 if wm * wn <= 4 else 1)
         sAm, sAk = p.a_strides
         sBk, sBn = p.b_strides
         a_mk = sAk == 1 or sAm != 1
         b_kn = sBn == 1 or sBk != 1
-        a_vec = (_vec_ok(p.K, sAm, p.a_batch_strides, p.a_align) if a_mk and sAk == 1 else
+        a_vec = (_vec_ok(_round4(p.K, p.a_padded), sAm, p.a_batch_strides, p.a_align) if a_mk and sAk == 1 else
                  (not a_mk) and _vec_ok(p.M, sAk, p.a_batch_strides, p.a_align))
-        b_vec = (_vec_ok(p.N, sBk, p.b_batch_strides, p.b_align) if b_kn and sBn == 1 else
+        b_vec = (_vec_ok(_round4(p.N, p.b_padded), sBk, p.b_batch_strides, p.b_align) if b_kn and sBn == 1 else
                  (not b_kn) and _vec_ok(p.K, sBn, p.b_batch_strides, p.b_align))
         sCm, sCn = p.c_strides
         c_vec = (sCn == 1 and p.N % 2 == 0 and sCm % 2 == 0 and p.c_align >= 8
@@ -284,5 +309,39 @@ class Tf32Mma(Family):
                             _grid(_tiles(p, bm, bn), p.batch_total, split), per_stage * stages, (bm, bn, self.bk), details)
 
 
+class Skinny(Family):
+    """M <= 32: a GEMV-like kernel that reads every element of B exactly once (memory-bound)."""
+
+    name, source, entry = "skinny", "skinny.cu", "fastmm_skinny"
+    min_cc = (7, 5)
+    precisions = ("ieee", "tf32", "tf32x3")  # fp32 FMA: as accurate as any; B's bytes set the speed
+    max_m = 32
+    cols = 128
+
+    def reject(self, p, dev):
+        reason = super().reject(p, dev)
+        if reason is None and p.M > self.max_m:
+            reason = f"M = {p.M} > {self.max_m}: not skinny"
+        return reason
+
+    def configure(self, p, dev):
+        mt = 8 if p.M <= 8 else 16 if p.M <= 16 else 32
+        kchunk = 128 if mt == 32 else 256
+        sBk, sBn = p.b_strides
+        b_vec = sBn == 1 and _vec_ok(p.N, sBk, p.b_batch_strides, p.b_align)
+        tiles = max(1, -(-p.N // self.cols))
+        split = 1
+        if p.batch_total == 1:  # one 256-thread block per SM; aim for about two waves
+            chunks = -(-p.K // kchunk)
+            split = effective_split(chunks, max(1, min(chunks, -(-2 * dev.sm_count // tiles), MAX_SPLIT)))
+        details = (("rows per thread", f"{mt} (M = {p.M})"),
+                   ("B loads", "float4, each element once" if b_vec else "single floats, each element once"),
+                   ("math", "fp32 FFMA; warps' partials summed in a fixed order"))
+        if split > 1:
+            details += (("split-K", f"{split} slices of K, reduced by splitk_reduce"),)
+        return KernelConfig(self.name, self.source, self.entry, (("MT", mt), ("B_VEC", int(b_vec))), 256,
+                            (256, 1, 1), _grid(tiles, p.batch_total, split), 0, (mt, self.cols, kchunk), details)
+
+
 #: Families in order of preference within a precision (first that accepts wins).
-FAMILIES: dict[str, Family] = {f.name: f for f in (Tf32Mma(), SimtCpAsync(), SimtFloat4(), Scalar())}
+FAMILIES: dict[str, Family] = {f.name: f for f in (Skinny(), Tf32Mma(), SimtCpAsync(), SimtFloat4(), Scalar())}

@@ -6,9 +6,9 @@ was not chosen, so :func:`fastmm.explain` can show the whole decision.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from .families import FAMILIES, KernelConfig, splitk_reduce_config
+from .families import FAMILIES, KernelConfig, _vec_ok, splitk_reduce_config
 from .problem import DeviceFacts, Problem
 
 INT32_MAX = 2**31 - 1
@@ -18,9 +18,9 @@ MIN_CC = (7, 5)  # NVRTC 13 builds nothing older than sm_75
 TINY_OUTPUTS = 1024
 
 PREFERENCE = {
-    "tf32": ("tf32_mma", "simt_cp_async", "simt_float4", "scalar"),
-    "tf32x3": ("tf32_mma", "simt_cp_async", "simt_float4", "scalar"),
-    "ieee": ("simt_cp_async", "simt_float4", "scalar"),
+    "tf32": ("skinny", "tf32_mma", "simt_cp_async", "simt_float4", "scalar"),
+    "tf32x3": ("skinny", "tf32_mma", "simt_cp_async", "simt_float4", "scalar"),
+    "ieee": ("skinny", "simt_cp_async", "simt_float4", "scalar"),
 }
 
 
@@ -33,6 +33,10 @@ class Plan:
     rejected: tuple[tuple[str, str], ...] = field(default=())
     fallback: str | None = None  # why torch.matmul runs instead (kernel is None)
     reduce: KernelConfig | None = None  # second pass of a split-K kernel
+    # Operands copied into padded, 16-byte aligned buffers before the launch: (operand, rows,
+    # padded columns), and the problem as the kernel then sees it.
+    staging: tuple[tuple[str, int, int], ...] = ()
+    launch_problem: Problem | None = None
 
     def describe(self) -> str:
         lines = []
@@ -45,6 +49,9 @@ class Plan:
                 lines.append(f"  {key}: {value}")
             if self.reduce is not None:
                 lines.append(f"then: {self.reduce.describe()}")
+            for which, rows, cols in self.staging:
+                lines.append(f"  staged: {which.upper()} copied into a zero-padded {rows}x{cols} buffer with 16-byte "
+                             "aligned rows, so the kernel loads it with 16-byte copies")
         for name, reason in self.rejected:
             lines.append(f"rejected {name}: {reason}")
         return "\n".join(lines)
@@ -61,6 +68,35 @@ def _problem_fallback(p: Problem, dev: DeviceFacts) -> str | None:
         if align < 4:
             return f"{name}'s data pointer is not 4-byte aligned, which no float kernel can read"
     return None
+
+
+#: Stage an operand only when the product does at least this many FLOP per byte the copy moves
+#: (a read and a write of the operand): then the copy costs < ~1% next to the product.
+STAGE_MIN_FLOP_PER_BYTE = 256
+STAGED_FAMILIES = ("simt_cp_async", "tf32_mma")
+
+
+def _staging(p: Problem, family: str) -> tuple[Problem, tuple[tuple[str, int, int], ...]]:
+    """Copy plan for operands that are contiguous along their row but cannot be read with 16-byte
+    vectors (N or K not a multiple of 4, odd row pitch or pointer): a zero-padded aligned copy
+    turns 4-byte copies into 16-byte ones. Batch 1 only."""
+    if family not in STAGED_FAMILIES or p.batch_total != 1:
+        return p, ()
+    flop = 2 * p.M * p.N * p.K
+    staged = []
+    sBk, sBn = p.b_strides
+    if sBn == 1 and p.N > 1 and not _vec_ok(p.N, sBk, (0, 0), p.b_align) and flop >= STAGE_MIN_FLOP_PER_BYTE * 8 * p.K * p.N:
+        n4 = -(-p.N // 4) * 4
+        p = replace(p, b_strides=(n4, 1), b_align=16, b_batch_strides=(0, 0), b_padded=True)
+        staged.append(("b", p.K, n4))
+    sAm, sAk = p.a_strides
+    # The SIMT families read a k-contiguous A with 4-byte copies anyway (they transpose it).
+    if (family == "tf32_mma" and sAk == 1 and p.K > 1 and not _vec_ok(p.K, sAm, (0, 0), p.a_align)
+            and flop >= STAGE_MIN_FLOP_PER_BYTE * 8 * p.M * p.K):
+        k4 = -(-p.K // 4) * 4
+        p = replace(p, a_strides=(k4, 1), a_align=16, a_batch_strides=(0, 0), a_padded=True)
+        staged.append(("a", p.M, k4))
+    return p, tuple(staged)
 
 
 def _shape_reason(name: str, p: Problem) -> str | None:
@@ -100,5 +136,8 @@ def select(p: Problem, dev: DeviceFacts, force: str | None = None) -> Plan:
         raise ValueError(f"kernel family {force!r} cannot run this problem: {dict(rejected)[force]}")
     assert chosen is not None  # scalar accepts everything that passed _problem_fallback
     used = p.precision if chosen.family == "tf32_mma" else "ieee"
+    launch_p, staging = _staging(p, chosen.family)
+    if staging:
+        chosen = FAMILIES[chosen.family].configure(launch_p, dev)
     reduce = splitk_reduce_config(p, dev, chosen.split_k) if chosen.split_k > 1 else None
-    return Plan(p, dev, chosen, used, tuple(rejected), None, reduce)
+    return Plan(p, dev, chosen, used, tuple(rejected), None, reduce, staging, launch_p if staging else None)

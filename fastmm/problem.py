@@ -64,6 +64,10 @@ class Problem:
     b_align: int = 16
     c_align: int = 16
     precision: str = "ieee"
+    # The operand's rows are readable (zero-padded) up to the next multiple of 4 floats: set on
+    # the launch problem of a staged plan, so 16-byte copies may run past N (or K).
+    a_padded: bool = False
+    b_padded: bool = False
 
     @classmethod
     def dense(cls, M: int, N: int, K: int, precision: str = "ieee", batch: int = 1,

@@ -333,6 +333,28 @@ def test_storage_offset_sets_alignment_and_vector_loads(offset):
         assert m["A_MODE"] == LOAD_VEC_K
 
 
+@pytest.mark.parametrize("offset", [0, 1, 2, 3])
+def test_skinny_b_vec_follows_the_real_tensors_layout(offset):
+    """What skinny's B_VEC sees for real operands: B's storage offset, a transposed B view, a
+    row-strided slice of B, and a vector A (M = 1)."""
+    K, N = 96, 2048
+    base = torch.randn(K * N + 8)
+    b = base[offset:offset + K * N].view(K, N)
+    p, _ = _problem(torch.randn(8, K), b)
+    plan = select(p, SM90)
+    assert plan.kernel.family == "skinny" and p.b_align == _align_of(b)
+    assert dict(plan.kernel.macros)["B_VEC"] == int(b.data_ptr() % 16 == 0)
+    p, _ = _problem(torch.randn(K), b)  # 1-D a: M = 1
+    assert p.M == 1 and dict(select(p, SM90).kernel.macros) == {"MT": 8, "B_VEC": int(b.data_ptr() % 16 == 0)}
+    if offset == 0:
+        p, _ = _problem(torch.randn(24, K), torch.randn(N, K).T)  # B^T view: k-contiguous
+        assert p.b_strides == (1, K) and dict(select(p, SM90).kernel.macros) == {"MT": 32, "B_VEC": 0}
+        p, _ = _problem(torch.randn(9, K), torch.randn(K, N + 4)[:, :N])  # rows N + 4 apart: still float4
+        assert dict(select(p, SM90).kernel.macros) == {"MT": 16, "B_VEC": 1}
+        p, _ = _problem(torch.randn(9, K), torch.randn(K, N + 1)[:, :N])  # rows N + 1 apart: not
+        assert dict(select(p, SM90).kernel.macros) == {"MT": 16, "B_VEC": 0}
+
+
 def test_transposed_and_sliced_views_become_strides():
     a, b = torch.randn(40, 24).T, torch.randn(32, 40).T  # (24, 40) m-contiguous, (40, 32) k-contiguous
     p, _ = _problem(a, b)

@@ -22,7 +22,7 @@ from fastmm.explain import cache_state
 from fastmm.plan import select
 from fastmm.problem import DeviceFacts, Problem
 from fastmm.runtime import launcher, sources
-from fastmm.runtime.cache import CacheWarning, DiskCache, decode, default_cache, encode, kernel_key
+from fastmm.runtime.cache import CacheWarning, DiskCache, decode, default_cache, encode, kernel_key, parse_header
 from fastmm.runtime.compiler import compile_cubin, nvrtc_version
 
 ARCH = "sm_90"
@@ -84,6 +84,19 @@ def test_entry_round_trips_through_encode_and_decode():
     assert decode(blob, ARCH) == PAYLOAD and decode(blob, ARCH, KEY) == PAYLOAD
     assert decode(blob, ARCH, "0" * 64) is None  # another kernel's entry
     assert decode(encode(ARCH, b""), ARCH) == b""
+
+
+def test_header_is_magic_arch_key_digest_length():
+    blob = encode(ARCH, PAYLOAD, KEY)
+    head, sep, payload = blob.partition(b"\n")
+    assert sep == b"\n" and payload == PAYLOAD
+    assert head.split(b" ") == [b"FASTMM-CUBIN", b"2", ARCH.encode(), KEY.encode(),
+                                hashlib.sha256(PAYLOAD).hexdigest().encode(), str(len(PAYLOAD)).encode()]
+    assert parse_header(blob) == (ARCH, KEY)
+    assert parse_header(encode(ARCH, PAYLOAD)) == (ARCH, "-")  # written without a key
+    assert parse_header(CORRUPTIONS["older_format"](blob)) is None  # format 1: no key field
+    assert parse_header(CORRUPTIONS["other_magic"](blob)) is None
+    assert parse_header(b"") is None and parse_header(PAYLOAD) is None
 
 
 # --- corrupt entries are recompiled and replaced ----------------------------------------------
@@ -148,6 +161,10 @@ def test_verify_flags_bad_entries_and_clear_removes_everything(tmp_path):
     other = cache.get_or_compile(NAME, "f" * 64, ARCH, FakeCompiler()).path
     other.write_bytes(_flip_last_byte(other.read_bytes()))
     assert dict(cache.verify()) == {good: True, other: False}
+    renamed = cache.path_for(NAME, "d" * 64)  # an intact entry under another key's file name
+    renamed.write_bytes(good.read_bytes())
+    assert dict(cache.verify()) == {good: True, other: False, renamed: False}
+    renamed.unlink()
     assert cache.clear() == 2
     assert cache.entries() == [] and list(tmp_path.glob("*.lock")) == []
     assert DiskCache(tmp_path / "never-made").entries() == []
@@ -378,6 +395,24 @@ def test_real_kernel_compiles_once_then_loads_from_disk(tmp_path):
     second = DiskCache(tmp_path).get_or_compile(name, key, ARCH, nvrtc)
     assert (second.state, second.cubin, second.path) == ("disk", first.cubin, first.path)
     assert len(calls) == 1
+
+
+@pytest.mark.parametrize("arch", ["sm_75", "sm_90"])
+def test_real_skinny_kernel_entry_names_its_arch_and_key(tmp_path, arch):
+    dev = DeviceFacts.simulated_device(arch)
+    plan = select(Problem.dense(16, 4096, 4096), dev)
+    cfg = plan.kernel
+    assert cfg.family == "skinny"
+    key = launcher.key_for(cfg, arch)
+    res = DiskCache(tmp_path).get_or_compile(f"{cfg.family}-{arch}", key, arch,
+                                             lambda: compile_cubin(cfg.source, cfg.macros, arch))
+    blob = res.path.read_bytes()
+    assert blob.startswith(b"FASTMM-CUBIN 2 %s %s " % (arch.encode(), key.encode()))
+    assert parse_header(blob) == (arch, key) and decode(blob, arch, key) == res.cubin
+    assert res.path.name == f"skinny-{arch}-{key[:32]}.cubin"
+    assert dict(DiskCache(tmp_path).verify()) == {res.path: True}
+    # the split-K reduce of this plan is its own kernel with its own key
+    assert plan.reduce is not None and launcher.key_for(plan.reduce, arch) != key
 
 
 def test_explain_cache_state_follows_the_disk_cache(tmp_cache):

@@ -23,7 +23,7 @@ from fastmm.runtime.sources import kernel_sources, source_dir
 
 SM80_PLUS = ("sm_80", "sm_86", "sm_89", "sm_90")
 FAMILIES_FOR = {arch: tuple(FAMILIES) for arch in SM80_PLUS}
-FAMILIES_FOR["sm_75"] = ("scalar", "simt_float4")
+FAMILIES_FOR["sm_75"] = ("scalar", "simt_float4", "skinny")
 EM_CUDA = 190
 
 
@@ -48,6 +48,13 @@ def _problems() -> list[Problem]:
             (256, 256, 512, {"batch": 64}),  # batched
             (256, 256, 65536, {}),  # long K: split-K plus the reduce pass
             (16, 4096, 4096, {}),  # skinny M
+            # the skinny family: MT 8 / 16 / 32, B as float4 or single floats, split-K or not
+            (1, 4096, 4096, {}),  # MT 8, float4 B, split-K
+            (32, 4096, 16384, {}),  # MT 32 (KCHUNK 128), float4 B, split-K
+            (8, 1001, 300, {}),  # MT 8, N % 4 != 0: single floats
+            (9, 2048, 512, {"b_t": True}),  # MT 16, transposed B: single floats
+            (31, 1024, 1024, {"align": 4}),  # MT 32, misaligned B: single floats
+            (16, 4096, 1024, {"batch": 3}),  # MT 16, batched: no split
         ]
         out += [Problem.dense(M, N, K, precision=precision, **kw) for M, N, K, kw in dense]
         # no unit stride on A or B (every other element of a wider tensor)
@@ -79,10 +86,15 @@ def _configs():
 
 
 def _features(cfg) -> set:
-    """What a config exercises: each macro value and its tile, per precision (tf32 vs tf32x3)."""
+    """What a config exercises: each macro value and its tile, per precision (tf32 vs tf32x3);
+    for skinny, whose two macros change the code together (MT rows of accumulators, B_VEC the
+    load path), every combination."""
     x3 = dict(cfg.macros).get("PRECISION_X3", 0)
     tile = tuple(v for k, v in cfg.macros if k in ("WARPS_M", "WARPS_N", "THREAD_M", "WARP_N"))
-    return {(x3, k, v) for k, v in cfg.macros} | {(x3, "tile", tile)}
+    out = {(x3, k, v) for k, v in cfg.macros} | {(x3, "tile", tile)}
+    if cfg.family == "skinny":
+        out.add(("combination", cfg.macros))
+    return out
 
 
 def _cover(configs):
@@ -151,6 +163,12 @@ def test_configs_cover_every_family_arch_and_macro_value():
     for arch, families in FAMILIES_FOR.items():
         for family in families:
             assert (arch, family) in seen, (arch, family)
+    for arch in FAMILIES_FOR:
+        # skinny on every arch: each rows-per-thread option with float4 and with single-float B
+        assert {dict(m)["MT"] for m in seen[(arch, "skinny")]} == {8, 16, 32}, arch
+        assert {(dict(m)["MT"], dict(m)["B_VEC"]) for m in seen[(arch, "skinny")]} == {
+            (mt, vec) for mt in (8, 16, 32) for vec in (0, 1)}, arch
+        assert (arch, "splitk_reduce") in seen  # skinny splits K on sm_75 too
     for arch in SM80_PLUS:
         assert (arch, "splitk_reduce") in seen
         for family, wanted in [

@@ -15,6 +15,7 @@ import torch
 import fastmm
 from fastmm import api
 from fastmm.families import FAMILIES
+from fastmm.plan import TINY_OUTPUTS
 from fastmm.runtime import launcher
 
 pytestmark = pytest.mark.cuda
@@ -357,6 +358,192 @@ def test_operands_past_2_31_elements(tall_a, family, precision):
         assert rel(c[rows], tall_a[rows].double() @ b.double()) <= TOL[precision]
 
 
+# --- the skinny family (M <= 32) ------------------------------------------------------------------
+
+SKINNY_M = (1, 3, 8, 9, 16, 17, 31, 32)
+SKINNY_N = (1, 5, 128, 130, 4096)
+SKINNY_K = (1, 7, 256, 257, 4096, 16384)
+
+
+def forced_plan(a, b, family, precision, out=None):
+    """``a @ b`` on ``family`` (no skip: for families every supported GPU runs): (result, plan)."""
+    result, plan, reason = api.matmul_fastmm(a, b, out, precision, force=family)
+    assert reason is None, f"fell back to torch: {reason}"
+    assert plan is not None and plan.kernel.family == family
+    assert plan.precision_used == (precision if family == "tf32_mma" else "ieee")
+    return result, plan
+
+
+@pytest.mark.parametrize("K", SKINNY_K)
+@pytest.mark.parametrize("N", SKINNY_N)
+def test_skinny_matches_float64(N, K, rel_err):
+    """Every M <= 32 of interest, forced onto skinny (at ieee, and at tf32 which it serves at fp32
+    accuracy) and through the dispatcher, into fresh results and NaN-poisoned ``out``."""
+    b = randn(K, N)
+    b0 = b.clone()
+    for M in SKINNY_M:
+        a = randn(M, K)
+        a0 = a.clone()
+        c, plan = forced_plan(a, b, "skinny", "ieee")
+        assert c.shape == (M, N) and c.dtype == torch.float32 and c.is_contiguous()
+        assert dict(plan.kernel.macros)["MT"] == (8 if M <= 8 else 16 if M <= 16 else 32)
+        check(c, a, b, "ieee", rel_err)
+        out = torch.full((M, N), NAN, device="cuda")
+        assert forced_plan(a, b, "skinny", "tf32", out=out)[0] is out
+        check(out, a, b, "ieee", rel_err)
+        # the dispatcher: skinny unless the problem is tiny
+        exp = fastmm.explain(a, b, precision="tf32")
+        assert exp.kernel == ("skinny" if M * N > TINY_OUTPUTS else "scalar"), str(exp)
+        out = torch.full((M, N), NAN, device="cuda")
+        assert fastmm.matmul(a, b, precision="tf32", out=out) is out
+        check(out, a, b, "ieee", rel_err)
+        check(fastmm.matmul(a, b, precision="ieee"), a, b, "ieee", rel_err)
+        assert torch.equal(a, a0) and torch.equal(b, b0)
+
+
+@pytest.mark.parametrize("M,N,K", [(1, 130, 257), (9, 4096, 4096), (32, 1000, 300)], ids=str)
+def test_skinny_transposed_views(M, N, K, rel_err):
+    cases = {"bT": (randn(M, K), randn(N, K).T), "aT": (randn(K, M).T, randn(K, N)),
+             "aT_bT": (randn(K, M).T, randn(N, K).T)}
+    for name, (a, b) in cases.items():
+        c, plan = forced_plan(a, b, "skinny", "ieee")
+        assert dict(plan.kernel.macros)["B_VEC"] == int("bT" not in name and N % 4 == 0), name
+        check(c, a, b, "ieee", rel_err)
+        out = randn(N, M).fill_(NAN).T  # a column-major out
+        forced_plan(a, b, "skinny", "ieee", out=out)
+        check(out, a, b, "ieee", rel_err)
+
+
+@pytest.mark.parametrize("M,N,K", [(8, 4096, 4096), (17, 130, 257), (32, 1024, 16384)], ids=str)
+@pytest.mark.parametrize("offset", [1, 2, 3])
+@pytest.mark.parametrize("which", ["a", "b", "c"])
+def test_skinny_storage_offsets(which, offset, M, N, K, rel_err):
+    a = at_offset((M, K), offset) if which == "a" else randn(M, K)
+    b = at_offset((K, N), offset) if which == "b" else randn(K, N)
+    out = at_offset((M, N), offset, fill=NAN) if which == "c" else torch.full((M, N), NAN, device="cuda")
+    _, plan = forced_plan(a, b, "skinny", "ieee", out=out)
+    assert dict(plan.kernel.macros)["B_VEC"] == int(which != "b" and N % 4 == 0)
+    check(out, a, b, "ieee", rel_err)
+
+
+SKINNY_BATCHED = [
+    ((3, 16, 256), (3, 256, 4096)),  # batch 3
+    ((16, 4096), (3, 4096, 1024)),  # A broadcast over the batch (stride 0)
+    ((1, 9, 300), (3, 300, 130)),  # A broadcast through a size-1 dim
+    ((3, 32, 257), (257, 1028)),  # B broadcast
+    ((2, 1, 31, 257), (3, 257, 128)),  # broadcast both ways
+    ((5, 1, 40), (5, 40, 4096)),  # M = 1
+    ((2, 1, 4, 8, 40), (1, 3, 4, 40, 130)),  # three batch dims that cannot merge: two launches
+]
+
+
+@pytest.mark.parametrize("sa,sb", SKINNY_BATCHED, ids=[f"{a}@{b}" for a, b in SKINNY_BATCHED])
+def test_skinny_batched_and_broadcast_shapes(sa, sb, rel_err):
+    a, b = randn(*sa), randn(*sb)
+    shape = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1])
+    out = torch.full(shape, NAN, device="cuda")
+    _, plan = forced_plan(a, b, "skinny", "ieee", out=out)
+    assert plan.kernel.split_k == 1 and plan.reduce is None  # never split a batch
+    check(out, a, b, "ieee", rel_err)
+    check(forced_plan(a, b, "skinny", "ieee")[0], a, b, "ieee", rel_err)
+    check(fastmm.matmul(a, b, precision="ieee"), a, b, "ieee", rel_err)
+    expanded = randn(1, *sa[-2:]).expand(3, *sa[-2:])  # a stride-0 batch dim on A
+    b3 = randn(3, *sb[-2:])
+    check(forced_plan(expanded, b3, "skinny", "ieee")[0], expanded, b3, "ieee", rel_err)
+
+
+def test_skinny_batch_beyond_the_grid_z_limit(rel_err):
+    a, b = randn(70_000, 4, 8), randn(70_000, 8, 12)  # grid.z capped at 65535: blocks loop over z
+    c, plan = forced_plan(a, b, "skinny", "ieee")
+    assert plan.kernel.grid[2] == 65535
+    check(c, a, b, "ieee", rel_err)
+
+
+def test_skinny_k_zero_and_empty_shapes():
+    out = torch.full((16, 300), NAN, device="cuda")
+    assert api.matmul_fastmm(randn(16, 0), randn(0, 300), out, "ieee", force="skinny")[0] is out
+    assert torch.equal(out, torch.zeros(16, 300, device="cuda"))
+    assert api.matmul_fastmm(randn(0, 16), randn(16, 300), None, "ieee", force="skinny")[0].shape == (0, 300)
+    assert api.matmul_fastmm(randn(16, 16), randn(16, 0), None, "ieee", force="skinny")[0].shape == (16, 0)
+
+
+@pytest.mark.parametrize("M,N,K", [(1, 130, 257), (17, 4099, 4096), (32, 1024, 16384)], ids=str)
+def test_skinny_writes_nothing_outside_the_output(M, N, K, rel_err):
+    canary, g = -12345.0, 4096
+    flat = torch.full((g + M * N + g,), canary, device="cuda")
+    out = flat[g:g + M * N].view(M, N)
+    padded = torch.full((M + 2, N + 8), canary, device="cuda")
+    out2 = padded[1:M + 1, 4:N + 4]
+    a, b = randn(M, K), randn(K, N)
+    forced_plan(a, b, "skinny", "ieee", out=out)
+    forced_plan(a, b, "skinny", "ieee", out=out2)
+    torch.cuda.synchronize()
+    check(out, a, b, "ieee", rel_err)
+    check(out2, a, b, "ieee", rel_err)
+    assert torch.all(flat[:g] == canary) and torch.all(flat[g + M * N:] == canary)
+    mask = torch.ones_like(padded, dtype=torch.bool)
+    mask[1:M + 1, 4:N + 4] = False
+    assert torch.all(padded[mask] == canary)
+
+
+def test_skinny_small_integer_inputs_give_exact_sums():
+    for M, N, K in ((1, 4096, 4096), (17, 130, 257), (32, 1028, 16384)):
+        a = torch.randint(-3, 4, (M, K), device="cuda").float()
+        b = torch.randint(-3, 4, (K, N), device="cuda").float()
+        c = forced_plan(a, b, "skinny", "ieee")[0]
+        assert torch.equal(c, exact_reference(a, b)), (M, N, K)
+
+
+# --- split-K gives the same bits every run ----------------------------------------------------------
+
+SPLIT_CASES = [("skinny", "ieee", (16, 4096, 4096)), ("skinny", "tf32", (1, 4096, 16384)),
+               ("skinny", "ieee", (32, 1028, 16384)), ("simt_cp_async", "ieee", (256, 256, 65536)),
+               ("tf32_mma", "tf32", (256, 256, 65536))]
+
+
+@pytest.mark.parametrize("family,precision,mnk", SPLIT_CASES, ids=[f"{f}-{p}-{'x'.join(map(str, s))}"
+                                                                   for f, p, s in SPLIT_CASES])
+def test_split_k_results_are_bitwise_reproducible(family, precision, mnk, rel_err):
+    M, N, K = mnk
+    a, b = randn(M, K), randn(K, N)
+    try:
+        first, plan = forced_plan(a, b, family, precision)
+    except ValueError as exc:
+        if "needs sm" in str(exc):
+            pytest.skip(str(exc))
+        raise
+    if plan.kernel.split_k == 1:
+        pytest.skip(f"{plan.device.name} ({plan.device.sm_count} SMs) does not split K here")
+    assert plan.reduce is not None
+    check(first, a, b, "ieee" if family != "tf32_mma" else precision, rel_err)
+    for _ in range(3):
+        again, _ = forced_plan(a, b, family, precision)
+        assert torch.equal(again, first)
+        out = torch.full((M, N), NAN, device="cuda")
+        forced_plan(a, b, family, precision, out=out)
+        assert torch.equal(out, first)
+    # the dispatcher's own choice for the shape (skinny, simt_cp_async or tf32_mma, split too)
+    assert torch.equal(fastmm.matmul(a, b, precision=precision), fastmm.matmul(a, b, precision=precision))
+
+
+def test_skinny_operands_past_2_31_elements(tall_a):
+    """64-bit offsets in skinny: B of more than 2^31 elements read row-major (float4) and as a
+    transposed view, and A of more than 2^31 elements as a strided view."""
+    rows = tall_a.shape[0]
+    a = randn(4, rows)  # B = tall_a: K = rows, N = 1024, k * sBk passes 2^31
+    c = forced_plan(a, tall_a, "skinny", "ieee")[0]
+    for cols in (slice(0, 16), slice(-16, None)):
+        assert rel(c[:, cols], a.double() @ tall_a[:, cols].double()) <= TOL["ieee"]
+    a = randn(3, 1024)  # B = tall_a^T: N = rows, n * sBn passes 2^31
+    c = forced_plan(a, tall_a.T, "skinny", "ieee")[0]
+    for r in (slice(0, 64), slice(-64, None)):
+        assert rel(c[:, r], a.double() @ tall_a[r].T.double()) <= TOL["ieee"]
+    a = tall_a.T[:8]  # A = (8, rows) with k-stride 1024: k * sAk passes 2^31
+    b = randn(rows, 16)
+    c = forced_plan(a, b, "skinny", "ieee")[0]
+    assert rel(c, a.double() @ b.double()) <= TOL["ieee"]
+
+
 # --- explain and the cache ------------------------------------------------------------------------
 
 @pytest.mark.parametrize("precision", PRECISIONS)
@@ -452,10 +639,11 @@ def test_two_streams_at_once_each_get_the_right_answer(rel_err):
         check(c, a2, b2, "tf32", rel_err)
 
 
-GRAPH_SHAPES = [(256, 320, 192), (64, 64, 16384), (3, 5, 4)]  # tiled, split-K (two kernels), scalar
+GRAPH_SHAPES = [(256, 320, 192), (64, 64, 16384), (3, 5, 4), (8, 2048, 4096)]  # tiled, split-K (two kernels),
+# scalar, skinny (split-K too)
 
 
-@pytest.mark.parametrize("M,N,K", GRAPH_SHAPES, ids=["tiled", "long_k", "tiny"])
+@pytest.mark.parametrize("M,N,K", GRAPH_SHAPES, ids=["tiled", "long_k", "tiny", "skinny"])
 @pytest.mark.parametrize("precision", PRECISIONS)
 def test_cuda_graph_capture_after_warmup_replays_with_new_values(precision, M, N, K, rel_err):
     a, b = randn(M, K), randn(K, N)

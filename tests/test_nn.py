@@ -538,16 +538,22 @@ def _set_precision(precision):
     torch.set_float32_matmul_precision("high" if precision == "tf32" else "highest")
 
 
-def _reference_cuda(ref, x, target):
-    """Unpatched float32 run with TF32 off, and a float64 run of a copy."""
-    torch.set_float32_matmul_precision("highest")
+def _reference_cuda(ref, x, target, precision):
+    """The unpatched model at the same precision setting (for tf32: torch with TF32 on, which is
+    what "match the unpatched model" means: both sides round to TF32), and, where fastmm computes
+    fp32-accurate results, a float64 run of a copy too."""
+    ref64 = copy.deepcopy(ref).double()
+    torch.set_float32_matmul_precision("high" if precision == "tf32" else "highest")
     out, loss = loss_of(ref, x, target)
     loss.backward()
-    ref64 = copy.deepcopy(ref).double()
-    ref64.zero_grad()
-    out64, loss64 = loss_of(ref64, x.double(), target.double())
-    loss64.backward()
-    return (out.detach(), grads(ref)), (out64.detach(), grads(ref64))
+    torch.set_float32_matmul_precision("highest")
+    refs = [(out.detach(), grads(ref))]
+    if precision != "tf32":
+        ref64.zero_grad()
+        out64, loss64 = loss_of(ref64, x.double(), target.double())
+        loss64.backward()
+        refs.append((out64.detach(), grads(ref64)))
+    return refs
 
 
 def _check(out, g, refs, tol):
@@ -563,7 +569,7 @@ def _check(out, g, refs, tol):
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "inductor"])
 def test_transformer_model_cuda(calls, precision, routing, compiled):
     ref, ours, x, target = make_models("cuda")
-    refs = _reference_cuda(ref, x, target)
+    refs = _reference_cuda(ref, x, target, precision)
     fastmm.unpatch(ours)
     mode = None
     if routing == "patch":

@@ -216,6 +216,9 @@ def test_installed_main_job_without_gpu(installed, tmp_path):
     for family in ("scalar", "simt_float4", "simt_cp_async", "tf32_mma"):
         for arch in ("sm_80", "sm_86", "sm_89", "sm_90"):
             assert any(p.name.startswith(f"{family}-{arch}-") for p in entries), f"no {family} cubin for {arch}"
+    for arch in ("sm_75", "sm_80", "sm_86", "sm_89", "sm_90"):  # skinny (and its split-K reduce) run on sm75 too
+        for family in ("skinny", "splitk_reduce"):
+            assert any(p.name.startswith(f"{family}-{arch}-") for p in entries), f"no {family} cubin for {arch}"
     assert not any(p.name.startswith(("simt_cp_async-sm_75", "tf32_mma-sm_75")) for p in entries)
     # the cache commands see what the main job wrote
     proc = _run_installed(installed, ["-m", "fastmm", "cache", "verify"], tmp_path)

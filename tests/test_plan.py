@@ -13,8 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fastmm.families import (FAMILIES, LOAD_ELEM_FAST, LOAD_ELEM_K, LOAD_NAMES, LOAD_VEC_FAST, LOAD_VEC_K,
-                             MAX_GRID_Z)
-from fastmm.plan import INT32_MAX, TINY_OUTPUTS, select
+                             MAX_GRID_Z, MAX_SPLIT, MIN_KTILES_PER_SPLIT, SPLIT_COST, effective_split,
+                             split_k_for)
+import fastmm.plan
+from fastmm.plan import INT32_MAX, MIN_CC, STAGE_MIN_FLOP_PER_BYTE, TINY_OUTPUTS, select
 from fastmm.problem import DeviceFacts, Problem
 
 ARCHS = ("sm_75", "sm_80", "sm_86", "sm_89", "sm_90")
@@ -24,6 +26,7 @@ VEC_MODES = (LOAD_VEC_FAST, LOAD_VEC_K)
 ELEM_MODES = (LOAD_ELEM_K, LOAD_ELEM_FAST)
 SIMT = ("simt_float4", "simt_cp_async")
 BIG = (2048, 2048, 2048)
+SKINNY_MAX_M = 32  # skinny.cu: MT is at most 32 rows
 
 
 def macros(plan) -> dict:
@@ -50,6 +53,8 @@ def tile_from_macros(family: str, m: dict) -> tuple[int, int]:
     """(BM, BN) from the macros, by the kernels' own definitions."""
     if family == "scalar":
         return 16, 16  # scalar.cu: TILE 16
+    if family == "skinny":
+        return m["MT"], 128  # skinny.cu: MT rows, COLS 128 (32 lanes x 4 columns)
     if family == "tf32_mma":
         return m["WARPS_M"] * 64, m["WARPS_N"] * m["WARP_N"]  # tf32_mma.cu: WARP_M 64
     lanes_m = 8 if m["THREAD_M"] == 8 else 4  # simt_core.cuh: LANES_M, LANES_N = 32 / LANES_M
@@ -65,7 +70,17 @@ def dynamic_smem_from_macros(family: str, m: dict) -> int:
         a = bm * (32 + 4) if m["A_SMEM_MK"] else 32 * (bm + 8)
         b = 32 * (bn + 8) if m["B_SMEM_KN"] else bn * (32 + 4)
         return m["STAGES"] * (a + b) * 4
-    return 0  # scalar and simt_float4 use static shared memory only
+    return 0  # scalar, simt_float4 and skinny use static shared memory only
+
+
+def skinny_kchunk(m: dict) -> int:
+    """skinny.cu: KCHUNK (MT == 32 ? 128 : 256), the k-granule of its split-K."""
+    return 128 if m["MT"] == 32 else 256
+
+
+def skinny_static_smem(m: dict) -> int:
+    """skinny.cu: As[KCHUNK * (MT + 1)] + red[MT * COLS] floats."""
+    return (skinny_kchunk(m) * (m["MT"] + 1) + m["MT"] * 128) * 4
 
 
 def check_geometry(plan) -> None:
@@ -75,6 +90,11 @@ def check_geometry(plan) -> None:
     assert cfg.smem == dynamic_smem_from_macros(cfg.family, m)
     if cfg.family == "scalar":
         assert cfg.block_dims == (16, 16, 1) and cfg.block == 256
+    elif cfg.family == "skinny":
+        assert cfg.block_dims == (256, 1, 1) and cfg.block == 256  # skinny.cu: THREADS 256
+        assert m["MT"] in (8, 16, 32) and p.M <= m["MT"] and m["B_VEC"] in (0, 1)
+        assert cfg.tile[2] == skinny_kchunk(m)
+        assert skinny_static_smem(m) <= 48 * 1024  # static shared memory cannot opt in to more
     else:
         threads = m["WARPS_M"] * m["WARPS_N"] * 32
         assert cfg.block_dims == (threads, 1, 1) and cfg.block == threads
@@ -92,8 +112,11 @@ def check_geometry(plan) -> None:
     if gy == 1:
         assert plan.reduce is None
     else:
-        assert cfg.family in ("simt_cp_async", "tf32_mma") and p.batch_total == 1
+        assert cfg.family in ("simt_cp_async", "tf32_mma", "skinny") and p.batch_total == 1
         assert gy <= -(-p.K // cfg.tile[2]), "a split with no k-tile to compute"
+        assert gy <= MAX_SPLIT
+        if cfg.family != "skinny":  # the tiled families keep >= MIN_KTILES_PER_SPLIT k-tiles per split
+            assert gy <= -(-p.K // cfg.tile[2]) // MIN_KTILES_PER_SPLIT
         r = plan.reduce
         assert r is not None and r.family == "splitk_reduce" and r.source == "splitk_reduce.cu"
         assert r.block_dims == (256, 1, 1) and r.grid[1:] == (1, 1) and r.grid[0] >= 1 and r.smem == 0
@@ -134,7 +157,10 @@ def test_sm75_never_gets_cp_async_or_tensor_cores(precision):
     for p in ZOO:
         plan = select(with_precision(p, precision), DEV["sm_75"])
         assert plan.kernel is not None
-        assert plan.kernel.family in ("simt_float4", "scalar"), _zoo_id(p)
+        assert plan.kernel.family in ("simt_float4", "scalar", "skinny"), _zoo_id(p)
+        # skinny (sm75+) takes every non-tiny problem of at most 32 rows, and only those
+        assert (plan.kernel.family == "skinny") == (p.M <= SKINNY_MAX_M and p.M * p.N > TINY_OUTPUTS), _zoo_id(p)
+        assert plan.precision_used == "ieee"
         assert "sm80" in rejected(plan)["simt_cp_async"]
         if precision != "ieee":
             assert "sm80" in rejected(plan)["tf32_mma"]
@@ -195,9 +221,13 @@ def test_tf32_requests_get_tensor_cores_for_every_non_tiny_shape(arch, precision
     for p in ZOO:
         p = with_precision(p, precision)
         plan = select(p, DEV[arch])
-        if p.M * p.N > TINY_OUTPUTS:
+        if p.M * p.N > TINY_OUTPUTS and p.M > SKINNY_MAX_M:
             assert plan.kernel.family == "tf32_mma", _zoo_id(p)
             assert plan.precision_used == precision
+        elif p.M * p.N > TINY_OUTPUTS:  # M <= 32: the memory-bound skinny kernel, fp32 FMA
+            assert plan.kernel.family == "skinny", _zoo_id(p)
+            assert plan.precision_used == "ieee"
+            assert rejected(plan)["tf32_mma"] == "skinny is preferred"
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -209,6 +239,7 @@ def test_tiny_problems_pick_scalar(arch, precision, mnk):
     assert plan.precision_used == "ieee"
     for name, reason in plan.rejected:
         assert "is tiny" in reason or "needs sm80+" in reason or "does not compute precision" in reason, (name, reason)
+    assert "is tiny" in rejected(plan)["skinny"]  # even where M <= 32 (sm75+: skinny runs on every arch)
     if arch != "sm_75":
         assert "is tiny" in rejected(plan)["simt_cp_async"]
 
@@ -216,16 +247,27 @@ def test_tiny_problems_pick_scalar(arch, precision, mnk):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_just_above_the_tiny_limit_gets_a_tiled_kernel(arch):
     assert 32 * 33 > TINY_OUTPUTS
-    plan = select(Problem.dense(32, 33, 64), DEV[arch])
+    plan = select(Problem.dense(33, 32, 64), DEV[arch])  # 33 rows: too many for skinny
     assert plan.kernel.family in SIMT
+    assert rejected(plan)["skinny"] == "M = 33 > 32: not skinny"
+    plan = select(Problem.dense(32, 33, 64), DEV[arch])  # 32 rows: skinny's
+    assert plan.kernel.family == "skinny"
+    assert rejected(plan)["scalar"] == "skinny is preferred"
 
+
+
+@pytest.fixture
+def no_staging(monkeypatch):
+    """Plans that read every operand in place, so the tests below check the kernels' own load
+    modes on misaligned memory (staging, which copies such operands first, is tested apart)."""
+    monkeypatch.setattr(fastmm.plan, "STAGE_MIN_FLOP_PER_BYTE", float("inf"))
 
 # --- load modes: no vector access where the layout or alignment forbids it ----------------------
 
 @pytest.mark.parametrize("arch", SM80_PLUS)
 @pytest.mark.parametrize("family", SIMT)
 @pytest.mark.parametrize("N", [1021, 1022, 1023])
-def test_n_not_multiple_of_4_gets_no_float4_on_b_or_c(arch, family, N):
+def test_n_not_multiple_of_4_gets_no_float4_on_b_or_c(arch, family, N, no_staging):
     plan = forced(Problem.dense(1024, N, 1024), arch, family)
     m = macros(plan)
     assert m["B_MODE"] not in VEC_MODES
@@ -243,7 +285,7 @@ def test_n_not_multiple_of_4_on_sm75_default_path(N):
 @pytest.mark.parametrize("arch", SM80_PLUS)
 @pytest.mark.parametrize("precision", ["tf32", "tf32x3"])
 @pytest.mark.parametrize("N,c_vec", [(1021, 0), (1022, 1), (1023, 0)])
-def test_tf32_n_not_multiple_of_4_gets_4_byte_b_copies(arch, precision, N, c_vec):
+def test_tf32_n_not_multiple_of_4_gets_4_byte_b_copies(arch, precision, N, c_vec, no_staging):
     m = macros(forced(Problem.dense(1024, N, 1024, precision=precision), arch, "tf32_mma"))
     assert m["B_VEC"] == 0 and m["A_VEC"] == 1
     assert m["C_VEC"] == c_vec  # float2 stores need an even N only
@@ -251,7 +293,7 @@ def test_tf32_n_not_multiple_of_4_gets_4_byte_b_copies(arch, precision, N, c_vec
 
 @pytest.mark.parametrize("arch", SM80_PLUS)
 @pytest.mark.parametrize("K", [1021, 1022, 1023])
-def test_k_not_multiple_of_4_gets_no_vectors_along_k(arch, K):
+def test_k_not_multiple_of_4_gets_no_vectors_along_k(arch, K, no_staging):
     for family in SIMT:
         m = macros(forced(Problem.dense(1024, 1024, K), arch, family))
         assert m["A_MODE"] == LOAD_ELEM_K  # row-major A: rows K apart
@@ -264,30 +306,55 @@ def test_k_not_multiple_of_4_gets_no_vectors_along_k(arch, K):
 
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("align", [4, 8])
-def test_misaligned_storage_offset_gets_no_float4_anywhere(arch, align):
-    # offset 1 or 3 floats -> 4-byte aligned pointers; offset 2 -> 8-byte aligned
-    for a_t in (False, True):
-        for b_t in (False, True):
-            p = Problem.dense(1024, 1024, 1024, a_t=a_t, b_t=b_t, align=align)
-            for family in (SIMT if arch != "sm_75" else ("simt_float4",)):
-                m = macros(forced(p, arch, family))
-                assert m["A_MODE"] in ELEM_MODES and m["B_MODE"] in ELEM_MODES and m["C_VEC"] == 0, (family, a_t, b_t)
-            if arch != "sm_75":
-                for precision in ("tf32", "tf32x3"):
-                    m = macros(forced(with_precision(p, precision), arch, "tf32_mma"))
-                    assert m["A_VEC"] == 0 and m["B_VEC"] == 0
-                    assert m["C_VEC"] == (1 if align == 8 else 0)  # float2 stores need 8 bytes
+def test_misaligned_storage_offset_gets_no_float4_anywhere(arch, align, no_staging):
+    # offset 1 or 3 floats -> 4-byte aligned pointers; offset 2 -> 8-byte aligned.
+    # A batch of 2 never splits K, so C is stored directly by the kernel; with a batch of 1 the
+    # planner may split K, and then the kernel stores into a fresh (aligned, contiguous) workspace
+    # and only splitk_reduce (single floats) writes C.
+    for batch in (2, 1):
+        for a_t in (False, True):
+            for b_t in (False, True):
+                p = Problem.dense(1024, 1024, 1024, a_t=a_t, b_t=b_t, align=align, batch=batch)
+                for family in (SIMT if arch != "sm_75" else ("simt_float4",)):
+                    plan = forced(p, arch, family)
+                    m = macros(plan)
+                    assert m["A_MODE"] in ELEM_MODES and m["B_MODE"] in ELEM_MODES, (family, a_t, b_t)
+                    if plan.kernel.split_k == 1:
+                        assert m["C_VEC"] == 0, (family, a_t, b_t, batch)
+                    else:
+                        assert batch == 1 and m["C_VEC"] == 1 and plan.reduce is not None  # N % 4 == 0 workspace
+                if arch != "sm_75":
+                    for precision in ("tf32", "tf32x3"):
+                        plan = forced(with_precision(p, precision), arch, "tf32_mma")
+                        m = macros(plan)
+                        assert m["A_VEC"] == 0 and m["B_VEC"] == 0
+                        if plan.kernel.split_k == 1:
+                            assert m["C_VEC"] == (1 if align == 8 else 0)  # float2 stores need 8 bytes
+                        else:
+                            assert batch == 1 and m["C_VEC"] == 1 and plan.reduce is not None
+                # skinny (every arch): B loses its float4 loads with a misaligned B
+                skinny = Problem.dense(16, 1024, 1024, a_t=a_t, b_t=b_t, align=align, batch=batch)
+                assert macros(forced(skinny, arch, "skinny"))["B_VEC"] == 0, (a_t, b_t, batch)
 
 
 @pytest.mark.parametrize("which", ["a", "b", "c"])
-def test_one_misaligned_operand_loses_vectors_only_there(which):
+def test_one_misaligned_operand_loses_vectors_only_there(which, no_staging):
     p = dataclasses.replace(Problem.dense(1024, 1024, 1024), **{which + "_align": 4})
     m = macros(forced(p, "sm_90", "simt_float4"))
     assert (m["A_MODE"] in ELEM_MODES) == (which == "a")
     assert (m["B_MODE"] in ELEM_MODES) == (which == "b")
     assert (m["C_VEC"] == 0) == (which == "c")
-    m = macros(forced(with_precision(p, "tf32"), "sm_90", "tf32_mma"))
+    plan = forced(with_precision(p, "tf32"), "sm_90", "tf32_mma")
+    m = macros(plan)
+    assert m["A_VEC"] == int(which != "a") and m["B_VEC"] == int(which != "b")
+    # 1024^3 splits K on sm_90: the kernel stores into the (aligned) workspace, splitk_reduce into C
+    assert plan.kernel.split_k > 1 and m["C_VEC"] == 1
+    batched = dataclasses.replace(p, batch_total=2, batch_inner=2, precision="tf32")  # never split: direct stores
+    m = macros(forced(batched, "sm_90", "tf32_mma"))
     assert m["A_VEC"] == int(which != "a") and m["B_VEC"] == int(which != "b") and m["C_VEC"] == int(which != "c")
+    # skinny: only B's alignment matters (A is staged through shared memory, C stored as floats)
+    m = macros(forced(dataclasses.replace(p, M=16), "sm_90", "skinny"))
+    assert m["B_VEC"] == int(which != "b")
 
 
 @pytest.mark.parametrize("arch", SM80_PLUS)
@@ -337,7 +404,7 @@ def test_operands_with_no_unit_stride_use_single_floats():
 
 
 @pytest.mark.parametrize("width,vec", [(1028, True), (1025, False), (1030, False)])
-def test_row_strided_slices_vectorize_only_when_the_row_stride_allows(width, vec):
+def test_row_strided_slices_vectorize_only_when_the_row_stride_allows(width, vec, no_staging):
     # x[:, :1024] of an (R, width) tensor: unit stride along the row, rows `width` apart
     p = Problem(1024, 1024, 1024, (width, 1), (width, 1), (width, 1))
     m = macros(forced(p, "sm_90", "simt_float4"))
@@ -401,6 +468,17 @@ def test_devices_older_than_sm70_fall_back_to_torch():
     assert plan.kernel is None and "sm_61" in plan.fallback and "older" in plan.fallback
 
 
+@pytest.mark.parametrize("cc", [(7, 0), (7, 2)])
+@pytest.mark.parametrize("mnk", [BIG, (16, 4096, 4096), (3, 5, 4)])
+def test_devices_older_than_sm75_fall_back_to_torch(cc, mnk):
+    assert MIN_CC == (7, 5)
+    old = dataclasses.replace(DEV["sm_75"], cc=cc, name="simulated V100")
+    for precision in PRECISIONS:
+        plan = select(Problem.dense(*mnk, precision=precision), old)
+        assert plan.kernel is None and plan.precision_used is None
+        assert plan.fallback == f"device sm_{cc[0]}{cc[1]} is older than sm_75, the oldest fastmm supports"
+
+
 # --- force= -------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("arch", SM80_PLUS)
@@ -412,11 +490,25 @@ def test_force_picks_the_named_family(arch, family, precision):
     assert plan.precision_used == (precision if family == "tf32_mma" else "ieee")
     reasons = rejected(plan)
     assert family not in reasons
+    assert reasons.pop("skinny") == "M = 2048 > 32: not skinny"  # the one family that cannot take 2048 rows
     for name, reason in reasons.items():
         assert reason in (f"{family} is preferred (forced)", f"does not compute precision '{precision}'"), (name, reason)
 
 
-@pytest.mark.parametrize("family", ["simt_float4", "simt_cp_async"])
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_force_skinny_picks_it_and_the_rest_are_rejected_as_forced(arch, precision):
+    plan = select(Problem.dense(16, 2048, 2048, precision=precision), DEV[arch], force="skinny")
+    assert plan.kernel.family == "skinny" and plan.precision_used == "ieee"
+    for name, reason in rejected(plan).items():
+        if name == "tf32_mma" and precision == "ieee":
+            assert reason == "does not compute precision 'ieee'"
+        elif arch == "sm_75" and name in ("simt_cp_async", "tf32_mma"):
+            assert reason == "needs sm80+, device is sm_75", (name, reason)
+        else:
+            assert reason in ("skinny is preferred (forced)", f"does not compute precision '{precision}'"), (name, reason)
+
+@pytest.mark.parametrize("family", ["simt_float4", "simt_cp_async", "skinny"])
 def test_force_overrides_the_tiny_rule(family):
     plan = select(Problem.dense(3, 5, 4), DEV["sm_90"], force=family)
     assert plan.kernel.family == family
@@ -483,11 +575,35 @@ def test_long_k_with_a_small_output_splits_k_with_a_deterministic_reduce(precisi
 
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("precision", PRECISIONS)
-def test_batched_and_large_problems_never_split_k(arch, precision):
+def test_batched_problems_never_split_k(arch, precision):
+    """The split-K workspace holds one M x N slice per split of a single product."""
+    broadcast_a = dataclasses.replace(Problem.dense(8, 4096, 16384, batch=3, precision=precision),
+                                      a_batch_strides=(0, 0))
     for p in (Problem.dense(256, 256, 65536, batch=2, precision=precision),
-              Problem.dense(8192, 8192, 8192, precision=precision)):
-        plan = select(p, DEV[arch])
-        assert plan.kernel.split_k == 1 and plan.reduce is None
+              Problem.dense(16, 4096, 4096, batch=2, precision=precision), broadcast_a):
+        for force in (None, *FAMILIES):
+            try:
+                plan = select(p, DEV[arch], force=force)
+            except ValueError:  # the family cannot run here
+                continue
+            assert plan.kernel.split_k == 1 and plan.reduce is None, (force, plan.kernel.family)
+
+
+#: (M, N, K, arch, precision) where the wave model of families.split_k_for now splits K of a
+#: problem that fills the GPU for many waves (reported to the lead, see _LARGE_SPLIT_REASON).
+
+
+def _large_params():
+    for M, N, K in ((8192, 8192, 8192), (8192, 4096, 6144)):
+        for arch in ARCHS:
+            for precision in PRECISIONS:
+                yield pytest.param(M, N, K, arch, precision, id=f"{M}x{N}x{K}-{arch}-{precision}")
+
+
+@pytest.mark.parametrize("M,N,K,arch,precision", list(_large_params()))
+def test_large_problems_never_split_k(M, N, K, arch, precision):
+    plan = select(Problem.dense(M, N, K, precision=precision), DEV[arch])
+    assert plan.kernel.split_k == 1 and plan.reduce is None, (plan.kernel.family, plan.kernel.split_k)
 
 
 def test_simt_float4_and_scalar_never_split_k():
@@ -496,6 +612,264 @@ def test_simt_float4_and_scalar_never_split_k():
         for family in ("simt_float4", "scalar"):
             plan = select(p, DEV[arch], force=family)
             assert plan.kernel.split_k == 1 and plan.reduce is None
+
+# --- split_k_for: the wave model of the tiled families -------------------------------------------
+
+def _wave_cost(tiles: int, split: int, slots: int) -> float:
+    """The model the brief for split_k_for gives: waves of blocks per split, plus SPLIT_COST per extra split."""
+    return -(-tiles * split // slots) / split * (1 + SPLIT_COST * (split - 1))
+
+
+@settings(max_examples=300, deadline=None)
+@given(K=st.integers(1, 1 << 22), batch=st.sampled_from([1, 1, 2, 7, 70_000]), arch=st.sampled_from(ARCHS),
+       tiles=st.integers(1, 20_000), bk=st.sampled_from([8, 32]), blocks_per_sm=st.sampled_from([1, 2]))
+def test_split_k_for_properties(K, batch, arch, tiles, bk, blocks_per_sm):
+    dev = DEV[arch]
+    p = Problem.dense(64, 64, K, batch=batch)
+    split = split_k_for(p, dev, tiles, bk, blocks_per_sm)
+    k_tiles = -(-K // bk)
+    limit = max(1, min(MAX_SPLIT, k_tiles // MIN_KTILES_PER_SPLIT))
+    assert 1 <= split <= limit  # never more than K-tiles / 16, never more than 64
+    slots = dev.sm_count * blocks_per_sm
+    if tiles >= 2 * slots:
+        assert split == 1  # two or more waves of tiles: the gain is a fraction of the last wave
+    if split > 1:
+        assert batch == 1  # the workspace holds the slices of one product
+        assert k_tiles // split >= MIN_KTILES_PER_SPLIT
+        costs = {s: _wave_cost(tiles, s, slots) for s in range(1, limit + 1)}
+        best = min(s for s, c in costs.items() if c == min(costs.values()))  # ties go to fewer splits
+        assert costs[best] < costs[1]  # splits only where the model says it pays
+        # ... and the count is the model's choice reduced to the block rows that get k-tiles
+        assert split == effective_split(k_tiles, best)
+        per = -(-k_tiles // split)
+        assert (split - 1) * per < k_tiles  # the last block row has work
+        assert tiles % slots != 0  # whole waves of tiles never split
+    if batch > 1 or k_tiles < 2 * MIN_KTILES_PER_SPLIT:
+        assert split == 1
+
+
+@pytest.mark.parametrize("arch", SM80_PLUS)
+@pytest.mark.parametrize("family,precision", [("simt_cp_async", "ieee"), ("tf32_mma", "tf32"), ("tf32_mma", "tf32x3")])
+def test_skinny_or_long_k_problems_split_k_on_the_tiled_families(arch, family, precision):
+    for M, N, K in ((16, 4096, 4096), (256, 256, 65536)):
+        plan = forced(Problem.dense(M, N, K, precision=precision), arch, family)
+        bk = plan.kernel.tile[2]
+        assert 1 < plan.kernel.split_k <= min(MAX_SPLIT, -(-K // bk) // MIN_KTILES_PER_SPLIT), (M, N, K)
+        assert plan.reduce is not None and dict(plan.kernel.details)["split-K"].startswith(f"{plan.kernel.split_k} slices")
+        check_geometry(plan)
+        batched = forced(Problem.dense(M, N, K, precision=precision, batch=2), arch, family)
+        assert batched.kernel.split_k == 1 and batched.reduce is None
+
+
+@pytest.mark.parametrize("family,precision", [("simt_cp_async", "ieee"), ("tf32_mma", "tf32"), ("tf32_mma", "tf32x3")])
+def test_a_wave_of_tiles_with_a_ragged_end_now_splits_k(family, precision):
+    """128 x 11008 x 4096 on sm_90 has more tiles than SMs, yet splits 3 ways (the last wave of
+    one split would leave most slots idle)."""
+    plan = forced(Problem.dense(128, 11008, 4096, precision=precision), "sm_90", family)
+    assert plan.kernel.split_k == 3
+    bm, bn, _ = plan.kernel.tile
+    assert -(-128 // bm) * -(-11008 // bn) >= DEV["sm_90"].sm_count
+    check_geometry(plan)
+
+
+@pytest.mark.parametrize("arch", SM80_PLUS)
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_long_k_with_a_small_output_splits_on_every_sm80_plus_arch(arch, precision):
+    plan = select(Problem.dense(256, 256, 65536, precision=precision), DEV[arch])
+    assert plan.kernel.family == ("simt_cp_async" if precision == "ieee" else "tf32_mma")
+    assert plan.kernel.split_k > 1 and plan.reduce is not None
+
+
+def test_tile_choice_takes_a_tile_whose_blocks_fill_90_percent_of_a_wave():
+    dev = DEV["sm_90"]  # 132 SMs: 0.9 x 132 = 118.8 blocks
+    # tf32: 128 x 128 tiles; 11 x 11 = 121 of them reach 90% of a wave, 10 x 11 = 110 do not
+    assert select(Problem.dense(1408, 1408, 1408, precision="tf32"), dev).kernel.tile[:2] == (128, 128)
+    smaller = select(Problem.dense(1280, 1408, 1408, precision="tf32"), dev).kernel.tile
+    assert smaller[0] * smaller[1] < 128 * 128
+    # SIMT: 128 x 256 tiles; 11 x 11 = 121 of them, then 10 x 11 = 110
+    assert select(Problem.dense(1408, 2816, 1024), dev).kernel.tile[:2] == (128, 256)
+    smaller = select(Problem.dense(1280, 2816, 1024), dev).kernel.tile
+    assert smaller[0] * smaller[1] < 128 * 256
+
+
+def _idle_splits(plan) -> int:
+    """Block rows of a split-K launch that common.cuh's split_range gives no k-tile at all."""
+    total = -(-plan.problem.K // plan.kernel.tile[2])
+    split = plan.kernel.split_k
+    per = -(-total // split)
+    return sum(1 for y in range(split) if y * per >= total)
+
+
+
+
+@pytest.mark.parametrize("family", ["skinny", "simt_cp_async", "tf32_mma"])
+def test_every_planned_k_split_gets_k_work(family):
+    idle = []
+    for arch in ARCHS:
+        for M in (1, 8, 16, 32, 64, 256):
+            for N in (1000, 1024, 4096, 11008):
+                for K in (1000, 4096, 8192, 65536, 100_003):
+                    for precision in PRECISIONS:
+                        try:
+                            plan = select(Problem.dense(M, N, K, precision=precision), DEV[arch], force=family)
+                        except ValueError:
+                            continue
+                        if _idle_splits(plan):
+                            idle.append((arch, M, N, K, precision, plan.kernel.split_k, _idle_splits(plan)))
+    assert not idle, f"{len(idle)} plans with idle splits, e.g. {idle[:4]}"
+
+
+# --- the skinny family: M <= 32 ------------------------------------------------------------------
+
+SKINNY_MS = (1, 2, 3, 8, 9, 16, 17, 31, 32)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("M", SKINNY_MS)
+def test_m_up_to_32_picks_skinny_on_every_arch_and_precision(arch, precision, M):
+    for N, K, kw in ((4096, 4096, {}), (1025, 7, {}), (1100, 1, {}), (11008, 4096, {"b_t": True}),
+                     (2000, 300, {"a_t": True, "align": 4}), (4096, 4096, {"batch": 3})):
+        p = Problem.dense(M, N, K, precision=precision, **kw)
+        assert M * N > TINY_OUTPUTS
+        plan = select(p, DEV[arch])
+        assert plan.kernel.family == "skinny", (N, K, kw)
+        assert plan.precision_used == "ieee"  # fp32 FFMA, even for tf32 requests
+        assert plan.describe().startswith("kernel: skinny (fastmm_skinny in cuda_src/skinny.cu): tile ")
+        reasons = rejected(plan)
+        assert reasons["scalar"] == reasons["simt_float4"] == "skinny is preferred"
+        for name in ("simt_cp_async", "tf32_mma"):
+            if arch == "sm_75" and not (name == "tf32_mma" and precision == "ieee"):
+                assert reasons[name] == "needs sm80+, device is sm_75"
+            elif name == "tf32_mma" and precision == "ieee":
+                assert reasons[name] == "does not compute precision 'ieee'"
+            else:
+                assert reasons[name] == "skinny is preferred"
+        check_geometry(plan)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_m_33_does_not_pick_skinny(arch, precision):
+    p = Problem.dense(33, 4096, 4096, precision=precision)
+    plan = select(p, DEV[arch])
+    assert plan.kernel.family != "skinny"
+    assert rejected(plan)["skinny"] == "M = 33 > 32: not skinny"
+    with pytest.raises(ValueError, match="kernel family 'skinny' cannot run this problem: M = 33 > 32: not skinny"):
+        select(p, DEV[arch], force="skinny")
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("M,mt", [(1, 8), (3, 8), (8, 8), (9, 16), (16, 16), (17, 32), (31, 32), (32, 32)])
+def test_skinny_rows_per_thread_macro_is_m_rounded_up(arch, M, mt):
+    for N in (1100, 4096, 4099):
+        plan = forced(Problem.dense(M, N, 4096), arch, "skinny")
+        m, cfg = macros(plan), plan.kernel
+        assert m["MT"] == mt
+        assert cfg.tile == (mt, 128, 128 if mt == 32 else 256)  # skinny.cu: COLS 128, KCHUNK
+        assert cfg.block_dims == (256, 1, 1) and cfg.smem == 0
+        assert cfg.grid[0] == -(-N // 128)
+        assert dict(cfg.details)["rows per thread"] == f"{mt} (M = {M})"
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_skinny_b_vec_only_for_aligned_n_contiguous_b(arch):
+    def b_vec(p):
+        plan = forced(p, arch, "skinny")
+        m, d = macros(plan), dict(plan.kernel.details)
+        assert d["B loads"] == ("float4, each element once" if m["B_VEC"] else "single floats, each element once")
+        return m["B_VEC"]
+
+    assert b_vec(Problem.dense(16, 4096, 4096)) == 1
+    assert b_vec(Problem.dense(16, 4096, 4095)) == 1  # K plays no part: B is read along N
+    for N in (4097, 4098, 4099):  # N % 4 != 0
+        assert b_vec(Problem.dense(16, N, 4096)) == 0, N
+    for align in (4, 8):  # storage offsets 1, 2, 3 floats
+        assert b_vec(Problem.dense(16, 4096, 4096, align=align)) == 0, align
+    base = Problem.dense(16, 4096, 4096)
+    assert b_vec(dataclasses.replace(base, a_align=4, c_align=4)) == 1  # only B's pointer matters
+    assert b_vec(Problem.dense(16, 4096, 4096, b_t=True)) == 0  # k-contiguous B: no float4 along N
+    assert b_vec(Problem.dense(16, 4096, 4096, a_t=True)) == 1
+    for pad, vec in ((4, 1), (1, 0), (2, 0)):  # B = x[:, :N] of a wider tensor
+        assert b_vec(dataclasses.replace(base, b_strides=(4096 + pad, 1))) == vec, pad
+    assert b_vec(dataclasses.replace(base, b_strides=(2 * 4096, 2))) == 0  # no unit stride
+    batched = Problem.dense(16, 4096, 4096, batch=3)
+    assert b_vec(batched) == 1
+    assert b_vec(dataclasses.replace(batched, b_batch_strides=(0, 4096 * 4096 + 2))) == 0
+    assert b_vec(dataclasses.replace(batched, b_batch_strides=(0, 0))) == 1  # broadcast B
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_skinny_splits_k_for_a_batch_of_1_with_long_k(arch):
+    dev = DEV[arch]
+    for M, K, kchunk in ((1, 4096, 256), (16, 4096, 256), (32, 16384, 128)):
+        plan = select(Problem.dense(M, 4096, K), dev)
+        cfg = plan.kernel
+        assert cfg.family == "skinny" and cfg.tile[2] == kchunk
+        tiles = 4096 // 128
+        # about two waves of 256-thread blocks, at most one split per k-chunk, at most MAX_SPLIT,
+        # and only as many block rows as get chunks
+        chunks = -(-K // kchunk)
+        assert cfg.split_k == effective_split(chunks, min(chunks, -(-2 * dev.sm_count // tiles), MAX_SPLIT)) > 1
+        assert cfg.grid == (tiles, cfg.split_k, 1)
+        assert plan.reduce is not None and plan.reduce.family == "splitk_reduce"
+        assert dict(cfg.details)["split-K"] == f"{cfg.split_k} slices of K, reduced by splitk_reduce"
+        assert f"then: {plan.reduce.describe()}" in plan.describe()
+        check_geometry(plan)
+        # not for a batch, broadcast or not
+        for p in (Problem.dense(M, 4096, K, batch=2),
+                  dataclasses.replace(Problem.dense(M, 4096, K, batch=3), a_batch_strides=(0, 0))):
+            plan = select(p, dev)
+            assert plan.kernel.family == "skinny" and plan.kernel.split_k == 1 and plan.reduce is None
+            assert plan.kernel.grid == (tiles, 1, p.batch_total)
+    # one k-chunk: nothing to split
+    assert select(Problem.dense(16, 4096, 256), dev).kernel.split_k == 1
+    assert select(Problem.dense(32, 4096, 128), dev).kernel.split_k == 1
+    assert select(Problem.dense(32, 4096, 129), dev).kernel.split_k == 2
+    # columns enough for two waves on their own: no split
+    wide = select(Problem.dense(16, 2 * dev.sm_count * 128, 65536), dev).kernel
+    assert wide.family == "skinny" and wide.split_k == 1
+    # one tile of columns, very long K: capped at MAX_SPLIT
+    assert select(Problem.dense(16, 128 * 9, 1 << 20), dev).kernel.split_k <= MAX_SPLIT
+    assert forced(Problem.dense(16, 128, 1 << 20), arch, "skinny").kernel.split_k == MAX_SPLIT
+
+
+@pytest.mark.parametrize("precision", ["tf32", "tf32x3"])
+def test_skinny_serves_tf32_requests_at_fp32(precision):
+    plan = select(Problem.dense(8, 4096, 4096, precision=precision), DEV["sm_90"])
+    assert plan.kernel.family == "skinny" and plan.precision_used == "ieee"
+    assert "fp32 FFMA" in dict(plan.kernel.details)["math"]
+    # the tensor-core family still runs it when forced, at the precision asked for
+    plan = select(Problem.dense(8, 4096, 4096, precision=precision), DEV["sm_90"], force="tf32_mma")
+    assert plan.precision_used == precision
+
+
+def _empty_params():
+    for mnk in ((0, 64, 64), (16, 0, 64), (16, 64, 0), (0, 0, 0)):
+        for family in sorted(FAMILIES):
+            yield pytest.param(mnk, family, id=f"{'x'.join(map(str, mnk))}-{family}")
+
+
+@pytest.mark.parametrize("mnk,family", list(_empty_params()))
+def test_problems_with_no_elements_get_a_plan_or_a_value_error(mnk, family):
+    """explain() plans problems whose result is empty (api launches nothing for them): the
+    dispatcher and every forced family must give a valid plan or refuse with ValueError."""
+    for arch in ARCHS:
+        for precision in PRECISIONS:
+            p = Problem.dense(*mnk, precision=precision)
+            assert select(p, DEV[arch]).kernel.family == "scalar"  # tiny: M * N = 0
+            try:
+                plan = select(p, DEV[arch], force=family)
+            except ValueError:
+                continue
+            assert plan.kernel.family == family and all(g >= 1 for g in plan.kernel.grid)
+
+
+def test_skinny_needs_sm75():
+    assert FAMILIES["skinny"].min_cc == (7, 5) == MIN_CC
+    sm72 = dataclasses.replace(DEV["sm_75"], cc=(7, 2), name="simulated Xavier")
+    assert FAMILIES["skinny"].reject(Problem.dense(16, 4096, 4096), sm72) == "needs sm75+, device is sm_72"
+
 
 
 def test_large_problems_get_the_largest_tile_and_small_ones_a_small_tile():
@@ -539,7 +913,8 @@ def _vector_ok(extent: int, other_stride: int, batch_strides, align: int) -> boo
 
 @st.composite
 def problems(draw):
-    M, N, K = (draw(st.integers(1, 3000)) for _ in range(3))
+    M = draw(st.one_of(st.integers(1, 40), st.integers(1, 3000)))  # often skinny (M <= 32), or just above
+    N, K = (draw(st.integers(1, 3000)) for _ in range(2))
 
     def operand(rows, cols):
         kind = draw(st.sampled_from(["row", "col", "rowpad", "colpad", "none"]))
@@ -564,18 +939,40 @@ def test_random_problems_keep_every_invariant(p, arch, force):
     except ValueError as exc:
         assert force is not None and force in str(exc)
         return
+    if plan.staging:
+        # the kernel reads the padded, aligned copies: its load modes are checked against them
+        assert plan.kernel.family in ("simt_cp_async", "tf32_mma") and p.batch_total == 1
+        staged = plan.launch_problem
+        assert (staged.M, staged.N, staged.K, staged.c_strides) == (p.M, p.N, p.K, p.c_strides)
+        for which, rows, cols in plan.staging:
+            n = p.N if which == "b" else p.K
+            assert cols == -(-n // 4) * 4 and rows == (p.K if which == "b" else p.M)
+        p = dataclasses.replace(staged, N=-(-p.N // 4) * 4 if staged.b_padded else p.N)
+        if staged.a_padded:
+            p = dataclasses.replace(p, K=-(-p.K // 4) * 4)
     cfg = plan.kernel
     assert cfg is not None
     assert force is None or cfg.family == force
     if dev.cc < (8, 0):
-        assert cfg.family in ("scalar", "simt_float4")
+        assert cfg.family in ("scalar", "simt_float4", "skinny")
     if p.precision == "ieee":
         assert cfg.family != "tf32_mma"
+    if force is None and p.M * p.N <= TINY_OUTPUTS:
+        assert cfg.family == "scalar"
+    elif force is None:  # skinny takes every non-tiny problem of at most 32 rows, on every arch
+        assert (cfg.family == "skinny") == (p.M <= SKINNY_MAX_M)
     assert plan.precision_used == (p.precision if cfg.family == "tf32_mma" else "ieee")
     check_geometry(plan)
     m = dict(cfg.macros)
     (sAm, sAk), (sBk, sBn), (sCm, sCn) = p.a_strides, p.b_strides, p.c_strides
-    if cfg.family in SIMT:
+    if cfg.split_k > 1:
+        assert p.batch_total == 1
+    if cfg.family == "skinny":
+        assert p.M <= SKINNY_MAX_M and m["MT"] == min(mt for mt in (8, 16, 32) if mt >= p.M)
+        assert m["B_VEC"] == int(sBn == 1 and _vector_ok(p.N, sBk, p.b_batch_strides, p.b_align))
+        assert cfg.split_k <= min(MAX_SPLIT, -(-p.K // skinny_kchunk(m)))
+        assert cfg.grid[0] == -(-p.N // 128)
+    elif cfg.family in SIMT:
         if m["A_MODE"] == LOAD_VEC_FAST:
             assert sAm == 1 and _vector_ok(p.M, sAk, p.a_batch_strides, p.a_align)
         if m["A_MODE"] == LOAD_VEC_K:
@@ -617,3 +1014,44 @@ def test_describe_names_the_kernel_its_macros_and_every_rejection():
     assert "PRECISION_X3=0" in text
     for name, reason in plan.rejected:
         assert f"rejected {name}: {reason}" in text
+
+
+# --- staging: unaligned row-contiguous operands copied into padded aligned buffers --------------
+
+@pytest.mark.parametrize("arch", SM80_PLUS)
+def test_large_unaligned_problems_stage_b_for_simt_and_a_and_b_for_tf32(arch):
+    p = Problem.dense(4097, 4095, 4093)
+    plan = select(p, DEV[arch])
+    assert plan.kernel.family == "simt_cp_async"
+    assert plan.staging == (("b", 4093, 4096),)  # SIMT transposes A with 4-byte copies anyway
+    assert macros(plan)["B_MODE"] == LOAD_VEC_FAST and macros(plan)["A_MODE"] == LOAD_ELEM_K
+    lp = plan.launch_problem
+    assert lp.b_strides == (4096, 1) and lp.b_align == 16 and lp.b_padded and not lp.a_padded
+    assert (lp.M, lp.N, lp.K) == (p.M, p.N, p.K) and plan.problem == p  # sizes unchanged, problem as asked
+    assert macros(plan)["C_VEC"] == 0  # C is written in place: N % 4 != 0
+    assert "staged: B copied into a zero-padded 4093x4096 buffer" in plan.describe()
+    plan = select(dataclasses.replace(p, precision="tf32"), DEV[arch])
+    assert plan.kernel.family == "tf32_mma"
+    assert plan.staging == (("b", 4093, 4096), ("a", 4097, 4096))
+    assert macros(plan)["A_VEC"] == 1 and macros(plan)["B_VEC"] == 1
+
+
+@pytest.mark.parametrize("arch", SM80_PLUS)
+def test_staging_only_when_the_copy_is_cheap_and_the_layout_allows(arch):
+    dev = DEV[arch]
+    # small: the copy would cost more than it saves (M / 4 < STAGE_MIN_FLOP_PER_BYTE for B)
+    assert select(Problem.dense(1000, 1001, 1000), dev).staging == ()
+    assert STAGE_MIN_FLOP_PER_BYTE * 4 > 1000
+    # aligned: nothing to stage
+    assert select(Problem.dense(4096, 4096, 4096), dev).staging == ()
+    assert select(Problem.dense(4096, 4096, 4096, precision="tf32"), dev).staging == ()
+    # batched: no staging (one buffer per launch)
+    assert select(Problem.dense(2048, 2047, 2047, batch=2), dev).staging == ()
+    # transposed B (k-contiguous) is not staged: only row-contiguous operands are padded
+    assert not any(w == "b" for w, _, _ in select(Problem.dense(4097, 4095, 4093, b_t=True), dev).staging)
+    # a misaligned pointer alone (N % 4 == 0) is staged too
+    plan = select(Problem.dense(4096, 4096, 4096, align=4), dev)
+    assert ("b", 4096, 4096) in plan.staging and macros(plan)["B_MODE"] == LOAD_VEC_FAST
+    # families that are not staged
+    assert select(Problem.dense(4097, 4095, 4093), dev, force="scalar").staging == ()
+    assert select(Problem.dense(16, 4095, 4093), dev).staging == ()  # skinny reads B once in place

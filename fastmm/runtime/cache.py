@@ -124,7 +124,10 @@ class DiskCache:
             yield
             return
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            except OSError:  # e.g. ENOLCK on a network file system: go on without the lock
+                pass
             yield
         finally:
             os.close(fd)  # closing releases the lock
@@ -137,16 +140,19 @@ class DiskCache:
         return decode(blob, arch, key)
 
     def write(self, path: Path, arch: str, cubin: bytes, key: str = "-") -> None:
-        fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=f".{path.name}.", suffix=".tmp")
+        tmp = None
         try:
+            # creating the temporary file can itself fail on a full disk (no free inode or block)
+            fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=f".{path.name}.", suffix=".tmp")
             with os.fdopen(fd, "wb") as fh:
                 fh.write(encode(arch, cubin, key))
                 fh.flush()
                 os.fsync(fh.fileno())
             os.replace(tmp, path)
         except OSError as exc:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
+            if tmp is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
             self._degrade(f"writing {path.name} failed: {exc}")
 
     def get_or_compile(self, name: str, key: str, arch: str, compile_fn: Callable[[], bytes]) -> CacheResult:
@@ -179,7 +185,11 @@ class DiskCache:
     def verify(self) -> list[tuple[Path, bool]]:
         out = []
         for path in self.entries():
-            blob = path.read_bytes()
+            try:
+                blob = path.read_bytes()
+            except OSError:  # unreadable (permissions, a folder of that name, ...): not a valid entry
+                out.append((path, False))
+                continue
             named = parse_header(blob)
             # valid: intact, and stored under the file name its key gives
             ok = (named is not None and decode(blob, named[0], named[1]) is not None

@@ -1,0 +1,529 @@
+#!/usr/bin/env python3
+"""Every fastmm kernel over edge shapes: the workload benchmarks/sanitize.sh runs under
+compute-sanitizer (memcheck, racecheck, synccheck, initcheck).
+
+    PYTHONPATH=. python benchmarks/sanitize.py            # full set (a few hundred launches)
+    PYTHONPATH=. python benchmarks/sanitize.py --quick    # a small set, for the slow tools
+    PYTHONPATH=. python benchmarks/sanitize.py --dry-run  # no GPU needed: list the cases and
+                                                          # the plans a simulated device gets
+
+What runs: each kernel family forced through ``fastmm.api.matmul_fastmm(..., force=family)`` at
+each distinct precision it computes (the SIMT, scalar and skinny kernels build the same cubin for
+every precision, so they run once, at "ieee"; tf32_mma runs at "tf32" and "tf32x3"), plus the
+dispatcher's own choice, including split-K plans (a GEMM writing K slices to a workspace, then
+the splitk_reduce pass), over:
+  - sizes 1, tile-1, tile, tile+1 in M, N and K around the tile each family uses (read from the
+    plan's KernelConfig.tile), K around the pipeline depth (BK * (STAGES + 1) +- 1), for the
+    smallest tile and (full set) every larger tile the planner can pick (reached with a batch);
+  - the CUTLASS-style sizes of DESIGN.md: M in {a, 512-3a}, N in {a, 512-2a},
+    K in {a, BK*(STAGES+1)-a}, alignment a in {1, 4};
+  - transposed operands and output, storage offsets (4- and 8-byte aligned pointers), padded rows,
+    batch 3 (also with a broadcast B), a batch past the grid.z limit, a partial last wave;
+  - split-K counts, including splits that get no k-tile at all (their slice must still be written).
+No torch kernel runs on the GPU here: operands and outputs are built on the CPU and copied over,
+references are computed on the CPU in float64. So what the sanitizer reports is fastmm's.
+
+Checks: inputs are small integers, exact in TF32 and summed exactly in fp32, so every kernel must
+reproduce the float64 product bit for bit (plus a few randn cases within the precision's
+tolerance); the output lives inside a guard zone of canary values, which must survive; each input
+buffer ends at the operand's last element (so memcheck sees any read past it) and must be
+unchanged. Prints one summary line (--verbose: a line per case); exits 1 if any case was wrong.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # a source checkout without install
+
+from fastmm import api  # noqa: E402
+from fastmm.families import FAMILIES  # noqa: E402
+from fastmm.problem import DeviceFacts  # noqa: E402
+
+GUARD = 64  # canary floats on each side of the output
+CANARY = -7777.0
+TOL = {"ieee": 1e-5, "tf32": 1e-3, "tf32x3": 1e-5}  # randn cases: ||C - ref|| / || |A| |B| ||
+#: (family, precision) pairs with distinct kernels: precision does not enter the macros of the
+#: fp32 families, so one precision covers them; tf32_mma builds different code for tf32 / tf32x3.
+FORCED = [("scalar", "ieee"), ("simt_float4", "ieee"), ("simt_cp_async", "ieee"), ("skinny", "ieee"),
+          ("tf32_mma", "tf32"), ("tf32_mma", "tf32x3")]
+
+
+@dataclass(frozen=True)
+class Case:
+    group: str
+    family: str | None  # forced family, or None for the dispatcher's choice
+    precision: str
+    M: int
+    N: int
+    K: int
+    batch: int = 0  # 0: 2-D operands; n > 0: A, B and C have a leading batch dim of n
+    b_broadcast: bool = False  # with a batch: B stays 2-D (broadcast, batch stride 0)
+    a_t: bool = False  # A is a transposed view (column-major)
+    b_t: bool = False
+    c_t: bool = False  # out is a transposed view
+    offsets: tuple[int, int, int] = (0, 0, 0)  # storage offsets of A, B, C in floats
+    pad: int = 0  # extra floats per row (leading dimension) of A, B and C
+    alloc: bool = False  # no out=: fastmm allocates the result
+    values: str = "int"  # "int": small integers (exact); "randn": within the tolerance
+
+    def label(self) -> str:
+        bits = [f"{self.M}x{self.N}x{self.K}"]
+        if self.batch:
+            bits.append(f"batch{self.batch}" + ("(B bcast)" if self.b_broadcast else ""))
+        lay = "".join(x for x, t in (("At", self.a_t), ("Bt", self.b_t), ("Ct", self.c_t)) if t)
+        if lay:
+            bits.append(lay)
+        if any(self.offsets):
+            bits.append("off" + ",".join(map(str, self.offsets)))
+        if self.pad:
+            bits.append(f"pad{self.pad}")
+        if self.alloc:
+            bits.append("alloc")
+        if self.values != "int":
+            bits.append(self.values)
+        return f"{self.group}:{self.family or 'dispatch'}@{self.precision}:" + "-".join(bits)
+
+    @property
+    def work(self) -> int:
+        return max(self.batch, 1) * self.M * self.N * self.K
+
+
+# ---------------------------------------------------------------------------------------------
+# operands: a flat buffer (with guard zones for the output) and a strided view into it
+
+@dataclass
+class Operand:
+    base: torch.Tensor  # flat CPU buffer (values; for the output NaN, and canaries around it)
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+    offset: int
+
+    def view(self, base: torch.Tensor) -> torch.Tensor:
+        return base.as_strided(self.size, self.stride, self.offset)
+
+
+def layout(batch: int, rows: int, cols: int, transposed: bool, pad: int, offset: int, guard: int):
+    """(size, stride, storage offset, buffer length) of a rows x cols matrix (or a batch of them)
+    stored row-major with leading dimension cols + pad, or as the transposed view of a cols x rows
+    row-major matrix with leading dimension rows + pad; ``guard`` floats before and after."""
+    if transposed:
+        inner, outer = rows + pad, cols
+        stride = (1, inner)
+    else:
+        inner, outer = cols + pad, rows
+        stride = (inner, 1)
+    per = inner * outer
+    size = (rows, cols)
+    if batch:
+        size, stride = (batch,) + size, (per,) + stride
+    start = guard + offset
+    last = start + sum((n - 1) * st for n, st in zip(size, stride))
+    return size, stride, start, last + 1 + guard
+
+
+def make_operand(batch, rows, cols, transposed, pad, offset, gen, values) -> Operand:
+    """An input: its buffer ends right after its last element (and starts at most 3 floats
+    before its first), so memcheck sees any read past either end of the operand; writes into it
+    are caught by comparing the whole buffer before and after."""
+    size, stride, start, length = layout(batch, rows, cols, transposed, pad, offset, guard=0)
+    if values == "int":  # +-1..3: no zeros, so a 1 x 1 x 1 product is not zero either
+        base = torch.randint(1, 4, (length,), generator=gen).float()
+        base *= torch.randint(0, 2, (length,), generator=gen).float() * 2 - 1
+    else:
+        base = torch.randn(length, generator=gen)
+    return Operand(base, size, stride, start)
+
+
+def make_out(case: Case) -> Operand:
+    """Every element NaN where C goes (all must be overwritten), CANARY everywhere else."""
+    size, stride, start, length = layout(case.batch, case.M, case.N, case.c_t, case.pad, case.offsets[2], GUARD)
+    base = torch.full((length,), CANARY)
+    base.as_strided(size, stride, start).fill_(float("nan"))
+    return Operand(base, size, stride, start)
+
+
+def operands(case: Case, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    a = make_operand(case.batch, case.M, case.K, case.a_t, case.pad, case.offsets[0], gen, case.values)
+    b = make_operand(0 if case.b_broadcast else case.batch, case.K, case.N, case.b_t, case.pad, case.offsets[1],
+                     gen, case.values)
+    return a, b, (None if case.alloc else make_out(case))
+
+
+# ---------------------------------------------------------------------------------------------
+# plans (from the same api functions matmul uses)
+
+def plan_of(case: Case, dev_facts: DeviceFacts, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None):
+    """The plan fastmm makes for this call on ``dev_facts`` (a CPU stand-in works: only shapes,
+    strides and pointer alignment matter, and storage offsets set the alignment the same way)."""
+    from fastmm.plan import select
+
+    s = api.analyse(a, b)
+    if c is None:
+        c = torch.empty(s.batch + (s.M, s.N))
+    problem, _ = api.build_problem(s, c, case.precision)
+    return select(problem, dev_facts, case.family)
+
+
+def empty_splits(K: int, bk: int, split: int) -> int:
+    """Splits that get no k-tile (common.cuh split_range): they must still write zeros."""
+    total = -(-K // bk)
+    per = -(-total // split)
+    return sum(1 for y in range(split) if min(total, y * per) >= min(total, y * per + per))
+
+
+# ---------------------------------------------------------------------------------------------
+# the case list
+
+def edges(t: int) -> list[int]:
+    return sorted({x for x in (1, t - 1, t, t + 1) if x >= 1})
+
+
+def probe(dev: DeviceFacts, family, precision, M, N, K, batch=0):
+    """(tile, STAGES, plan) the planner gives ``family`` for dense, aligned operands (tile choice
+    and split-K depend on the sizes, the batch and the device; the layout only changes load modes)."""
+    from fastmm.plan import select
+    from fastmm.problem import Problem
+
+    batch = max(batch, 1)
+    p = Problem(M, N, K, (K, 1), (N, 1), (N, 1), batch, batch, (0, M * K), (0, K * N), (0, M * N),
+                16, 16, 16, precision)
+    plan = select(p, dev, family)
+    return plan.kernel.tile, dict(plan.kernel.macros).get("STAGES", 1), plan
+
+
+def batch_for_tile(dev, family, precision, M, N, K, tile) -> int | None:
+    """A batch count for which the planner picks ``tile`` for M x N x K (the tile choice follows
+    the number of blocks, which a batch multiplies)."""
+    for batch in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128):
+        if probe(dev, family, precision, M, N, K, batch if batch > 1 else 0)[0] == tile:
+            return batch
+    return None
+
+
+def family_cases(dev: DeviceFacts, family: str, precision: str, quick: bool) -> list[Case]:
+    out: list[Case] = []
+
+    def add(group, M, N, K, **kw):
+        out.append(Case(group, family, precision, M, N, K, **kw))
+
+    if family == "skinny":
+        # tile = (rows per thread MT, 128 columns, KCHUNK): MT is 8, 16 or 32 depending on M
+        Ms = [1, 7, 8, 9, 16, 17, 32] if quick else [1, 2, 7, 8, 9, 15, 16, 17, 31, 32]
+        cols, kchunk = probe(dev, family, precision, 8, 256, 256)[0][1:]
+        Ns = edges(cols) + [cols * 2 + 4]
+        Ks = edges(kchunk) if quick else edges(kchunk) + [2 * kchunk + 1]
+        for i, M in enumerate(Ms):
+            add("edge", M, Ns[i % len(Ns)], Ks[i % len(Ks)], batch=3)  # batch: no split-K
+        for N in Ns:
+            add("edge", 5, N, kchunk + 1, batch=3)
+        for K in Ks:
+            add("edge", 17, cols + 1, K, batch=3)
+        add("layout", 9, 132, 300, a_t=True, batch=3)
+        add("layout", 9, 132, 300, b_t=True, c_t=True, batch=3)
+        add("offset", 16, 256, 257, offsets=(1, 2, 3), batch=3)
+        add("offset", 16, 256, 257, offsets=(1, 0, 1), pad=3, batch=3)
+        add("batch", 12, 130, 70, batch=3, b_broadcast=True)
+        add("split", 16, 2 * cols, 4 * kchunk + 3)  # batch 1: split-K over k chunks
+        add("split", 3, 3 * cols + 1, 2 * kchunk, b_t=True)
+        if not quick:
+            for a in (1, 4):
+                for M in (a, 32 - 3 * a if a == 4 else 29):
+                    for N in (a, 512 - 2 * a):
+                        for K in (a, kchunk * 2 - a):
+                            add("cutlass", M, N, K)
+            add("randn", 32, 384, 1000, values="randn")
+        return out
+
+    tile, stages, _ = probe(dev, family, precision, 32, 32, 32)
+    bm, bn, bk = tile
+    deep = bk * (stages + 1)  # K that wraps the software pipeline
+    Ms, Ns = edges(bm), edges(bn)
+    Ks = sorted(set(edges(bk) + [deep - 1, deep + 1]))
+    if quick:  # each value of each dim once, not the product
+        for i in range(max(len(Ms), len(Ns))):
+            add("edge", Ms[i % len(Ms)], Ns[(i + 1) % len(Ns)], Ks[i % len(Ks)])
+        for K in Ks:
+            add("edge", bm + 1, bn - 1, K)
+    else:
+        for M in Ms:
+            for N in Ns:
+                add("edge", M, N, bk + 1)
+        for K in Ks:
+            add("edge", bm + 1, bn - 1, K)
+    for a_t, b_t, c_t in ((True, False, False), (False, True, True), (True, True, False)):
+        add("layout", bm + 1, bn + 1, deep - 1, a_t=a_t, b_t=b_t, c_t=c_t)
+    add("offset", bm - 1, bn + 4, deep + 1, offsets=(1, 2, 3))  # 4- and 8-byte aligned pointers
+    add("offset", bm + 4, bn + 4, deep, offsets=(0, 0, 2), pad=1)  # rows not 16-byte multiples
+    add("batch", bm + 1, bn - 1, bk + 3, batch=3)
+    add("batch", bm - 1, bn + 1, bk + 3, batch=3, b_broadcast=True, b_t=True)
+    add("alloc", bm + 1, bn + 1, deep + 1, alloc=True)
+    if family == "scalar":
+        add("grid_z", 4, 5, 9, batch=70_000, b_broadcast=True)  # grid.z is capped: kernels loop over z
+    if not quick:
+        for a in (1, 4):  # DESIGN.md: CUTLASS sizes for alignment a
+            for M in (a, 512 - 3 * a):
+                for N in (a, 512 - 2 * a):
+                    for K in (a, deep - a):
+                        add("cutlass", M, N, K)
+        add("randn", 300, 257, 129, values="randn")
+        add("randn", bm + 1, bn + 1, 1, values="randn")
+        # every larger tile the planner can pick, reached with a batch
+        seen = {tile}
+        for batch in (2, 4, 8, 16, 32, 64, 128):
+            t2, st2, _ = probe(dev, family, precision, bm + 1, bn + 1, bk + 1, batch)
+            if t2 in seen:
+                continue
+            seen.add(t2)
+            m2, n2, k2 = t2
+            for M, N in ((m2 + 1, n2 - 1), (m2 - 1, n2 + 1), (m2, n2)):
+                for K in (k2 + 1, k2 * (st2 + 1) - 1):
+                    b = batch_for_tile(dev, family, precision, M, N, K, t2)
+                    if b is not None:
+                        add("tile", M, N, K, batch=b if b > 1 else 0)
+        # a partial last wave: one block more than the SMs, on the largest tile
+        big = max(seen, key=lambda t: t[0] * t[1])
+        m2, n2, k2 = big
+        rows, cols = _factor(dev.sm_count + 1)
+        if probe(dev, family, precision, m2 * rows, n2 * cols, k2 + 1)[0] == big:
+            add("wave", m2 * rows, n2 * cols, k2 + 1)
+    return out
+
+
+def _factor(n: int) -> tuple[int, int]:
+    """n = r * c with r <= c as close as possible (n = 133 -> 7 x 19)."""
+    r = int(math.isqrt(n))
+    while n % r:
+        r -= 1
+    return r, n // r
+
+
+def split_cases(dev: DeviceFacts, quick: bool) -> list[Case]:
+    """The dispatcher's split-K plans, on the shapes the brief names and on small ones; plus, per
+    splitting family and precision, the cheapest shape found where some splits get no k-tile."""
+    out = []
+    named = [(64, 64, 1024), (8, 256, 1024)] if quick else [(16, 4096, 512), (128, 1024, 8192), (256, 256, 16384),
+                                                           (64, 64, 1024), (8, 256, 1024), (33, 72, 4097)]
+    for M, N, K in named:
+        for precision in ("ieee", "tf32", "tf32x3"):
+            out.append(Case("split", None, precision, M, N, K))
+    # empty splits: scan K for a few small outputs
+    found = {}
+    for precision in ("ieee", "tf32", "tf32x3"):
+        for M, N in ((64, 64), (8, 128 * 40), (8, 128 * 66)):
+            for K in range(256, 40_000, 8):
+                case = Case("split_empty", None, precision, M, N, K)
+                _, _, plan = probe(dev, None, precision, M, N, K)
+                cfg = plan.kernel
+                if cfg.split_k > 1 and empty_splits(K, cfg.tile[2], cfg.split_k):
+                    key = (cfg.family, precision)
+                    if key not in found or case.work < found[key].work:
+                        found[key] = case
+                    break
+    out += sorted(found.values(), key=lambda c: c.work)[: (2 if quick else len(found))]
+    return out
+
+
+def dispatch_cases(quick: bool) -> list[Case]:
+    """The dispatcher's own choice (what users get) on a few awkward shapes at every precision."""
+    shapes = [(1, 1, 1), (3, 5, 4), (40, 24, 33), (67, 65, 63)] if quick else \
+        [(1, 1, 1), (3, 5, 4), (17, 19, 23), (40, 24, 33), (67, 65, 63), (129, 96, 132), (257, 129, 193)]
+    out = []
+    for precision in ("ieee", "tf32", "tf32x3"):
+        for M, N, K in shapes:
+            out.append(Case("dispatch", None, precision, M, N, K))
+        out.append(Case("dispatch", None, precision, 70, 33, 45, a_t=True, offsets=(1, 3, 2)))
+    return out
+
+
+def build_cases(dev: DeviceFacts, quick: bool, families=None) -> list[Case]:
+    cases = []
+    for family, precision in FORCED:
+        if families and family not in families:
+            continue
+        if FAMILIES[family].reject(_dummy_problem(precision), dev) is not None:
+            continue  # e.g. cp.async / tensor cores on sm75
+        cases += family_cases(dev, family, precision, quick)
+    if not families:
+        cases += split_cases(dev, quick) + dispatch_cases(quick)
+    return cases
+
+
+def _dummy_problem(precision):
+    from fastmm.problem import Problem
+
+    return Problem.dense(16, 64, 64, precision)  # M <= 32: skinny takes it too
+
+
+# ---------------------------------------------------------------------------------------------
+# running a case
+
+@dataclass
+class Result:
+    case: Case
+    family: str | None = None
+    tile: tuple | None = None
+    split: int = 1
+    empty: int = 0
+    macros: tuple = ()
+    error: str | None = None  # what went wrong; None: correct
+
+
+def reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return torch.matmul(a.double(), b.double())
+
+
+def check(case: Case, got: torch.Tensor, ref: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> str | None:
+    if tuple(got.shape) != tuple(ref.shape):
+        return f"shape {tuple(got.shape)} != {tuple(ref.shape)}"
+    if torch.isnan(got).any():
+        return f"{int(torch.isnan(got).sum())} NaN outputs (elements never written?)"
+    if case.values == "int":
+        if not torch.equal(got.double(), ref):
+            bad = (got.double() != ref).nonzero()
+            return f"{bad.shape[0]} of {ref.numel()} elements differ from the exact product, first at {bad[0].tolist()}"
+        if ref.numel() and ref.abs().sum() == 0:
+            return "reference is all zeros: the check proves nothing"
+        return None
+    scale = torch.matmul(a.double().abs(), b.double().abs()).norm().item()
+    err = (got.double() - ref).norm().item() / scale if scale else (got.double() - ref).norm().item()
+    return None if err <= TOL[case.precision] else f"error {err:.2e} > {TOL[case.precision]:.0e}"
+
+
+def torch_stand_in(a, b, out, precision, force):
+    """torch.matmul in fastmm's place: checks the driver itself on a CPU (--harness-check)."""
+    return (torch.matmul(a, b, out=out) if out is not None else torch.matmul(a, b)), None, None
+
+
+def run_case(case: Case, device: torch.device | None, dev_facts: DeviceFacts, seed: int, mm=None) -> Result:
+    """Plan ``case``; unless ``device`` is None, run it (on fastmm, or on ``mm`` standing in for
+    ``api.matmul_fastmm``) and check the result, the guard zone and the inputs."""
+    for attempt in range(20):  # integer sums can cancel to an all-zero product: draw again
+        a_op, b_op, c_op = operands(case, seed + 100_003 * attempt)
+        a_cpu, b_cpu = a_op.view(a_op.base), b_op.view(b_op.base)
+        ref = reference(a_cpu, b_cpu) if device is not None else None
+        if ref is None or ref.numel() == 0 or ref.abs().sum() > 0:
+            break
+    res = Result(case)
+    plan = plan_of(case, dev_facts, a_cpu, b_cpu, c_op.view(c_op.base) if c_op else None)
+    cfg = plan.kernel
+    res.family, res.tile, res.split, res.macros = cfg.family, cfg.tile, cfg.split_k, cfg.macros
+    res.empty = empty_splits(case.K, cfg.tile[2], cfg.split_k) if cfg.split_k > 1 else 0
+    if device is None:  # --dry-run: plans only
+        return res
+    a_base, b_base = a_op.base.to(device), b_op.base.to(device)
+    c_base = c_op.base.to(device) if c_op else None
+    a, b = a_op.view(a_base), b_op.view(b_base)
+    out = c_op.view(c_base) if c_op else None
+    with torch.no_grad():
+        result, used, reason = (mm or api.matmul_fastmm)(a, b, out, case.precision, case.family)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    if reason is not None:
+        res.error = f"ran torch.matmul instead: {reason}"
+        return res
+    if mm is None and (used.kernel.family != cfg.family or used.kernel.macros != cfg.macros):
+        res.error = f"ran {used.kernel.family} {dict(used.kernel.macros)}, planned {cfg.family} {dict(cfg.macros)}"
+        return res
+    # everything back to the CPU as whole buffers (plain copies, no torch kernel on the GPU)
+    if c_op is None:
+        got = result.cpu()
+    else:
+        c_after = c_base.cpu()
+        got = c_op.view(c_after)
+        outside = torch.ones_like(c_after, dtype=torch.bool)
+        c_op.view(outside).fill_(False)
+        if not torch.all(c_after[outside] == CANARY):
+            n = int((c_after[outside] != CANARY).sum())
+            res.error = f"{n} floats outside the output were written"
+            return res
+    if not (torch.equal(a_base.cpu(), a_op.base) and torch.equal(b_base.cpu(), b_op.base)):
+        res.error = "an input buffer changed"
+        return res
+    res.error = check(case, got, ref, a_cpu, b_cpu)
+    return res
+
+
+# ---------------------------------------------------------------------------------------------
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="a small shape set (for racecheck and synccheck)")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="no GPU: list the cases with the plans of a simulated device (--arch)")
+    ap.add_argument("--arch", default="sm_90", help="simulated device for --dry-run (default sm_90)")
+    ap.add_argument("--harness-check", action="store_true",
+                    help="no GPU: run every case on the CPU with torch.matmul standing in for fastmm (checks "
+                    "this script's own buffers, guards and references)")
+    ap.add_argument("--family", action="append", help="only these forced families (repeatable)")
+    ap.add_argument("--max-work", type=float, default=None,
+                    help="skip cases with more than this many multiply-adds (batch*M*N*K)")
+    ap.add_argument("-v", "--verbose", action="store_true", help="one line per case")
+    args = ap.parse_args(argv)
+
+    t0 = time.perf_counter()
+    mm = None
+    if args.dry_run or args.harness_check:
+        facts = DeviceFacts.simulated_device(args.arch)
+        device = torch.device("cpu") if args.harness_check else None
+        mm = torch_stand_in if args.harness_check else None
+    else:
+        if not torch.cuda.is_available():
+            print("sanitize: no CUDA device (use --dry-run to list the cases)", file=sys.stderr)
+            return 2
+        device = torch.device("cuda", torch.cuda.current_device())
+        facts = api.device_facts(device.index)
+        why = api._runtime_reason()
+        if why is not None:
+            print(f"sanitize: fastmm cannot run its kernels here: {why}", file=sys.stderr)
+            return 2
+    cases = build_cases(facts, args.quick, args.family)
+    if args.max_work:
+        cases = [c for c in cases if c.work <= args.max_work]
+    results, wrong = [], []
+    for i, case in enumerate(cases):
+        try:
+            r = run_case(case, device, facts, seed=i, mm=mm)
+        except Exception as exc:  # a crash is a finding too; keep going
+            r = Result(case, error=f"{type(exc).__name__}: {exc}")
+        results.append(r)
+        if r.error:
+            wrong.append(r)
+            print(f"WRONG {case.label()}: {r.error}", flush=True)
+        elif args.verbose:
+            print(f"ok    {case.label()} -> {r.family} tile {r.tile} split {r.split}"
+                  + (f" ({r.empty} empty)" if r.empty else ""), flush=True)
+        if not args.verbose and device is not None and (i + 1) % 50 == 0:
+            print(f"... {i + 1}/{len(cases)} cases, {len(wrong)} wrong, {time.perf_counter() - t0:.1f} s", flush=True)
+    elapsed = time.perf_counter() - t0
+
+    ran = [r for r in results if r.family is not None]
+    by_family = Counter(r.family for r in ran)
+    configs = {(r.family, r.macros) for r in ran}
+    splits = [r for r in ran if r.split > 1]
+    tiles = sorted({(r.family, r.tile[:2]) for r in ran})
+    mode = (f"on {facts.name} ({facts.arch})" if mm is None and device is not None else
+            ("harness check (torch.matmul on the CPU), plans for a simulated " if mm else "dry run on a simulated ")
+            + facts.arch)
+    if args.verbose or device is None:
+        print("tiles covered: " + ", ".join(f"{f} {t[0]}x{t[1]}" for f, t in tiles))
+    print(f"sanitize: {len(results)} cases{' (quick)' if args.quick else ''} {mode}: "
+          f"{len(results) - len(wrong)} correct, {len(wrong)} WRONG; "
+          + ", ".join(f"{f} {n}" for f, n in sorted(by_family.items()))
+          + f"; {len(configs)} kernel configs; split-K {len(splits)} "
+          f"({sum(1 for r in splits if r.empty)} with empty splits, up to {max((r.split for r in splits), default=1)}); "
+          f"{elapsed:.1f} s", flush=True)
+    return 1 if wrong else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
