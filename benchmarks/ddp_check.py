@@ -86,11 +86,12 @@ def kernels_used(model, x, precision) -> list[str]:
     import fastmm
 
     names, h = [], x
-    for layer in model:
-        if isinstance(layer, torch.nn.Linear):
-            exp = fastmm.explain(h, layer.weight.t(), precision=precision)
-            names.append(exp.kernel or f"torch ({exp.fallback})")
-        h = layer(h)
+    with torch.no_grad():
+        for layer in model:
+            if isinstance(layer, torch.nn.Linear):
+                exp = fastmm.explain(h, layer.weight.t(), precision=precision)
+                names.append(exp.kernel or f"torch ({exp.fallback})")
+            h = layer(h)
     return names
 
 

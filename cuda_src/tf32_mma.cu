@@ -127,10 +127,12 @@ __device__ __forceinline__ float b_at(const float* Bs, int k, int n) {
 #endif
 }
 
-// Split x into its TF32 part and the TF32 rounding of the remainder.
+// Split x into its TF32 part and the TF32 rounding of the remainder. For +-Inf the remainder
+// would be Inf - Inf = NaN; it is 0 instead, so an infinity reaches C only through big*big (and
+// the epilogue ignores the cross terms where the big sum is not finite).
 __device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
     big = to_tf32(x);
-    small = to_tf32(x - __uint_as_float(big));
+    small = isfinite(x) ? to_tf32(x - __uint_as_float(big)) : 0u;
 }
 #endif
 
@@ -258,8 +260,11 @@ extern "C" __global__ void __launch_bounds__(THREADS) fastmm_tf32_mma(FASTMM_PAR
                         const int n = n0 + wn + j * 8 + 2 * t;
                         if (m >= M) continue;
 #if PRECISION_X3
-                        const float c0 = acc[i][j][2 * h] + acc_small[i][j][2 * h];
-                        const float c1 = acc[i][j][2 * h + 1] + acc_small[i][j][2 * h + 1];
+                        // Where the big products already overflowed or met Inf/NaN, that is the
+                        // fp32 answer; the cross terms (Inf * 0 = NaN there) must not change it.
+                        const float b0 = acc[i][j][2 * h], b1 = acc[i][j][2 * h + 1];
+                        const float c0 = isfinite(b0) ? b0 + acc_small[i][j][2 * h] : b0;
+                        const float c1 = isfinite(b1) ? b1 + acc_small[i][j][2 * h + 1] : b1;
 #else
                         const float c0 = acc[i][j][2 * h], c1 = acc[i][j][2 * h + 1];
 #endif

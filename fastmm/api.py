@@ -245,7 +245,12 @@ def _warn_once(message: str) -> None:
 # running a plan
 
 _prepared: dict[tuple, tuple] = {}  # (device, problem, forced family) -> (plan, kernel, reduce kernel)
-_failed: dict[tuple, str] = {}  # (device, kernel config) -> why it could not be built
+_failed: dict[tuple, str] = {}  # (device, source, macros) -> why that kernel could not be built
+
+
+def _failure_key(device_index: int, cfg) -> tuple:
+    """What decides whether a kernel builds: its source and macros, not its launch geometry."""
+    return (device_index, cfg.source, cfg.macros)
 _prepared_guard = threading.Lock()
 
 
@@ -282,7 +287,7 @@ def build_problem(s: Shapes, c: torch.Tensor, precision: str):
 
 def plan_for(problem: Problem, device_index: int, force: str | None = None) -> Plan:
     plan = select(problem, device_facts(device_index), force or config.forced_kernel())
-    failed = _failed.get((device_index, plan.kernel)) if plan.kernel is not None else None
+    failed = _failed.get(_failure_key(device_index, plan.kernel)) if plan.kernel is not None else None
     if failed is not None:  # this kernel failed to build earlier in this process
         plan = dataclasses.replace(plan, kernel=None, reduce=None, fallback=failed)
     return plan
@@ -313,7 +318,7 @@ def _run(s: Shapes, c: torch.Tensor, precision: str, force: str | None) -> Plan:
             # A kernel NVRTC rejects must not take the model down: remember it, warn once, and
             # let torch.matmul serve this problem (explain reports the same reason).
             reason = f"kernel {plan.kernel.family} failed to compile ({str(exc).splitlines()[0]})"
-            _failed[(plan.device.index, plan.kernel)] = reason
+            _failed[_failure_key(plan.device.index, plan.kernel)] = reason
             _warn_once(f"fastmm: {reason}; torch.matmul serves these calls instead")
             plan = dataclasses.replace(plan, kernel=None, reduce=None, fallback=reason)
             loaded = reduce = None
@@ -390,6 +395,8 @@ def matmul_fastmm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, pr
     if reason is None and out is not None and _has_internal_overlap(out):
         reason = "out has internally overlapping memory"  # torch raises its own error below
     if reason is not None:
+        if reason == _runtime_reason() and a.is_cuda:
+            _warn_once(f"fastmm: {reason}; torch.matmul serves every call")
         return _fallback(a, b, out, precision, reason), None, reason
 
     if out is not None:

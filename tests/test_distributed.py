@@ -57,5 +57,6 @@ def test_ddp_check_on_cpu_processes(tmp_path):
     proc, report, cache = run_check(tmp_path, "--cpu", "--precision", "ieee", "--steps", "1")
     assert report["ok"] and report["device"] == "cpu (gloo)", proc.stdout
     w = report["precisions"]["ieee"]["worst_rel_error"]
-    assert max(w.values()) <= 1e-5 and w["grad"] > 0  # the halves' gradients really were averaged
+    assert max(w.values()) <= 1e-5
+    assert w["grad"] > 0  # two computations (ranks vs one process), not one result compared with itself
     assert "ddp_check: OK" in proc.stdout

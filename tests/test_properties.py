@@ -270,6 +270,9 @@ def check_plan(plan, force: str | None) -> None:
         assert 1 <= plan.reduce.grid[0] <= INT32_MAX and plan.reduce.block_dims == (256, 1, 1)
     else:
         assert plan.reduce is None
+    assert bool(plan.staging) == (plan.launch_problem is not None)
+    if plan.staging:  # (needs M or N >= 1024: beyond this generator's sizes, but cheap to state)
+        assert p.batch_total == 1 and cfg.family in ("simt_cp_async", "tf32_mma")
     names = [cfg.family] + [name for name, _ in plan.rejected]
     assert sorted(names) == sorted(FAMILIES)
     assert all(isinstance(reason, str) and reason for _, reason in plan.rejected)

@@ -7,6 +7,7 @@ refused by the caller (api), since both would break the capture.
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,16 +57,31 @@ def load(dev: DeviceFacts, cfg: KernelConfig) -> LoadedKernel:
             if entry is None:
                 res = default_cache().get_or_compile(
                     cfg.family + "-" + dev.arch, key, dev.arch, lambda: compile_cubin(cfg.source, cfg.macros, dev.arch))
-                Device(dev.index).set_current()  # load into (and set attributes for) this device
-                kernel = ObjectCode.from_cubin(res.cubin, name=cfg.entry).get_kernel(cfg.entry)
-                if cfg.smem > DEFAULT_SMEM:
-                    _allow_dynamic_smem(kernel, cfg.smem, dev.index)
+                with _on_device(Device, dev.index):
+                    kernel = ObjectCode.from_cubin(res.cubin, name=cfg.entry).get_kernel(cfg.entry)
+                    if cfg.smem > DEFAULT_SMEM:
+                        _allow_dynamic_smem(kernel, cfg.smem, dev.index)
                 entry = (kernel, res.state, res.path)
                 _modules[slot] = entry
                 state = res.state
     kernel, _, path = entry
     lc = LaunchConfig(grid=cfg.grid, block=cfg.block_dims, shmem_size=cfg.smem)
     return LoadedKernel(kernel, lc, key, state, path)
+
+
+@contextlib.contextmanager
+def _on_device(Device, index: int):
+    """Make ``index``'s primary context current for a load, then put the caller's context back:
+    PyTorch reads its current device from it, so a load for cuda:1 must not leave cuda:1 current."""
+    from cuda.bindings import driver
+
+    err, previous = driver.cuCtxGetCurrent()
+    Device(index).set_current()
+    try:
+        yield
+    finally:
+        if int(err) == 0 and previous is not None and int(previous) != 0:
+            driver.cuCtxSetCurrent(previous)
 
 
 def _allow_dynamic_smem(kernel, nbytes: int, device_index: int) -> None:
