@@ -127,12 +127,12 @@ __device__ __forceinline__ float b_at(const float* Bs, int k, int n) {
 #endif
 }
 
-// Split x into its TF32 part and the TF32 rounding of the remainder. For +-Inf the remainder
-// would be Inf - Inf = NaN; it is 0 instead, so an infinity reaches C only through big*big (and
-// the epilogue ignores the cross terms where the big sum is not finite).
+// Split x into its TF32 part and the TF32 rounding of the remainder. For +-Inf the remainder is
+// Inf - Inf = NaN; harmless, because every output such an input reaches has a non-finite big sum,
+// and the epilogue then returns the big sum alone (as fp32 would: +-Inf, or NaN for Inf * 0).
 __device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
     big = to_tf32(x);
-    small = isfinite(x) ? to_tf32(x - __uint_as_float(big)) : 0u;
+    small = to_tf32(x - __uint_as_float(big));
 }
 #endif
 

@@ -251,6 +251,8 @@ _failed: dict[tuple, str] = {}  # (device, source, macros) -> why that kernel co
 def _failure_key(device_index: int, cfg) -> tuple:
     """What decides whether a kernel builds: its source and macros, not its launch geometry."""
     return (device_index, cfg.source, cfg.macros)
+
+
 _prepared_guard = threading.Lock()
 
 
@@ -333,12 +335,15 @@ def _run(s: Shapes, c: torch.Tensor, precision: str, force: str | None) -> Plan:
     stream = _current_stream(dev_index)
     p = plan.launch_problem or problem
     pa, pb, pc = s.a.data_ptr(), s.b.data_ptr(), c.data_ptr()
+    staged = []  # every staging buffer stays referenced until its kernel is queued
     for which, rows, cols in plan.staging:
         # Zero-padded aligned copy of an operand that 16-byte loads could not read in place. The
-        # buffer may be freed on return: PyTorch's allocator is stream-ordered, so it is not
-        # handed out again before the kernel queued below has run.
+        # buffers may be freed on return: PyTorch's allocator is stream-ordered, so they are not
+        # handed out again before the kernel queued below has run. (Dropping the first buffer
+        # before the second is allocated let the second reuse its memory: caught by memcheck.)
         src = s.a.reshape(s.M, s.K) if which == "a" else s.b.reshape(s.K, s.N)
         buf = torch.empty(rows, cols, dtype=_FLOAT32, device=c.device)
+        staged.append(buf)
         buf[:, src.shape[1]:].zero_()
         buf[:, :src.shape[1]].copy_(src)
         if which == "a":
@@ -404,11 +409,11 @@ def matmul_fastmm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, pr
     target_out = out
     direct = out is not None and not (_overlaps(out, a) or _overlaps(out, b))
     if direct:
-        c = out
-        if s.squeeze_m:
-            c = c.unsqueeze(-2)
+        c = out  # restore the squeezed dims, N first (for 1-D @ 1-D out is 0-d)
         if s.squeeze_n:
             c = c.unsqueeze(-1)
+        if s.squeeze_m:
+            c = c.unsqueeze(-2)
     else:
         c = torch.empty(s.batch + (s.M, s.N), dtype=_FLOAT32, device=a.device)
     if c.numel() != 0:
@@ -525,8 +530,9 @@ def _remember_fast(key: tuple, a: torch.Tensor, b: torch.Tensor, out: torch.Tens
     else:
         if tuple(out.shape) != s.out_shape or _overlaps(out, a) or _overlaps(out, b):
             return
-        c = out.unsqueeze(-2) if s.squeeze_m else out
-        c = c.unsqueeze(-1) if s.squeeze_n else c
+        # restore the squeezed N dim first: for 1-D @ 1-D out is 0-d, and only this order works
+        c = out.unsqueeze(-1) if s.squeeze_n else out
+        c = c.unsqueeze(-2) if s.squeeze_m else c
     problem, offsets = build_problem(s, c, precision)
     index = a.device.index if a.device.index is not None else torch.cuda.current_device()
     hit = _prepared.get((index, problem, config.forced_kernel()))

@@ -57,8 +57,9 @@ def explain(a: torch.Tensor, b: torch.Tensor, *, precision: str | None = None,
         return Explanation(device, None, shapes, requested, None, None, fallback=reason)
     s = analyse(a, b)
     if out is not None and tuple(out.shape) == s.out_shape:
-        c = out.unsqueeze(-2) if s.squeeze_m else out
-        c = c.unsqueeze(-1) if s.squeeze_n else c
+        # restore the squeezed N dim first: for 1-D @ 1-D out is 0-d, and only this order works
+        c = out.unsqueeze(-1) if s.squeeze_n else out
+        c = c.unsqueeze(-2) if s.squeeze_m else c
     else:  # what matmul allocates: contiguous (a meta tensor stands in; its pointer reads as 0)
         c = torch.empty(s.batch + (s.M, s.N), device="meta")
     p, offsets = build_problem(s, c, requested)
