@@ -32,14 +32,15 @@ TOOLS=${TOOLS:-memcheck racecheck synccheck initcheck}
 OUT=${OUT:-/tmp}
 PY=${PYTHON:-python3}
 TOOL_TIMEOUT=${TOOL_TIMEOUT:-}
-# Leak check: fastmm allocates no device memory of its own (the split-K workspace is a torch
-# tensor, freed when the call returns), and sanitize.py runs no torch kernel, no cuBLAS and no
-# RNG on the GPU (operands are made on the CPU and copied; references are computed on the CPU),
-# so torch holds no long-lived allocation (cuBLAS workspace, RNG state) that leak-check would
-# report at exit. With PYTORCH_NO_CUDA_MEMORY_CACHING=1 every tensor is a cudaMalloc/cudaFree
-# pair, so a leak report here would be a real leak. If a torch version ever shows one of its own
-# allocations (the host backtrace in the log says who allocated it), run with LEAK_CHECK=0.
-LEAK_CHECK=${LEAK_CHECK:-1}
+# Leak check is off by default: on the H200 (2026-11-29) memcheck with --leak-check full reported
+# only tensors still alive when the interpreter exited (Python does not free every object at exit)
+# - none of them fastmm's: fastmm allocates no device memory of its own (split-K workspaces and
+# staging buffers are torch tensors freed when the call returns). LEAK_CHECK=1 turns it on.
+# API errors are not reported either: the same run showed 34 CUDA_ERROR_INVALID_VALUE returns of
+# cuGetProcAddress, which is cuda-python and torch probing for optional driver entry points.
+# What remains counted is what the kernels do: invalid accesses, races, barrier misuse, reads of
+# uninitialised memory.
+LEAK_CHECK=${LEAK_CHECK:-0}
 QUICK_ALL=0
 for arg in "$@"; do
     case "$arg" in
@@ -98,7 +99,7 @@ for tool in $TOOLS; do
     t0=$SECONDS
     # shellcheck disable=SC2086
     timeout --signal=INT --kill-after=15 "$limit" \
-        "$SAN" --tool "$tool" --error-exitcode 1 ${extra[@]+"${extra[@]}"} ${SANITIZER_ARGS:-} \
+        "$SAN" --tool "$tool" --error-exitcode 1 --report-api-errors no ${extra[@]+"${extra[@]}"} ${SANITIZER_ARGS:-} \
         "$PY" benchmarks/sanitize.py ${args[@]+"${args[@]}"} >"$log" 2>&1
     rc=$?
     secs=$((SECONDS - t0))

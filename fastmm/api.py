@@ -332,6 +332,15 @@ def _run(s: Shapes, c: torch.Tensor, precision: str, force: str | None) -> Plan:
     if s.K == 0:
         c.zero_()
         return plan
+    with _on_device(dev_index):
+        _launch_plan(plan, loaded, reduce, s, c, problem, offsets, dev_index)
+    return plan
+
+
+def _launch_plan(plan, loaded, reduce, s: Shapes, c: torch.Tensor, problem: Problem, offsets, dev_index: int) -> None:
+    """Stage operands if the plan says so, then queue the kernel(s) on the current stream."""
+    from .runtime import launcher
+
     stream = _current_stream(dev_index)
     p = plan.launch_problem or problem
     pa, pb, pc = s.a.data_ptr(), s.b.data_ptr(), c.data_ptr()
@@ -359,12 +368,11 @@ def _run(s: Shapes, c: torch.Tensor, precision: str, force: str | None) -> Plan:
             pa, pb, work.data_ptr(), p.M, p.N, p.K, *p.a_strides, *p.b_strides, p.N, 1,
             1, 1, *p.a_batch_strides, *p.b_batch_strides, p.M * p.N, 0))
         launcher.launch(reduce, stream, (work.data_ptr(), pc, p.M, p.N, split, *p.c_strides))
-        return plan
+        return
     for oa, ob, oc in offsets:
         launcher.launch(loaded, stream, (
             pa + 4 * oa, pb + 4 * ob, pc + 4 * oc, p.M, p.N, p.K, *p.a_strides, *p.b_strides, *p.c_strides,
             p.batch_inner, p.batch_total, *p.a_batch_strides, *p.b_batch_strides, *p.c_batch_strides))
-    return plan
 
 
 def _overlaps(x: torch.Tensor, y: torch.Tensor) -> bool:
@@ -499,6 +507,13 @@ def _fast_key(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, precis
     return key
 
 
+def _on_device(index: int):
+    """The device whose kernels we launch must be the current one: a loaded kernel is launched in
+    the current context (a tensor on cuda:1 with cuda:0 current ran the cuda:0 module on cuda:1's
+    pointers: illegal address). A no-op context in the common case."""
+    return contextlib.nullcontext() if torch.cuda.current_device() == index else torch.cuda.device(index)
+
+
 def _current_stream(index: int) -> int:
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
     if raw is not None:
@@ -550,7 +565,8 @@ def _launch_fast(entry: tuple, a: torch.Tensor, b: torch.Tensor, out: torch.Tens
 
     view_shape, out_shape, loaded, tail, device, index, _ = entry
     c = torch.empty(view_shape, dtype=_FLOAT32, device=device) if out is None else out
-    launch(loaded, _current_stream(index), (a.data_ptr(), b.data_ptr(), c.data_ptr()) + tail)
+    with _on_device(index):
+        launch(loaded, _current_stream(index), (a.data_ptr(), b.data_ptr(), c.data_ptr()) + tail)
     if out is not None:
         return out
     return c if view_shape == out_shape else c.view(out_shape)
