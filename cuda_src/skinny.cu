@@ -19,11 +19,9 @@
 #define KCHUNK (MT == 32 ? 128 : 256)  // k values of A staged per round (static smem < 48 KiB)
 #define A_LD (MT + 1)  // pad: the staging writes walk k, which would otherwise hit one bank
 
-// Two blocks per SM where the accumulators allow (MT <= 16: <= 128 registers): twice the loads
-// of B in flight, which is what a memory-bound kernel runs on.
-#define MIN_BLOCKS (MT <= 16 ? 2 : 1)
-
-extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) fastmm_skinny(FASTMM_PARAMS) {
+// One block per SM: capping registers at 128 for two blocks (MT <= 16) spilled and measured
+// slower on the H200 (decode16: 9.4 -> 6.0 TFLOP/s, benchmarks/NOTES.md).
+extern "C" __global__ void __launch_bounds__(THREADS, 1) fastmm_skinny(FASTMM_PARAMS) {
     FASTMM_UNPACK
     __shared__ float As[KCHUNK * A_LD];
     __shared__ float red[MT * COLS];

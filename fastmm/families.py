@@ -331,10 +331,9 @@ class Skinny(Family):
         b_vec = sBn == 1 and _vec_ok(p.N, sBk, p.b_batch_strides, p.b_align)
         tiles = max(1, -(-p.N // self.cols))
         split = 1
-        if p.batch_total == 1:  # 2 blocks per SM (1 for MT = 32); aim for about two waves
+        if p.batch_total == 1:  # one 256-thread block per SM; aim for about two waves
             chunks = -(-p.K // kchunk)
-            slots = dev.sm_count * (2 if mt <= 16 else 1)
-            split = effective_split(chunks, max(1, min(chunks, -(-2 * slots // tiles), MAX_SPLIT)))
+            split = effective_split(chunks, max(1, min(chunks, -(-2 * dev.sm_count // tiles), MAX_SPLIT)))
         details = (("rows per thread", f"{mt} (M = {p.M})"),
                    ("B loads", "float4, each element once" if b_vec else "single floats, each element once"),
                    ("math", "fp32 FFMA; warps' partials summed in a fixed order"))

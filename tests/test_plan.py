@@ -810,8 +810,7 @@ def test_skinny_splits_k_for_a_batch_of_1_with_long_k(arch):
         # about two waves of 256-thread blocks, at most one split per k-chunk, at most MAX_SPLIT,
         # and only as many block rows as get chunks
         chunks = -(-K // kchunk)
-        slots = dev.sm_count * (2 if kchunk == 256 else 1)  # MT <= 16: two blocks per SM
-        assert cfg.split_k == effective_split(chunks, min(chunks, -(-2 * slots // tiles), MAX_SPLIT)) > 1
+        assert cfg.split_k == effective_split(chunks, min(chunks, -(-2 * dev.sm_count // tiles), MAX_SPLIT)) > 1
         assert cfg.grid == (tiles, cfg.split_k, 1)
         assert plan.reduce is not None and plan.reduce.family == "splitk_reduce"
         assert dict(cfg.details)["split-K"] == f"{cfg.split_k} slices of K, reduced by splitk_reduce"
@@ -827,8 +826,8 @@ def test_skinny_splits_k_for_a_batch_of_1_with_long_k(arch):
     assert select(Problem.dense(16, 4096, 256), dev).kernel.split_k == 1
     assert select(Problem.dense(32, 4096, 128), dev).kernel.split_k == 1
     assert select(Problem.dense(32, 4096, 129), dev).kernel.split_k == 2
-    # columns enough for two waves on their own (two 256-thread blocks per SM at MT = 16): no split
-    wide = select(Problem.dense(16, 4 * dev.sm_count * 128, 65536), dev).kernel
+    # columns enough for two waves of 256-thread blocks on their own: no split
+    wide = select(Problem.dense(16, 2 * dev.sm_count * 128, 65536), dev).kernel
     assert wide.family == "skinny" and wide.split_k == 1
     # one tile of columns, very long K: capped at MAX_SPLIT
     assert select(Problem.dense(16, 128 * 9, 1 << 20), dev).kernel.split_k <= MAX_SPLIT
