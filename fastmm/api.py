@@ -244,6 +244,9 @@ def _warn_once(message: str) -> None:
 # ---------------------------------------------------------------------------------------------
 # running a plan
 
+#: Bound on the per-shape caches (_fast, _prepared): a workload with ever-new shapes (dynamic
+#: sequence lengths) must not grow them without end; past it they are emptied and refilled.
+MAX_CACHED_SHAPES = 8192
 _prepared: dict[tuple, tuple] = {}  # (device, problem, forced family) -> (plan, kernel, reduce kernel)
 _failed: dict[tuple, str] = {}  # (device, source, macros) -> why that kernel could not be built
 
@@ -325,6 +328,8 @@ def _run(s: Shapes, c: torch.Tensor, precision: str, force: str | None) -> Plan:
             plan = dataclasses.replace(plan, kernel=None, reduce=None, fallback=reason)
             loaded = reduce = None
         with _prepared_guard:
+            if len(_prepared) >= MAX_CACHED_SHAPES:
+                _prepared.clear()
             _prepared[key] = hit = (plan, loaded, reduce)
     plan, loaded, reduce = hit
     if plan.kernel is None:
@@ -557,6 +562,8 @@ def _remember_fast(key: tuple, a: torch.Tensor, b: torch.Tensor, out: torch.Tens
     tail = (p.M, p.N, p.K, *p.a_strides, *p.b_strides, *p.c_strides, p.batch_inner, p.batch_total,
             *p.a_batch_strides, *p.b_batch_strides, *p.c_batch_strides)
     extents = (_extent(a), _extent(b), _extent(out)) if out is not None else None
+    if len(_fast) >= MAX_CACHED_SHAPES:
+        _fast.clear()
     _fast[key] = (view_shape, s.out_shape, hit[1], tail, a.device, index, extents)
 
 
