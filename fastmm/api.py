@@ -141,6 +141,12 @@ class Shapes:
     squeeze_m: bool  # a was 1-D
     squeeze_n: bool  # b was 1-D
 
+    def matrix_view(self, out: torch.Tensor) -> torch.Tensor:
+        """``out`` (shaped as torch.matmul returns) viewed as batch + (M, N): the squeezed dims
+        restored, N first (for 1-D @ 1-D out is 0-d, and only that order works)."""
+        c = out.unsqueeze(-1) if self.squeeze_n else out
+        return c.unsqueeze(-2) if self.squeeze_m else c
+
 
 def analyse(a: torch.Tensor, b: torch.Tensor) -> Shapes:
     da, db = a.dim(), b.dim()
@@ -422,11 +428,7 @@ def matmul_fastmm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, pr
     target_out = out
     direct = out is not None and not (_overlaps(out, a) or _overlaps(out, b))
     if direct:
-        c = out  # restore the squeezed dims, N first (for 1-D @ 1-D out is 0-d)
-        if s.squeeze_n:
-            c = c.unsqueeze(-1)
-        if s.squeeze_m:
-            c = c.unsqueeze(-2)
+        c = s.matrix_view(out)
     else:
         c = torch.empty(s.batch + (s.M, s.N), dtype=_FLOAT32, device=a.device)
     if c.numel() != 0:
@@ -442,10 +444,14 @@ def matmul_fastmm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, pr
     return result, plan, None
 
 
+def _torch_matmul(a, b, out):
+    return torch.matmul(a, b) if out is None else torch.matmul(a, b, out=out)
+
+
 def _fallback(a, b, out, precision, reason):
     with _torch_precision(precision if a.is_cuda else None):
         if out is None:
-            return torch.matmul(a, b)
+            return _torch_matmul(a, b, None)
         if (out.dtype == a.dtype == b.dtype and out.device == a.device == b.device
                 and (_overlaps(out, a) or _overlaps(out, b))):
             # torch.matmul(a, b, out=a) reads what it has already overwritten (silently wrong):
@@ -453,7 +459,7 @@ def _fallback(a, b, out, precision, reason):
             result = torch.matmul(a, b)
             _resize_out(out, tuple(result.shape))
             return out.copy_(result)
-        return torch.matmul(a, b, out=out)
+        return _torch_matmul(a, b, out)
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
@@ -467,14 +473,14 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
     """
     if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor) or (
             out is not None and not isinstance(out, torch.Tensor)):
-        return torch.matmul(a, b, out=out) if out is not None else torch.matmul(a, b)
+        return _torch_matmul(a, b, out)  # torch words the type error
     precision = resolve_precision(precision)
     if autocast_half_active(a.device.type):  # autocast decides the dtype; fastmm is float32 only
-        return torch.matmul(a, b, out=out) if out is not None else torch.matmul(a, b)
+        return _torch_matmul(a, b, out)
     needs_grad = torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)
     if needs_grad:
         if out is not None:  # torch refuses this itself, with its own message
-            return torch.matmul(a, b, out=out)
+            return _torch_matmul(a, b, out)
         from .ops import matmul_autograd
 
         return matmul_autograd(a, b, precision)
@@ -550,9 +556,7 @@ def _remember_fast(key: tuple, a: torch.Tensor, b: torch.Tensor, out: torch.Tens
     else:
         if tuple(out.shape) != s.out_shape or _overlaps(out, a) or _overlaps(out, b):
             return
-        # restore the squeezed N dim first: for 1-D @ 1-D out is 0-d, and only this order works
-        c = out.unsqueeze(-1) if s.squeeze_n else out
-        c = c.unsqueeze(-2) if s.squeeze_m else c
+        c = s.matrix_view(out)
     problem, offsets = build_problem(s, c, precision)
     index = a.device.index if a.device.index is not None else torch.cuda.current_device()
     hit = _prepared.get((index, problem, config.forced_kernel()))

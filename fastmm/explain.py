@@ -58,8 +58,7 @@ def explain(a: torch.Tensor, b: torch.Tensor, *, precision: str | None = None,
     s = analyse(a, b)
     if out is not None and tuple(out.shape) == s.out_shape:
         # restore the squeezed N dim first: for 1-D @ 1-D out is 0-d, and only this order works
-        c = out.unsqueeze(-1) if s.squeeze_n else out
-        c = c.unsqueeze(-2) if s.squeeze_m else c
+        c = s.matrix_view(out)
     else:  # what matmul allocates: contiguous (a meta tensor stands in; its pointer reads as 0)
         c = torch.empty(s.batch + (s.M, s.N), device="meta")
     p, offsets = build_problem(s, c, requested)

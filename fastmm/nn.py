@@ -19,10 +19,7 @@ import torch.nn.functional as F
 
 from .api import autocast_half_active, resolve_precision
 
-__all__ = ["Linear", "autocast_half_active", "current_precision", "plain_tensor"]
-
-#: The precision a call runs at; works inside torch.compile too (see api.resolve_precision).
-current_precision = resolve_precision
+__all__ = ["Linear", "plain_tensor"]
 
 _OP_DEVICES = ("cuda", "cpu")
 
@@ -58,7 +55,7 @@ class Linear(torch.nn.Linear):
                 or input.dim() == 0 or input.device.type not in _OP_DEVICES \
                 or autocast_half_active(input.device.type):
             return F.linear(input, weight, bias)
-        out = torch.ops.fastmm.matmul(input, weight.t(), current_precision(self.precision))
+        out = torch.ops.fastmm.matmul(input, weight.t(), resolve_precision(self.precision))
         if bias is not None:
             # Out of place, so autograd and torch.compile see plain functional ops (torch.compile
             # fuses the add into one pointwise kernel; eager pays one more output-sized buffer).

@@ -31,8 +31,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from .api import matmul as _fastmm_matmul
-from .api import resolve_precision
-from .nn import Linear, autocast_half_active, current_precision, plain_tensor
+from .api import autocast_half_active, resolve_precision
+from .nn import Linear, plain_tensor
 
 __all__ = ["patch", "unpatch", "use_fastmm", "FastmmMode"]
 
@@ -120,7 +120,7 @@ class FastmmMode(TorchFunctionMode):
             and not autocast_half_active(dev.type)
 
     def _mm(self, a, b):
-        return torch.ops.fastmm.matmul(a, b, current_precision(self.precision))
+        return torch.ops.fastmm.matmul(a, b, resolve_precision(self.precision))
 
     # one handler per call form; NotImplemented hands the call to torch as it was made
 

@@ -46,3 +46,18 @@ def relative_error(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> float:
 def rel_err():
     """The :func:`relative_error` function (a fixture so test modules need no import path)."""
     return relative_error
+
+
+def run_forced(a, b, family, precision, out=None):
+    """``fastmm.api.matmul_fastmm`` forced onto ``family``: (result, plan). Skips where the GPU
+    cannot run the family (e.g. cp.async on sm75); a fallback to torch fails the test."""
+    from fastmm import api
+
+    try:
+        result, plan, reason = api.matmul_fastmm(a, b, out, precision, force=family)
+    except ValueError as exc:
+        if "needs sm" in str(exc):
+            pytest.skip(str(exc))
+        raise
+    assert reason is None, f"fell back to torch: {reason}"
+    return result, plan

@@ -17,6 +17,7 @@ from fastmm import api
 from fastmm.families import FAMILIES
 from fastmm.plan import TINY_OUTPUTS
 from fastmm.runtime import launcher
+from conftest import run_forced
 
 pytestmark = pytest.mark.cuda
 
@@ -54,13 +55,7 @@ def check(c, a, b, precision, rel_err) -> None:
 
 def forced(a, b, family, precision, out=None):
     """``a @ b`` on ``family``; skips where the GPU cannot run it (e.g. sm75 and cp.async)."""
-    try:
-        result, plan, reason = api.matmul_fastmm(a, b, out, precision, force=family)
-    except ValueError as exc:
-        if "needs sm" in str(exc):
-            pytest.skip(str(exc))
-        raise
-    assert reason is None, f"fell back to torch: {reason}"
+    result, plan = run_forced(a, b, family, precision, out)
     if plan is not None:  # None only when the result has no elements
         assert plan.kernel.family == family
         assert plan.precision_used == (precision if family == "tf32_mma" else "ieee")

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 import fastmm
 import fastmm.api
 import fastmm.ops
-from fastmm.nn import Linear, current_precision
+from fastmm.nn import Linear
 
 HAS_CUDA = torch.cuda.is_available()
 
@@ -197,13 +197,6 @@ def test_linear_precision_follows_torch_setting_at_call_time(calls):
     calls.clear()
     Linear(8, 4, precision="tf32x3")(x)
     assert calls.precisions == ["tf32x3"]
-
-
-@pytest.mark.parametrize("setting", ["highest", "high", "medium"])
-def test_current_precision_agrees_with_resolve_precision(setting):
-    torch.set_float32_matmul_precision(setting)
-    assert current_precision(None) == fastmm.resolve_precision(None)
-    assert current_precision("tf32x3") == "tf32x3"
 
 
 def test_linear_hands_other_dtypes_to_torch(calls):

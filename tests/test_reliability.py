@@ -37,6 +37,7 @@ from fastmm.problem import DeviceFacts, Problem
 from fastmm.runtime import compiler, launcher, sources
 from fastmm.runtime.cache import CacheWarning, DiskCache, decode, default_cache
 from fastmm.runtime.compiler import CompileError, compile_cubin
+from conftest import run_forced
 
 REPO = Path(__file__).resolve().parent.parent
 HAS_CUDA = torch.cuda.is_available()
@@ -111,13 +112,8 @@ def run_family(family, precision, a, b):
         exp = fastmm.explain(a, b, precision=precision)
         assert exp.kernel is not None, str(exp)
         return fastmm.matmul(a, b, precision=precision)
-    try:
-        result, plan, reason = api.matmul_fastmm(a, b, None, precision, force=family)
-    except ValueError as exc:
-        if "needs sm" in str(exc):
-            pytest.skip(str(exc))
-        raise
-    assert reason is None and plan.kernel.family == family
+    result, plan = run_forced(a, b, family, precision)
+    assert plan.kernel.family == family
     if max(a.shape[0], b.shape[1]) >= 1024:  # the staging cases of SPECIAL_CASES
         assert plan.staging, "expected a staged operand"
     return result
