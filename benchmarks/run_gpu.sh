@@ -47,8 +47,11 @@ PY
 git log -1 --format='commit %h %s' 2>/dev/null || true
 git status --short 2>/dev/null | head -20 || true
 
-step "tests: $PY -m pytest tests -q -rfEs"
-"$PY" -m pytest tests -q -rfEs --junitxml="$OUT/junit.xml" 2>&1 | tee "$OUT/pytest.log"
+# PYTEST_ARGS: e.g. "tests --ignore=tests/test_compile.py --ignore=tests/test_packaging.py" (the
+# CPU-side compile and packaging tests take minutes and need no GPU)
+step "tests: $PY -m pytest ${PYTEST_ARGS:-tests} -q -rfEs"
+# shellcheck disable=SC2086
+"$PY" -m pytest ${PYTEST_ARGS:-tests} -q -rfEs -p no:cacheprovider --junitxml="$OUT/junit.xml" 2>&1 | tee "$OUT/pytest.log"
 rc=$?; [ "$rc" -eq 0 ] || failed+=("pytest (exit $rc)")
 
 step "self-check: $PY -m fastmm"
@@ -60,6 +63,10 @@ step "benchmark: $PY benchmarks/bench.py --json $OUT/bench.json ${BENCH_ARGS:-}"
 "$PY" benchmarks/bench.py --json "$OUT/bench.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"
 rc=$?; [ "$rc" -eq 0 ] || failed+=("benchmarks/bench.py (exit $rc)")
 
+step "accuracy against float64 as K grows: $PY benchmarks/accuracy_vs_k.py"
+"$PY" benchmarks/accuracy_vs_k.py 2>&1 | tee "$OUT/accuracy.md"
+rc=$?; [ "$rc" -eq 0 ] || failed+=("benchmarks/accuracy_vs_k.py (exit $rc)")
+
 step "summary"
 grep -E "^(FAILED|ERROR)|[0-9]+ (passed|failed)" "$OUT/pytest.log" | tail -25 || true
 grep -E "^  FAIL|self-check (passed|FAILED)" "$OUT/selfcheck.log" || true
@@ -68,7 +75,7 @@ if [ -f "$OUT/bench.json" ]; then
     "$PY" benchmarks/bench.py --table-from "$OUT/bench.json"
 fi
 echo
-echo "logs: $OUT/versions.txt $OUT/pytest.log $OUT/junit.xml $OUT/selfcheck.log $OUT/bench.log $OUT/bench.json"
+echo "logs: $OUT/versions.txt $OUT/pytest.log $OUT/junit.xml $OUT/selfcheck.log $OUT/bench.log $OUT/bench.json $OUT/accuracy.md"
 if [ ${#failed[@]} -gt 0 ]; then
     echo "FAILED steps: ${failed[*]} (total $((SECONDS - start)) s)"
     exit 1

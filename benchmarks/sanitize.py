@@ -55,7 +55,7 @@ TOL = {"ieee": 1e-5, "tf32": 1e-3, "tf32x3": 1e-5}  # randn cases: ||C - ref|| /
 #: (family, precision) pairs with distinct kernels: precision does not enter the macros of the
 #: fp32 families, so one precision covers them; tf32_mma builds different code for tf32 / tf32x3.
 FORCED = [("scalar", "ieee"), ("simt_float4", "ieee"), ("simt_cp_async", "ieee"), ("skinny", "ieee"),
-          ("tf32_mma", "tf32"), ("tf32_mma", "tf32x3")]
+          ("tf32_mma", "tf32"), ("tf32_mma", "tf32x3"), ("wgmma_tf32", "tf32"), ("wgmma_tf32", "tf32x3")]
 
 
 @dataclass(frozen=True)
@@ -245,6 +245,8 @@ def family_cases(dev: DeviceFacts, family: str, precision: str, quick: bool) -> 
             add("randn", 32, 384, 1000, values="randn")
         return out
 
+    if family == "wgmma_tf32":
+        return out + wgmma_cases(dev, precision, quick)
     tile, stages, _ = probe(dev, family, precision, 32, 32, 32)
     bm, bn, bk = tile
     deep = bk * (stages + 1)  # K that wraps the software pipeline
@@ -354,6 +356,37 @@ def dispatch_cases(quick: bool) -> list[Case]:
         for M, N, K in shapes:
             out.append(Case("dispatch", None, precision, M, N, K))
         out.append(Case("dispatch", None, precision, 70, 33, 45, a_t=True, offsets=(1, 3, 2)))
+    return out
+
+
+def wgmma_cases(dev: DeviceFacts, precision: str, quick: bool) -> list[Case]:
+    """The TMA family: tile edges (the copy engine zero-fills past M, N, K), the staging pass
+    (transposed, unaligned, split into halves for tf32x3), and K-major batches (tf32 only)."""
+    out: list[Case] = []
+
+    def add(group, M, N, K, **kw):
+        out.append(Case(group, "wgmma_tf32", precision, M, N, K, **kw))
+
+    bm, bn, bk = probe(dev, "wgmma_tf32", precision, 300, 300, 64)[0]
+    stages = dict(probe(dev, "wgmma_tf32", precision, 300, 300, 64)[2].kernel.macros)["STAGES"]
+    deep = bk * (stages + 1)  # K that wraps the ring of slots
+    Ms, Ns, Ks = edges(bm), edges(bn), sorted(set(edges(bk) + [deep - 1, deep + 1]))
+    for i in range(max(len(Ms), len(Ns), len(Ks))):
+        add("edge", Ms[i % len(Ms)], Ns[(i + 1) % len(Ns)], Ks[i % len(Ks)], b_t=bool(i % 2))
+    for a_t, b_t, c_t in ((True, False, False), (False, True, True), (True, True, False)):
+        add("layout", bm + 1, bn + 1, deep - 1, a_t=a_t, b_t=b_t, c_t=c_t)
+    add("offset", bm - 1, bn + 4, deep + 1, offsets=(1, 2, 3))  # staged: pointers not 16-byte aligned
+    add("offset", bm + 4, bn + 4, deep, offsets=(0, 0, 2), pad=1, b_t=True)  # rows not 16-byte multiples
+    add("staging", 1030, 1030, 7)
+    if precision == "tf32":
+        add("edge", 1409, 2817, 40, b_t=True)  # enough tiles for the 128 x 256 tile
+    if precision == "tf32":  # batches run in place when K-major (tf32x3 takes a batch of 1)
+        add("batch", bm + 1, bn - 1, bk + 4, batch=3, b_t=True)  # (K % 4 == 0: 16-byte row pitches)
+        add("batch", bm - 1, bn + 1, bk + 4, batch=3, b_broadcast=True, b_t=True)
+    add("alloc", bm + 1, bn + 1, deep + 1, alloc=True)
+    if not quick:
+        add("randn", 300, 257, 129, values="randn")
+        add("edge", 2 * bm + 1, 2 * bn - 1, 4 * deep + 5)
     return out
 
 

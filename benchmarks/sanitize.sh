@@ -23,7 +23,8 @@
 # cases, so the log shows how far it got).
 #
 # Environment: TOOLS, OUT, PYTHON (default python3), COMPUTE_SANITIZER (path to the binary),
-# TOOL_TIMEOUT, LEAK_CHECK (1/0), SANITIZER_ARGS (extra arguments for every tool).
+# TOOL_TIMEOUT, LEAK_CHECK (1/0), SANITIZER_ARGS (extra arguments for every tool), CASE_ARGS (extra
+# arguments for sanitize.py, e.g. "--family wgmma_tf32" for one family's cases).
 set -u -o pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -72,6 +73,9 @@ echo "=== warm-up: plain run, kernels compiled into the disk cache (${FASTMM_CAC
 t0=$SECONDS
 plain_args=()
 [ "$QUICK_ALL" = 1 ] && plain_args=(--quick)
+# shellcheck disable=SC2206
+case_args=(${CASE_ARGS:-})
+plain_args+=(${case_args[@]+"${case_args[@]}"})
 "$PY" benchmarks/sanitize.py ${plain_args[@]+"${plain_args[@]}"} 2>&1 | tee "$OUT/sanitize-plain.log"
 plain_rc=$?
 plain_s=$((SECONDS - t0))
@@ -90,8 +94,8 @@ for tool in $TOOLS; do
         *) echo "unknown tool $tool" >&2; exit 2 ;;
     esac
     limit=${TOOL_TIMEOUT:-$limit}
-    args=()
-    [ "$quick" = 1 ] && args=(--quick)
+    args=(${case_args[@]+"${case_args[@]}"})
+    [ "$quick" = 1 ] && args+=(--quick)
     log="$OUT/sanitize-$tool.log"
     echo
     echo "=== $tool (at most ${limit} s): $SAN --tool $tool --error-exitcode 1 ${extra[*]+${extra[*]}} ${SANITIZER_ARGS:-}" \

@@ -49,3 +49,45 @@ __device__ __forceinline__ void mma_tf32_16x8x8(float d[4], const unsigned a[4],
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 #endif
+
+#if __CUDA_ARCH__ >= 900
+// ---- Hopper: mbarriers and the bulk tensor copy engine (TMA), plain sm_90 ----
+
+// A tensor map (CUtensorMap) as the driver encodes it: 128 opaque bytes, passed to the kernel by
+// value as a __grid_constant__ parameter so the copy engine can read it from parameter space.
+struct __align__(64) TensorMap { unsigned long long opaque[16]; };
+
+__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(bar), "r"(count) : "memory");
+}
+// Make the barrier initialisation visible to the copy engine (async proxy) before first use.
+__device__ __forceinline__ void mbar_init_fence() {
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+__device__ __forceinline__ void mbar_arrive(unsigned bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(bar) : "memory");
+}
+// Arrive and announce how many bytes the copies completing on this phase will deliver.
+__device__ __forceinline__ void mbar_arrive_expect_tx(unsigned bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(bar), "r"(bytes) : "memory");
+}
+// Spin until the phase with the given parity has completed. On a fresh barrier, parity 1 counts
+// as complete (the "previous" phase), which is what lets a producer fill every stage once.
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
+    unsigned done = 0;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    } while (!done);
+}
+// 4-D tiled copy global -> shared, completing on mbarrier ``bar``; out-of-range elements read 0.
+__device__ __forceinline__ void tma_load_4d(unsigned dst, const TensorMap* map, unsigned bar,
+                                            int c0, int c1, int c2, int c3) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, %6}], [%2];\n"
+        :: "r"(dst), "l"(map), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3) : "memory");
+}
+__device__ __forceinline__ void tma_prefetch_map(const TensorMap* map) {
+    asm volatile("prefetch.tensormap [%0];\n" :: "l"(map) : "memory");
+}
+#endif

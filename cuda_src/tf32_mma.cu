@@ -239,7 +239,13 @@ extern "C" __global__ void __launch_bounds__(THREADS) fastmm_tf32_mma(FASTMM_PAR
                             float part[4] = {0.f, 0.f, 0.f, 0.f};
                             mma_tf32_16x8x8(part, a[i], b[j]);
 #pragma unroll
-                            for (int q = 0; q < 4; ++q) acc[i][j][q] += part[q];
+                            for (int q = 0; q < 4; ++q) {
+#if PRECISION_X3
+                                two_sum_add(acc[i][j][q], part[q], acc_small[i][j][q]);
+#else
+                                acc[i][j][q] += part[q];
+#endif
+                            }
 #else
                             mma_tf32_16x8x8(acc[i][j], a[i], b[j]);
 #endif

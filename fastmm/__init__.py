@@ -3,6 +3,7 @@ with NVRTC, chosen by a dispatcher that can explain itself.
 
     fastmm.matmul(a, b, out=None, precision=None)   # torch.matmul semantics
     fastmm.explain(a, b, precision=None)            # what would run, and why
+    fastmm.tune(a, b, precision=None)               # time the candidate kernels, store the fastest
     torch.ops.fastmm.matmul(a, b, precision)        # the custom op (autograd, torch.compile)
     fastmm.nn.Linear, fastmm.patch(model), fastmm.unpatch(model)   # nn.Linear on fastmm
     with fastmm.use_fastmm(): ...                   # route matmul / @ / mm / bmm / F.linear
@@ -14,9 +15,11 @@ from .problem import PRECISIONS
 from . import ops  # noqa: F401  (registers torch.ops.fastmm.*)
 from . import nn  # noqa: F401  (fastmm.nn.Linear)
 from .patching import FastmmMode, patch, unpatch, use_fastmm
+from .tuning import TuneResult, tune
 
 __all__ = ["__version__", "matmul", "explain", "Explanation", "FastmmWarning", "PRECISIONS", "resolve_precision", "warmup",
-           "nn", "patch", "unpatch", "use_fastmm", "FastmmMode"]
+           "tune", "TuneResult",
+           "nn", "ops", "patch", "unpatch", "use_fastmm", "FastmmMode"]
 
 
 def warmup(a, b, *, precision=None, out=None):

@@ -20,6 +20,7 @@ from . import config
 from .plan import Plan, select
 from .problem import PRECISIONS, DeviceFacts, Problem
 from .runtime.compiler import CompileError
+from .tuned import TunedChoice, bucket_of
 
 _FLOAT32 = torch.float32
 
@@ -264,6 +265,11 @@ def _failure_key(device_index: int, cfg) -> tuple:
 
 _prepared_guard = threading.Lock()
 
+#: Called as ``first_use_tuner(shapes, c, problem, device_index)`` before the first plan of a
+#: problem when FASTMM_TUNE=1. Set by :mod:`fastmm.tuning`, which imports this module (this
+#: module does not import it: no import cycle).
+first_use_tuner = None
+
 
 def device_facts(index: int) -> DeviceFacts:
     from .runtime.device import device_facts as _facts
@@ -296,8 +302,25 @@ def build_problem(s: Shapes, c: torch.Tensor, precision: str):
     return problem, offsets
 
 
+def tuned_choice(problem: Problem, dev: DeviceFacts) -> TunedChoice | None:
+    """The tuned choice stored for the problem's shape bucket on this device, if any. Never
+    raises: where the store cannot be read the heuristics choose (with one warning)."""
+    if dev.simulated:
+        return None
+    from .runtime.tuning_store import store_for
+
+    try:
+        record = store_for(dev.index).get(bucket_of(problem))
+    except Exception as exc:  # the driver or NVRTC cannot say what the device key is
+        _warn_once(f"fastmm: tuned choices are not available ({type(exc).__name__}: {exc}); the heuristics choose")
+        return None
+    return TunedChoice.from_record(record) if record is not None else None
+
+
 def plan_for(problem: Problem, device_index: int, force: str | None = None) -> Plan:
-    plan = select(problem, device_facts(device_index), force or config.forced_kernel())
+    forced = force or config.forced_kernel()
+    dev = device_facts(device_index)
+    plan = select(problem, dev, forced, None if forced else tuned_choice(problem, dev))
     failed = _failed.get(_failure_key(device_index, plan.kernel)) if plan.kernel is not None else None
     if failed is not None:  # this kernel failed to build earlier in this process
         plan = dataclasses.replace(plan, kernel=None, reduce=None, fallback=failed)
@@ -313,10 +336,12 @@ def _run(s: Shapes, c: torch.Tensor, precision: str, force: str | None) -> Plan:
     key = (dev_index, problem, force or config.forced_kernel())
     hit = _prepared.get(key)
     if hit is None:
+        if first_use_tuner is not None and key[2] is None and config.tune_on_first_use():
+            first_use_tuner(s, c, problem, dev_index)
         plan = plan_for(problem, dev_index, force)
         if plan.kernel is None:
             return plan
-        needed = [k for k in (plan.kernel, plan.reduce) if k is not None]
+        needed = [k for k in (plan.kernel, plan.reduce, *plan.stagers) if k is not None]
         if torch.cuda.is_current_stream_capturing() and not all(launcher.is_loaded(plan.device, k) for k in needed):
             raise RuntimeError(
                 f"fastmm: kernel {plan.kernel.family} for this shape is not loaded yet, and compiling or loading it "
@@ -325,6 +350,8 @@ def _run(s: Shapes, c: torch.Tensor, precision: str, force: str | None) -> Plan:
         try:
             loaded = launcher.load(plan.device, plan.kernel)
             reduce = launcher.load(plan.device, plan.reduce) if plan.reduce is not None else None
+            for stager in plan.stagers:  # loaded now; looked up again (a dict hit) at each launch
+                launcher.load(plan.device, stager)
         except CompileError as exc:
             # A kernel NVRTC rejects must not take the model down: remember it, warn once, and
             # let torch.matmul serve this problem (explain reports the same reason).
@@ -354,6 +381,9 @@ def _launch_plan(plan, loaded, reduce, s: Shapes, c: torch.Tensor, problem: Prob
 
     stream = _current_stream(dev_index)
     p = plan.launch_problem or problem
+    if plan.kernel.family == "wgmma_tf32":
+        _launch_wgmma(plan, loaded, stream, s, c, p, offsets)
+        return
     pa, pb, pc = s.a.data_ptr(), s.b.data_ptr(), c.data_ptr()
     staged = []  # every staging buffer stays referenced until its kernel is queued
     for which, rows, cols in plan.staging:
@@ -384,6 +414,40 @@ def _launch_plan(plan, loaded, reduce, s: Shapes, c: torch.Tensor, problem: Prob
         launcher.launch(loaded, stream, (
             pa + 4 * oa, pb + 4 * ob, pc + 4 * oc, p.M, p.N, p.K, *p.a_strides, *p.b_strides, *p.c_strides,
             p.batch_inner, p.batch_total, *p.a_batch_strides, *p.b_batch_strides, *p.c_batch_strides))
+
+
+def _launch_wgmma(plan, loaded, stream: int, s: Shapes, c: torch.Tensor, p: Problem, offsets) -> None:
+    """The wgmma family: first the staging kernels (K-major copies; for tf32x3 the big and small
+    halves of both operands), then the GEMM, which reads A and B through tensor maps. The maps
+    hold the data pointers, so they are encoded for each call (microseconds, next to products
+    this family only takes when they are large)."""
+    from .families import FAMILIES
+    from .runtime import launcher, tensor_map
+
+    x3 = plan.precision_used == "tf32x3"
+    a_parts, b_parts = (s.a.data_ptr(),), (s.b.data_ptr(),)
+    staged = []  # the buffers stay referenced until the GEMM is queued (see _launch_plan)
+    for (which, rows, cols), stager in zip(plan.staging, plan.stagers):
+        buf = torch.empty(2 if x3 else 1, rows, cols, dtype=_FLOAT32, device=c.device)
+        staged.append(buf)
+        src = plan.problem
+        ptr, s_rows, s_k = ((a_parts[0], *src.a_strides) if which == "a" else
+                            (b_parts[0], src.b_strides[1], src.b_strides[0]))
+        parts = (buf[0].data_ptr(), buf[1].data_ptr()) if x3 else (buf[0].data_ptr(),)
+        launcher.launch(launcher.load(plan.device, stager), stream,
+                        (ptr, parts[0], parts[-1], rows, src.K, s_rows, s_k, cols))
+        if which == "a":
+            a_parts = parts
+        else:
+            b_parts = parts
+    spec_a, spec_b, bits = FAMILIES["wgmma_tf32"].map_specs(p, plan.kernel)
+    pc = c.data_ptr()
+    for oa, ob, oc in offsets:
+        # tf32x3 halves are TF32 already: plain fp32 maps; tf32: the copy engine rounds
+        maps = tuple(tensor_map.encode(ptr + 4 * oa, spec_a, tf32=not x3) for ptr in a_parts) + tuple(
+            tensor_map.encode(ptr + 4 * ob, spec_b, tf32=not x3) for ptr in b_parts)
+        launcher.launch_with_maps(loaded, stream, maps, (
+            pc + 4 * oc, p.M, p.N, p.K, *p.c_strides, p.batch_inner, p.batch_total, *p.c_batch_strides, bits))
 
 
 def _overlaps(x: torch.Tensor, y: torch.Tensor) -> bool:
@@ -494,7 +558,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
         return out
     key = _fast_key(a, b, out, precision)
     entry = _fast.get(key)
-    if entry is not None and (out is None or not _ranges_overlap(entry, a, b, out)):
+    if entry and (out is None or not _ranges_overlap(entry, a, b, out)):
         return _launch_fast(entry, a, b, out)
     result, plan, reason = matmul_fastmm(a, b, out, precision)
     if plan is not None and reason is None and entry is None:
@@ -506,6 +570,14 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
 # the steady-state path: one dict lookup, (an allocation,) one launch
 
 _fast: dict[tuple, tuple] = {}
+
+
+def forget_plans() -> None:
+    """Drop every cached plan and fast-path entry, so the next call of each shape plans again (a
+    tuned choice was stored). Loaded kernels stay loaded."""
+    with _prepared_guard:
+        _prepared.clear()
+    _fast.clear()
 
 
 def _fast_key(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, precision: str) -> tuple:
@@ -560,7 +632,15 @@ def _remember_fast(key: tuple, a: torch.Tensor, b: torch.Tensor, out: torch.Tens
     problem, offsets = build_problem(s, c, precision)
     index = a.device.index if a.device.index is not None else torch.cuda.current_device()
     hit = _prepared.get((index, problem, config.forced_kernel()))
-    if hit is None or len(offsets) != 1 or hit[2] is not None or hit[0].staging or hit[0].kernel is None:
+    if hit is None:
+        return
+    if (len(offsets) != 1 or hit[2] is not None or hit[0].staging or hit[0].kernel is None
+            or hit[0].kernel.family == "wgmma_tf32"):  # (its tensor maps are made per call)
+        # Never fast for this key (these depend on the problem only): remember that too, so the
+        # next call does not analyse the problem a third time just to find out again.
+        if len(_fast) >= MAX_CACHED_SHAPES:
+            _fast.clear()
+        _fast[key] = ()
         return
     p = problem
     tail = (p.M, p.N, p.K, *p.a_strides, *p.b_strides, *p.c_strides, p.batch_inner, p.batch_total,

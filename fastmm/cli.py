@@ -7,6 +7,7 @@
     python -m fastmm bench [...]          # the benchmark suite (python -m fastmm bench --help)
     python -m fastmm cache list|verify|clear|precompile [--arch sm_90 ...]
     python -m fastmm explain M N K [--precision tf32] [--a-transposed] [--batch 4] [--simulate sm_80]
+    python -m fastmm tune M N K [--precision tf32] [--a-transposed] [--batch 4] [--repeats 20] [--no-save]
 """
 from __future__ import annotations
 
@@ -78,7 +79,7 @@ def configs_for(dev, problems=None):
                 plan = select(p, dev, force=force)
             except ValueError:  # the family cannot run this problem
                 continue
-            for cfg in (plan.kernel, getattr(plan, "reduce", None)):
+            for cfg in (plan.kernel, getattr(plan, "reduce", None), *getattr(plan, "stagers", ())):
                 if cfg is not None:
                     found.setdefault(key_for(cfg, dev.arch), cfg)
     return found
@@ -125,8 +126,9 @@ def precompile(devices, problems=None, out=_say, progress=None) -> int:
             if progress is not None and i == 0:
                 progress(0, len(configs), dev.arch, "")
             try:
-                res = cache.get_or_compile(cfg.family + "-" + dev.arch, key, dev.arch,
-                                           lambda cfg=cfg: compile_cubin(cfg.source, cfg.macros, dev.arch))
+                target = cfg.target(dev.arch)
+                res = cache.get_or_compile(cfg.family + "-" + target, key, target,
+                                           lambda cfg=cfg, target=target: compile_cubin(cfg.source, cfg.macros, target))
                 states[res.state] += 1
             except Exception as exc:
                 failures += 1
@@ -416,19 +418,23 @@ def cmd_cache(args) -> int:
     return 1 if precompile(devices, out=print, progress=progress_bar()) else 0
 
 
+def _operands(args, device):
+    """Uninitialised A (M x K) and B (K x N) laid out as the command line says (explain and tune
+    read only their shapes, strides and alignment)."""
+    batch = (args.batch,) if args.batch else ()
+    a = torch.empty(batch + ((args.K, args.M) if args.a_transposed else (args.M, args.K)), device=device)
+    b = torch.empty(batch + ((args.N, args.K) if args.b_transposed else (args.K, args.N)), device=device)
+    return (a.transpose(-1, -2) if args.a_transposed else a), (b.transpose(-1, -2) if args.b_transposed else b)
+
+
 def cmd_explain(args) -> int:
     from .api import resolve_precision
 
     precision = resolve_precision(args.precision)
-    batch = (args.batch,) if args.batch else ()
     if args.simulate is None and gpu_reason() is None:
         import fastmm
 
-        device = torch.device("cuda", torch.cuda.current_device())
-        a = torch.empty(batch + ((args.K, args.M) if args.a_transposed else (args.M, args.K)), device=device)
-        b = torch.empty(batch + ((args.N, args.K) if args.b_transposed else (args.K, args.N)), device=device)
-        a = a.transpose(-1, -2) if args.a_transposed else a
-        b = b.transpose(-1, -2) if args.b_transposed else b
+        a, b = _operands(args, torch.device("cuda", torch.cuda.current_device()))
         print(fastmm.explain(a, b, precision=precision))
         return 0
     from .plan import select
@@ -448,6 +454,20 @@ def cmd_explain(args) -> int:
           + f", precision {precision}, A {p.layout_of('a')}, B {p.layout_of('b')}, on {dev.name} ({arch}):")
     print(select(p, dev).describe())
     return 0
+
+
+def cmd_tune(args) -> int:
+    reason = gpu_reason()
+    if reason is not None:
+        print(f"no GPU ({reason}): tuning times kernels on a GPU", file=sys.stderr)
+        return 2
+    import fastmm
+
+    device = torch.device("cuda", args.device if args.device is not None else torch.cuda.current_device())
+    a, b = _operands(args, device)
+    result = fastmm.tune(a, b, precision=args.precision, repeats=args.repeats, persist=not args.no_save)
+    print(result)
+    return 0 if result.best is not None else 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -503,6 +523,22 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--batch", type=int, default=0, help="a leading batch dimension of this size")
     e.add_argument("--simulate", metavar="ARCH", default=None,
                    help="plan for a simulated device of this arch (sm_75 ... sm_90) even where a GPU is present")
+
+    t = sub.add_parser("tune", help="time every candidate kernel for an M x N x K product and store the fastest",
+                       description="fastmm.tune on the current GPU: check every (kernel family, tile, split-K) "
+                       "candidate against float64, time the correct ones with CUDA events (L2 flushed before each "
+                       "call, median of --repeats), print the table, and store the fastest for the shape bucket "
+                       "(under the cache folder, tuning/), where later calls find it.")
+    for name in ("M", "N", "K"):
+        t.add_argument(name, type=int)
+    t.add_argument("--precision", choices=("ieee", "tf32", "tf32x3"), default=None,
+                   help="default: what PyTorch's float32 matmul setting says")
+    t.add_argument("--a-transposed", action="store_true", help="A is a transposed view (column-major)")
+    t.add_argument("--b-transposed", action="store_true", help="B is a transposed view (column-major)")
+    t.add_argument("--batch", type=int, default=0, help="a leading batch dimension of this size")
+    t.add_argument("--repeats", type=int, default=20, help="timed calls per candidate (median; default 20)")
+    t.add_argument("--no-save", action="store_true", help="print the table only; store nothing")
+    t.add_argument("--device", type=int, default=None, help="CUDA device index (default: the current one)")
     return ap
 
 
@@ -523,4 +559,6 @@ def main(argv=None) -> int:
         return cmd_cache(args)
     if args.command == "explain":
         return cmd_explain(args)
+    if args.command == "tune":
+        return cmd_tune(args)
     raise AssertionError(args.command)

@@ -14,6 +14,9 @@ DISABLE_ENV = "FASTMM_DISABLE"
 #: Force one kernel family (``scalar``, ``simt_float4``, ``simt_cp_async``, ``tf32_mma``) where it
 #: can run; for debugging and benchmarks.
 FORCE_KERNEL_ENV = "FASTMM_KERNEL"
+#: ``1``: the first call of a shape bucket that has no tuned choice yet times the candidate
+#: kernels (as ``fastmm.tune`` does) and stores the fastest, then proceeds.
+TUNE_ENV = "FASTMM_TUNE"
 
 
 def _flag(name: str) -> bool:
@@ -29,9 +32,18 @@ def forced_kernel() -> str | None:
     return value or None
 
 
+def tune_on_first_use() -> bool:
+    return _flag(TUNE_ENV)
+
+
 def cache_dir() -> Path:
     explicit = os.environ.get(CACHE_DIR_ENV, "").strip()
     if explicit:
         return Path(explicit).expanduser()
     base = os.environ.get("XDG_CACHE_HOME", "").strip()
     return (Path(base).expanduser() if base else Path.home() / ".cache") / "fastmm"
+
+
+def tuning_dir() -> Path:
+    """Where tuned choices are stored: one JSON file per device key, next to the kernel cache."""
+    return cache_dir() / "tuning"

@@ -23,6 +23,9 @@ class Explanation:
     fallback: str | None = None
     cache: str = ""
     plan: Plan | None = None
+    # "heuristic", "tuned: <measurements>" (fastmm.tune), "forced: <family>", or why a stored
+    # tuned choice was ignored
+    choice: str = "heuristic"
 
     def __str__(self) -> str:
         s = self.shapes
@@ -38,6 +41,7 @@ class Explanation:
             lines.append(f"  runs: torch.matmul, because {self.fallback}")
         else:
             lines.append(f"  kernel: {self.kernel}")
+            lines.append(f"  choice: {self.choice}")
             lines.append("  parameters: " + ", ".join(f"{k}={v}" for k, v in self.parameters.items()))
             lines.append("  launch: " + ", ".join(f"{k}={v}" for k, v in self.launch.items()))
             lines.append(f"  cache: {self.cache}")
@@ -74,6 +78,7 @@ def explain(a: torch.Tensor, b: torch.Tensor, *, precision: str | None = None,
     if plan.kernel is not None:
         k = plan.kernel
         exp.kernel = k.family
+        exp.choice = plan.origin
         exp.parameters = dict(k.macros)
         exp.parameters.update(dict(k.details))
         for which, rows, cols in plan.staging:
@@ -94,10 +99,11 @@ def cache_state(plan: Plan) -> str:
     key = launcher.key_for(plan.kernel, plan.device.arch)
     slot = launcher._modules.get((plan.device.index, key))
     cache = default_cache()
-    path = cache.path_for(plan.kernel.family + "-" + plan.device.arch, key)
+    target = plan.kernel.target(plan.device.arch)
+    path = cache.path_for(plan.kernel.family + "-" + target, key)
     if slot is not None:
         origin = {"compiled": "compiled by this process", "disk": "loaded from the disk cache"}[slot[1]]
         return f"in memory ({origin}); file {slot[2] or '(memory-only cache)'}"
-    if cache.read(path, plan.device.arch, key) is not None:
+    if cache.read(path, target, key) is not None:
         return f"on disk, not loaded yet: {path}"
     return f"not compiled yet: the first call compiles it into {path}"

@@ -37,6 +37,13 @@ class KernelConfig:
     smem: int  # dynamic shared memory, bytes
     tile: tuple[int, int, int]  # BM, BN, BK
     details: tuple[tuple[str, str], ...] = field(default=())
+    # "a" for kernels that use arch-specific instructions (sm_90a: wgmma, setmaxnreg): such a
+    # cubin runs on that exact compute capability only.
+    arch_suffix: str = ""
+
+    def target(self, device_arch: str) -> str:
+        """The NVRTC target of this kernel on a device of ``device_arch`` (e.g. sm_90 -> sm_90a)."""
+        return device_arch + self.arch_suffix
 
     @property
     def split_k(self) -> int:
@@ -128,6 +135,16 @@ def _pick_tile(p: Problem, dev: DeviceFacts, options, tile_of):
     return options[-1]
 
 
+#: The last element of the option of a family that splits K: split as :func:`split_k_for` (or the
+#: family's own rule) says (1), or never (0). A flag, not a count, so that one tuned option fits
+#: every size of its shape bucket.
+SPLIT_FLAGS = (1, 0)
+
+
+def _with_split_flags(tile_options) -> tuple[tuple[int, ...], ...]:
+    return tuple(tuple(opt) + (flag,) for opt in tile_options for flag in SPLIT_FLAGS)
+
+
 class Family:
     name = ""
     source = ""
@@ -142,8 +159,16 @@ class Family:
             return f"does not compute precision '{p.precision}'"
         return None
 
-    def configure(self, p: Problem, dev: DeviceFacts) -> KernelConfig:  # pragma: no cover
-        raise NotImplementedError
+    def options(self, p: Problem, dev: DeviceFacts) -> tuple[tuple[int, ...], ...]:
+        """The configurations this family could run ``p`` with, for the tuner to time: tuples of
+        ints (they are stored as JSON), each accepted by ``configure(p, dev, option)``. A family
+        with nothing to choose has the single option ``()``: its own choice."""
+        return ((),)
+
+    def configure(self, p: Problem, dev: DeviceFacts, option: tuple[int, ...] | None = None) -> KernelConfig:
+        """The kernel for ``p``: with ``option`` None the family's heuristic choice, else that
+        option (one of :meth:`options`)."""
+        raise NotImplementedError  # pragma: no cover
 
 
 class Scalar(Family):
@@ -152,7 +177,7 @@ class Scalar(Family):
     name, source, entry = "scalar", "scalar.cu", "fastmm_scalar"
     precisions = ("ieee", "tf32", "tf32x3")  # fp32 FMA is at least as accurate as any of them
 
-    def configure(self, p, dev):
+    def configure(self, p, dev, option=None):
         tiles = _tiles(p, 16, 16)
         return KernelConfig(self.name, self.source, self.entry, (), 256, (16, 16, 1),
                             _grid(min(tiles, 2**31 - 1), p.batch_total), 0, (16, 16, 16),
@@ -201,14 +226,20 @@ class _Simt(Family):
 
     can_split = False
 
-    def configure(self, p, dev):
-        if self.can_split and k_dominant(p):
-            opt = self.tile_options[1]  # 128x128: splits supply the parallelism
+    def options(self, p, dev):
+        """Every tile; for a family that splits K, each with split-K allowed or not."""
+        return _with_split_flags(self.tile_options) if self.can_split else self.tile_options
+
+    def configure(self, p, dev, option=None):
+        if option is not None:
+            opt, may_split = tuple(option[:3]), self.can_split and bool(option[3])
+        elif self.can_split and k_dominant(p):
+            opt, may_split = self.tile_options[1], True  # 128x128: splits supply the parallelism
         else:
-            opt = _pick_tile(p, dev, self.tile_options, self.tile_of)
+            opt, may_split = _pick_tile(p, dev, self.tile_options, self.tile_of), self.can_split
         wm, wn, tm = opt
         bm, bn = self.tile_of(opt)
-        split = split_k_for(p, dev, _tiles(p, bm, bn), self.bk, 2 if wm * wn <= 4 else 1) if self.can_split else 1
+        split = split_k_for(p, dev, _tiles(p, bm, bn), self.bk, 2 if wm * wn <= 4 else 1) if may_split else 1
         a, b, c_vec = self.load_modes(p)
         if split > 1:
             c_vec = p.N % 4 == 0  # partials go to a fresh contiguous workspace
@@ -269,13 +300,21 @@ class Tf32Mma(Family):
             return ((2, 4, 32), (2, 2, 32), (1, 2, 32))
         return ((2, 2, 64), (1, 2, 64), (1, 1, 64))
 
-    def configure(self, p, dev):
+    def options(self, p, dev):
+        """Every tile of p's precision, each with split-K allowed or not."""
+        return _with_split_flags(self.tile_options(p.precision == "tf32x3"))
+
+    def configure(self, p, dev, option=None):
         x3 = p.precision == "tf32x3"
         options = self.tile_options(x3)
-        opt = options[0] if k_dominant(p) else _pick_tile(p, dev, options, lambda o: (o[0] * 64, o[1] * o[2]))
+        if option is not None:
+            opt, may_split = tuple(option[:3]), bool(option[3])
+        else:
+            opt = options[0] if k_dominant(p) else _pick_tile(p, dev, options, lambda o: (o[0] * 64, o[1] * o[2]))
+            may_split = True
         wm, wn, warp_n = opt
         bm, bn = wm * 64, wn * warp_n
-        split = split_k_for(p, dev, _tiles(p, bm, bn), self.bk, 2 if wm * wn <= 4 else 1)
+        split = split_k_for(p, dev, _tiles(p, bm, bn), self.bk, 2 if wm * wn <= 4 else 1) if may_split else 1
         sAm, sAk = p.a_strides
         sBk, sBn = p.b_strides
         a_mk = sAk == 1 or sAm != 1
@@ -317,6 +356,11 @@ class Skinny(Family):
     precisions = ("ieee", "tf32", "tf32x3")  # fp32 FMA: as accurate as any; B's bytes set the speed
     max_m = 32
     cols = 128
+    #: Skinny v2 (SK_V2 = 1 in skinny.cu; benchmarks/NOTES.md "skinny v2"), not yet measured:
+    #: None keeps the default kernel; a dict of :meth:`configure_v2` keywords (e.g. ``{}`` or
+    #: ``{"bn": 64}``) makes :meth:`configure` plan v2 instead. benchmarks/skinny_variants.py
+    #: calls configure_v2 directly.
+    variant: dict | None = None
 
     def reject(self, p, dev):
         reason = super().reject(p, dev)
@@ -324,14 +368,20 @@ class Skinny(Family):
             reason = f"M = {p.M} > {self.max_m}: not skinny"
         return reason
 
-    def configure(self, p, dev):
+    def options(self, p, dev):
+        """One tile (set by M); split-K allowed or not."""
+        return _with_split_flags(((),))
+
+    def configure(self, p, dev, option=None):
+        if self.variant is not None:
+            return self.configure_v2(p, dev, option, **self.variant)
         mt = 8 if p.M <= 8 else 16 if p.M <= 16 else 32
         kchunk = 128 if mt == 32 else 256
         sBk, sBn = p.b_strides
         b_vec = sBn == 1 and _vec_ok(p.N, sBk, p.b_batch_strides, p.b_align)
         tiles = max(1, -(-p.N // self.cols))
         split = 1
-        if p.batch_total == 1:  # one 256-thread block per SM; aim for about two waves
+        if p.batch_total == 1 and (option is None or option[0]):  # one block per SM; aim for about two waves
             chunks = -(-p.K // kchunk)
             split = effective_split(chunks, max(1, min(chunks, -(-2 * dev.sm_count // tiles), MAX_SPLIT)))
         details = (("rows per thread", f"{mt} (M = {p.M})"),
@@ -342,6 +392,226 @@ class Skinny(Family):
         return KernelConfig(self.name, self.source, self.entry, (("MT", mt), ("B_VEC", int(b_vec))), 256,
                             (256, 1, 1), _grid(tiles, p.batch_total, split), 0, (mt, self.cols, kchunk), details)
 
+    @staticmethod
+    def v2_geometry(M, *, bn=32, cpt=8, threads=256, qpt=1):
+        """(mt, lanes_n, k-groups, k rows per stage) of skinny.cu v2, checked as its static_asserts
+        check them; ValueError for a geometry the kernel rejects."""
+        lanes_n = bn // cpt if cpt in (4, 8) and bn % cpt == 0 else 0
+        if lanes_n not in (4, 8, 16, 32) or threads % 32 or not 32 <= threads <= 1024 or qpt < 1:
+            raise ValueError(f"skinny v2: no geometry bn={bn} cpt={cpt} threads={threads} qpt={qpt}")
+        mt = -(-M // 4) * 4  # A is read as float4 along m; MT*CPT >= 16 >= GPW, as the exchange needs
+        kg = threads // lanes_n
+        return mt, lanes_n, kg, 4 * kg * qpt
+
+    def configure_v2(self, p, dev, option=None, *, pipe=None, bn=32, cpt=8, threads=256, qpt=1, stages=None,
+                     split=None, minb=1, runroll=None):
+        """Skinny v2 (SK_V2 = 1): ``bn`` columns per block, ``cpt`` (4 or 8) per thread,
+        ``threads`` per block, ``qpt`` quads of k per thread per stage. ``pipe`` 1: a cp.async ring
+        of ``stages`` (sm80+; default the deepest of 4..2 that fits), 0: B through registers one
+        stage ahead (any arch); default 1 on sm80+. ``split``: K splits (None: a wave model over
+        ``minb`` blocks per SM; option (0,) forbids splitting, as for configure). ``runroll``: k rows
+        unrolled in the FMA loop (default 4; 1 where registers are tight). Where the sums and
+        operands would not fit the register budget (M rounded up x cpt accumulators) or a stage
+        the shared memory, qpt, then cpt, then threads are reduced (the details say so)."""
+        pipe = int(dev.cc >= (8, 0)) if pipe is None else int(pipe)
+        if pipe and dev.cc < (8, 0):
+            raise ValueError("skinny v2 pipe=1 needs cp.async (sm80+)")
+        sAm, sAk = p.a_strides
+        sBk, sBn = p.b_strides
+        a_vec = sAk == 1 and _vec_ok(p.K, sAm if p.M > 1 else 0, p.a_batch_strides, p.a_align)
+        b_vec = sBn == 1 and _vec_ok(p.N, sBk, p.b_batch_strides, p.b_align)
+        asked = (cpt, threads, qpt)
+        limit = dev.smem_per_block_optin
+        while True:  # shrink the per-thread tile until registers (no spills) and shared memory fit
+            mt, lanes_n, kg, ks = self.v2_geometry(p.M, bn=bn, cpt=cpt, threads=threads, qpt=qpt)
+            budget = min(255, 65536 // (threads * minb) // 8 * 8)
+            # sums, operands, addresses and loads hoisted ahead: calibrated with ptxas -v on
+            # sm_75..sm_90 (benchmarks/skinny_v2_ptxas.py), where these keep every kernel spill-free
+            one_row = runroll == 1 or (runroll is None and budget <= 128)  # FMA loop one k row at a time
+            if pipe:
+                need = mt * cpt + (64 if one_row else 96)
+            else:  # + the next stage's share of B (4-byte loads: and their addresses) and of A
+                need = mt * cpt + 4 * qpt * cpt * (1 if b_vec else 2) + mt * ks // threads + 64
+            a_pitch = mt + 4 if mt % 8 == 0 else mt  # skinny.cu AP, BNP, STAGE_FLOATS
+            stage_floats = ks * (bn + (4 if lanes_n == 4 else 0)) + ks * a_pitch
+            if not pipe:
+                n_stages = 2  # two slots, filled from registers
+            elif stages is None:  # the deepest ring that fits
+                n_stages = next((s for s in (4, 3) if s * stage_floats * 4 <= limit), 2)
+            else:
+                n_stages = stages
+            ring = n_stages * stage_floats
+            red = threads // 32  # reduction slots: one per warp unless that alone needs more smem
+            while red > 1 and red * mt * bn * 4 > max(ring * 4, DEFAULT_SMEM):
+                red //= 2
+            smem = max(ring, red * mt * bn) * 4
+            if need <= budget and smem <= limit:
+                break
+            if qpt > 1 and (not pipe or smem > limit):
+                qpt //= 2
+            elif cpt == 8 and bn // 4 <= 32:
+                cpt = 4
+            elif threads > 256 or (smem > limit and threads > 64):
+                threads //= 2
+            elif smem > limit:
+                raise ValueError(f"skinny v2 needs {smem} B of shared memory per block, the device allows {limit}")
+            else:
+                raise ValueError(f"skinny v2: M = {p.M} needs ~{need} registers per thread, {budget} available")
+        stages = n_stages
+        if runroll is None:  # one row at a time where registers are tight (ptxas hoists less)
+            runroll = 1 if budget <= 128 or need > budget - (24 if pipe else 40) else 4
+        tiles = max(1, -(-p.N // bn))
+        units = -(-p.K // ks)
+        if p.batch_total != 1 or (option is not None and not option[0]):
+            s = 1
+        elif split is not None:
+            s = effective_split(units, max(1, min(split, units, MAX_SPLIT)))
+        else:  # waves of blocks, as split_k_for, but a split may hold a single stage
+            slots = dev.sm_count * minb
+            s = min(range(1, min(units, MAX_SPLIT) + 1),
+                    key=lambda n: (-(-tiles * n // slots) / n * (1 + SPLIT_COST * (n - 1)), n))
+            s = effective_split(units, s)
+        a_vec = a_vec and not pipe  # float4 A loads: the register path only (cp.async transposes A)
+        macros = (("SK_V2", 1), ("MT", mt), ("B_VEC", int(b_vec)), ("A_VEC", int(a_vec)),
+                  ("A_KFAST", int(sAk == 1 or sAm != 1)), ("SK_PIPE", pipe),
+                  ("SK_THREADS", threads), ("SK_BN", bn), ("SK_CPT", cpt), ("SK_QPT", qpt), ("SK_STAGES", stages),
+                  ("SK_RED", red), ("SK_MINB", minb), ("SK_RUNROLL", runroll))
+        details = (("rows per thread", f"{mt} (M = {p.M})"),
+                   ("B loads", ("cp.async ring, %d stages of %d k" % (stages, ks) if pipe else
+                                "to registers one stage (%d k) ahead, then to shared memory" % ks)
+                    + (", 16-byte" if b_vec else ", 4-byte")),
+                   ("math", f"fp32 FFMA, {cpt} columns x {mt} rows per thread; k-groups summed in a fixed tree"))
+        if (cpt, threads, qpt) != asked:
+            details += (("fitted", "cpt %d, threads %d, qpt %d (asked %d, %d, %d): the asked tile needs more "
+                                   "registers or shared memory than there are" % (cpt, threads, qpt, *asked)),)
+        if s > 1:
+            details += (("split-K", f"{s} slices of K, reduced by splitk_reduce"),)
+        return KernelConfig(self.name, self.source, self.entry, macros, threads, (threads, 1, 1),
+                            _grid(tiles, p.batch_total, s), smem, (mt, bn, ks), details)
+
+
+@dataclass(frozen=True)
+class MapSpec:
+    """A tensor map's geometry before there is a pointer (innermost dim first): sizes in
+    elements, byte strides of dims[1:], and the box one copy moves into shared memory."""
+
+    dims: tuple[int, ...]
+    strides: tuple[int, ...]
+    box: tuple[int, ...]
+
+
+def _tma_ready(rows_stride: int, k_stride: int, batch_strides: tuple[int, int], align: int) -> bool:
+    """An operand the copy engine reads in place as a K-major tile: k contiguous, and the row
+    pitch, batch strides and base pointer all 16-byte aligned (a tensor map's requirements)."""
+    return k_stride == 1 and rows_stride % 4 == 0 and align >= 16 and all(s % 4 == 0 for s in batch_strides)
+
+
+#: tf32x3 on wgmma keeps the big products in the tensor core for PROMOTE_EVERY k-steps of 32, then
+#: adds them to fp32 registers with a compensated add. The tensor core's accumulation truncates:
+#: measured on the H200 (benchmarks/NOTES.md), 1 k-step gives 1.3e-7 relative error at 90 TFLOP/s
+#: and 2 give 2.0e-7 at 104 TFLOP/s, at any K. cuBLAS fp32 is more accurate than 2.0e-7 only for
+#: short K (1.4e-7 at K = 64), so K up to X3_SHORT_K promotes every step, longer K every 2.
+X3_SHORT_K = 2048
+
+
+class WgmmaTf32(Family):
+    """Hopper tensor cores: wgmma m64nNk8 TF32 fed by TMA, warp-specialised (sm_90a only); also
+    tf32x3 from operands split into big and small TF32 halves by the staging pass."""
+
+    name, source, entry = "wgmma_tf32", "wgmma_tf32.cu", "fastmm_wgmma_tf32"
+    min_cc = (9, 0)
+    precisions = ("tf32", "tf32x3")
+    bm, bk = 128, 32
+    threads = 384  # producer warpgroup + two consumer warpgroups
+
+    @staticmethod
+    def tile_options(x3: bool):
+        """(BN, STAGES), largest first: a 192 KiB ring either way. tf32x3 keeps three sets of
+        accumulators and four tiles a slot, so 128 columns and 3 x 64 KiB."""
+        return ((128, 3),) if x3 else ((256, 4), (128, 6))
+
+    def reject(self, p, dev):
+        reason = super().reject(p, dev)
+        if reason is None and dev.cc != (9, 0):
+            reason = f"wgmma is an sm_90a instruction (compute capability 9.0 only); device is {dev.arch}"
+        if reason is None and p.batch_total > 1 and p.precision == "tf32x3":
+            reason = "tf32x3 splits its operands in a staging pass, made for a batch of 1 only"
+        if reason is None and p.batch_total > 1 and not (self.a_ready(p) and self.b_ready(p)):
+            reason = ("batched operands must already be K-major with 16-byte aligned pitches "
+                      "(the copy this family would need is made for a batch of 1 only)")
+        return reason
+
+    @staticmethod
+    def a_ready(p: Problem) -> bool:
+        return _tma_ready(p.a_strides[0], p.a_strides[1], p.a_batch_strides, p.a_align)
+
+    @staticmethod
+    def b_ready(p: Problem) -> bool:
+        return _tma_ready(p.b_strides[1], p.b_strides[0], p.b_batch_strides, p.b_align)
+
+    def smem_bytes(self, bn: int, stages: int, x3: bool = False) -> int:
+        # ring + mbarriers, plus 1 KiB so the kernel can align the ring to 1024 bytes (swizzle)
+        return stages * (2 if x3 else 1) * (self.bm + bn) * self.bk * 4 + 16 * stages + 1024
+
+    def configure(self, p, dev):
+        x3 = p.precision == "tf32x3"
+        bn, stages = _pick_tile(p, dev, self.tile_options(x3), lambda o: (self.bm, o[0]))
+        while stages > 2 and self.smem_bytes(bn, stages, x3) > dev.smem_per_block_optin:
+            stages -= 1
+        sCm, sCn = p.c_strides
+        c_vec = (sCn == 1 and p.N % 2 == 0 and sCm % 2 == 0 and p.c_align >= 8
+                 and all(s % 2 == 0 for s in p.c_batch_strides))
+        macros = (("BN", bn), ("STAGES", stages), ("C_VEC", int(c_vec)), ("PRECISION_X3", int(x3)))
+        if x3:  # see X3_PROMOTE_EVERY
+            macros += (("PROMOTE_EVERY", 1 if p.K <= X3_SHORT_K else 2), ("COMPENSATE", 1))
+        details = (("A, B loads", "TMA tiles of the big and small halves (K-major, 128-byte swizzle)" if x3 else
+                    "TMA tiles (K-major, 128-byte swizzle), rounded to TF32 by the copy engine"),
+                   ("pipeline", f"{stages} stages, 1 producer + 2 consumer warpgroups, mbarriers"),
+                   ("C stores", "float2" if c_vec else "single floats"),
+                   ("math", f"3xTF32 wgmma m64n{bn}k8: big*big promoted to fp32 every k-step, small cross terms "
+                            "in their own accumulator" if x3 else f"TF32 wgmma m64n{bn}k8, fp32 accumulate"))
+        return KernelConfig(self.name, self.source, self.entry, macros, self.threads, (self.threads, 1, 1),
+                            _grid(_tiles(p, self.bm, bn), p.batch_total), self.smem_bytes(bn, stages, x3),
+                            (self.bm, bn, self.bk), details, arch_suffix="a")
+
+    def map_specs(self, p: Problem, cfg: KernelConfig):
+        """Tensor-map geometry of A and B for launch problem ``p`` (K-major operands): dims
+        (K, rows, batch_inner, batch_outer), a broadcast batch dim collapsed to size 1; and the
+        kernel's broadcast bits (bit set: that operand walks that batch dim)."""
+        outer = max(1, p.batch_total // max(p.batch_inner, 1))
+        bits = 0
+        specs = []
+        for i, (rows, pitch, (s0, s1), box_rows) in enumerate((
+                (p.M, p.a_strides[0], p.a_batch_strides, self.bm),
+                (p.N, p.b_strides[1], p.b_batch_strides, cfg.tile[1]))):
+            extent = max(rows * pitch * 4, 16)
+            inner_n, inner_s = (p.batch_inner, s1 * 4) if s1 and p.batch_inner > 1 else (1, extent)
+            outer_n, outer_s = (outer, s0 * 4) if s0 and outer > 1 else (1, extent)
+            bits |= (1 if inner_n > 1 else 0) << (2 * i)
+            bits |= (1 if outer_n > 1 else 0) << (2 * i + 1)
+            specs.append(MapSpec((p.K, rows, inner_n, outer_n), (pitch * 4, inner_s, outer_s), (self.bk, box_rows, 1, 1)))
+        return specs[0], specs[1], bits
+
+
+def stage_kmajor_config(p: Problem, which: str, split: bool) -> KernelConfig:
+    """The staging pass of the wgmma family (cuda_src/stage_kmajor.cu): operand ``which`` ("a", or
+    "bt" for B transposed) copied into a dense K-major buffer, split into TF32 halves for tf32x3."""
+    if which == "a":
+        rows, (s_rows, s_k), align = p.M, p.a_strides, p.a_align
+    else:
+        rows, (s_k, s_rows), align = p.N, p.b_strides, p.b_align
+    r_contig = s_rows == 1 and s_k != 1
+    # float4 reads along the contiguous dim: the other stride and the pointer 16-byte aligned
+    vec = _vec_ok(4, s_k if r_contig else s_rows, (), align) and (s_rows == 1 if r_contig else s_k == 1)
+    tiles = -(-rows // 64) * -(-p.K // 64)
+    what = "split into big and small TF32 halves" if split else "copied"
+    return KernelConfig("stage_kmajor", "stage_kmajor.cu", "fastmm_stage_kmajor",
+                        (("SRC_R_CONTIG", int(r_contig)), ("SRC_VEC", int(vec)), ("SPLIT", int(split))), 256,
+                        (256, 1, 1), (max(tiles, 1), 1, 1), 0, (64, 64, 0),
+                        (("what", f"{'B^T' if which == 'bt' else 'A'} {what}, K-major, "
+                                  + ("transposed through shared memory" if r_contig else "row by row")),))
+
 
 #: Families in order of preference within a precision (first that accepts wins).
-FAMILIES: dict[str, Family] = {f.name: f for f in (Skinny(), Tf32Mma(), SimtCpAsync(), SimtFloat4(), Scalar())}
+FAMILIES: dict[str, Family] = {f.name: f for f in (Skinny(), WgmmaTf32(), Tf32Mma(), SimtCpAsync(), SimtFloat4(),
+                                                   Scalar())}

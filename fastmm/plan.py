@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from .families import FAMILIES, KernelConfig, _vec_ok, splitk_reduce_config
+from .families import FAMILIES, KernelConfig, _vec_ok, splitk_reduce_config, stage_kmajor_config
 from .problem import DeviceFacts, Problem
+from .tuned import TunedChoice
 
 INT32_MAX = 2**31 - 1
 MIN_CC = (7, 5)  # NVRTC 13 builds nothing older than sm_75
@@ -18,8 +19,8 @@ MIN_CC = (7, 5)  # NVRTC 13 builds nothing older than sm_75
 TINY_OUTPUTS = 1024
 
 PREFERENCE = {
-    "tf32": ("skinny", "tf32_mma", "simt_cp_async", "simt_float4", "scalar"),
-    "tf32x3": ("skinny", "tf32_mma", "simt_cp_async", "simt_float4", "scalar"),
+    "tf32": ("skinny", "wgmma_tf32", "tf32_mma", "simt_cp_async", "simt_float4", "scalar"),
+    "tf32x3": ("skinny", "wgmma_tf32", "tf32_mma", "simt_cp_async", "simt_float4", "scalar"),
     "ieee": ("skinny", "simt_cp_async", "simt_float4", "scalar"),
 }
 
@@ -34,9 +35,15 @@ class Plan:
     fallback: str | None = None  # why torch.matmul runs instead (kernel is None)
     reduce: KernelConfig | None = None  # second pass of a split-K kernel
     # Operands copied into padded, 16-byte aligned buffers before the launch: (operand, rows,
-    # padded columns), and the problem as the kernel then sees it.
+    # padded columns), and the problem as the kernel then sees it. Operand "bt" is B transposed
+    # (N rows of K), the K-major copy the wgmma family reads.
     staging: tuple[tuple[str, int, int], ...] = ()
     launch_problem: Problem | None = None
+    # The kernels that make the staged copies, one per staging entry; empty where torch copies.
+    stagers: tuple[KernelConfig, ...] = ()
+    # Where the choice came from: "heuristic", "tuned: <measurements>", "forced: <family>", or
+    # "heuristic (tuned choice ... ignored: <why>)".
+    origin: str = "heuristic"
 
     def describe(self) -> str:
         lines = []
@@ -49,9 +56,21 @@ class Plan:
                 lines.append(f"  {key}: {value}")
             if self.reduce is not None:
                 lines.append(f"then: {self.reduce.describe()}")
+            x3 = self.kernel.family == "wgmma_tf32" and self.precision_used == "tf32x3"
             for which, rows, cols in self.staging:
-                lines.append(f"  staged: {which.upper()} copied into a zero-padded {rows}x{cols} buffer with 16-byte "
-                             "aligned rows, so the kernel loads it with 16-byte copies")
+                if x3:
+                    lines.append(f"  staged: {'B transposed' if which == 'bt' else 'A'} split into big and small TF32 "
+                                 f"halves, two {rows}x{cols} K-major buffers (stage_kmajor)")
+                elif which == "bt":
+                    lines.append(f"  staged: B transposed into a {rows}x{cols} buffer (K-major, 16-byte aligned rows): "
+                                 "TF32 wgmma reads K-major operands only")
+                elif self.kernel.family == "wgmma_tf32":
+                    lines.append(f"  staged: A copied into a {rows}x{cols} buffer (K-major, 16-byte aligned rows) that "
+                                 "a tensor map can describe")
+                else:
+                    lines.append(f"  staged: {which.upper()} copied into a zero-padded {rows}x{cols} buffer with 16-byte "
+                                 "aligned rows, so the kernel loads it with 16-byte copies")
+            lines.append(f"choice: {self.origin}")
         for name, reason in self.rejected:
             lines.append(f"rejected {name}: {reason}")
         return "\n".join(lines)
@@ -76,10 +95,45 @@ STAGE_MIN_FLOP_PER_BYTE = 256
 STAGED_FAMILIES = ("simt_cp_async", "tf32_mma")
 
 
+def _wgmma_copies(p: Problem) -> tuple[Problem, tuple[tuple[str, int, int], ...]]:
+    """The K-major copies the wgmma family needs (batch 1): A as M x K4 unless a tensor map can
+    read it in place, B as its transpose N x K4 unless it is already K-major. Rows are padded to
+    16 bytes; the maps still say K, so the padding is never read."""
+    wg = FAMILIES["wgmma_tf32"]
+    k4 = -(-p.K // 4) * 4
+    staged = []
+    split = p.precision == "tf32x3"  # always copied: the halves are made by the copy
+    if split or not wg.a_ready(p):
+        p = replace(p, a_strides=(k4, 1), a_align=16, a_batch_strides=(0, 0))
+        staged.append(("a", p.M, k4))
+    if split or not wg.b_ready(p):
+        p = replace(p, b_strides=(1, k4), b_align=16, b_batch_strides=(0, 0))
+        staged.append(("bt", p.N, k4))
+    return p, tuple(staged)
+
+
+def _wgmma_copy_reason(p: Problem) -> str | None:
+    """Why the wgmma family should not take ``p``: the copies it needs would cost too much next
+    to the product (the same rule as staging: STAGE_MIN_FLOP_PER_BYTE)."""
+    _, staged = _wgmma_copies(p)
+    x3 = p.precision == "tf32x3"
+    per_element = 12 if x3 else 8  # read, write (twice when split)
+    moved = sum(per_element * rows * cols for _, rows, cols in staged)
+    # tf32x3's alternative (mma.sync) runs at a third of the speed: a split pass costing up to
+    # about half the GEMM still wins, so it needs 4x fewer FLOP per byte than a plain copy.
+    need = STAGE_MIN_FLOP_PER_BYTE / (4 if x3 else 1)
+    if staged and 2 * p.M * p.N * p.K < need * moved:
+        names = " and ".join("B (transposed)" if w == "bt" else "A" for w, _, _ in staged)
+        return f"needs a K-major copy of {names}, too costly next to a product this small"
+    return None
+
+
 def _staging(p: Problem, family: str) -> tuple[Problem, tuple[tuple[str, int, int], ...]]:
     """Copy plan for operands that are contiguous along their row but cannot be read with 16-byte
     vectors (N or K not a multiple of 4, odd row pitch or pointer): a zero-padded aligned copy
-    turns 4-byte copies into 16-byte ones. Batch 1 only."""
+    turns 4-byte copies into 16-byte ones. Batch 1 only. (wgmma: see _wgmma_copies.)"""
+    if family == "wgmma_tf32":
+        return _wgmma_copies(p) if p.batch_total == 1 else (p, ())
     if family not in STAGED_FAMILIES or p.batch_total != 1:
         return p, ()
     flop = 2 * p.M * p.N * p.K
@@ -105,8 +159,8 @@ def _shape_reason(name: str, p: Problem) -> str | None:
     return None
 
 
-def select(p: Problem, dev: DeviceFacts, force: str | None = None) -> Plan:
-    """Choose the kernel for ``p`` on ``dev``; ``force`` names a family to use where it can run."""
+def _select(p: Problem, dev: DeviceFacts, force: str | None = None) -> Plan:
+    """The heuristic choice for ``p`` on ``dev``; ``force`` names a family to use where it can run."""
     why_not = _problem_fallback(p, dev)
     if why_not:
         return Plan(p, dev, None, None, (), why_not)
@@ -123,6 +177,8 @@ def select(p: Problem, dev: DeviceFacts, force: str | None = None) -> Plan:
         reason = fam.reject(p, dev)
         if reason is None and force is None:
             reason = _shape_reason(name, p)
+        if reason is None and name == "wgmma_tf32" and force != name:
+            reason = _wgmma_copy_reason(p)
         if reason is None and chosen is None:
             chosen = fam.configure(p, dev)
             continue
@@ -135,9 +191,69 @@ def select(p: Problem, dev: DeviceFacts, force: str | None = None) -> Plan:
     if force is not None and (chosen is None or chosen.family != force):
         raise ValueError(f"kernel family {force!r} cannot run this problem: {dict(rejected)[force]}")
     assert chosen is not None  # scalar accepts everything that passed _problem_fallback
-    used = p.precision if chosen.family == "tf32_mma" else "ieee"
+    used = p.precision if chosen.family in ("tf32_mma", "wgmma_tf32") else "ieee"
     launch_p, staging = _staging(p, chosen.family)
     if staging:
         chosen = FAMILIES[chosen.family].configure(launch_p, dev)
     reduce = splitk_reduce_config(p, dev, chosen.split_k) if chosen.split_k > 1 else None
-    return Plan(p, dev, chosen, used, tuple(rejected), None, reduce, staging, launch_p if staging else None)
+    stagers = ()
+    if staging and chosen.family == "wgmma_tf32":
+        stagers = tuple(stage_kmajor_config(p, which, p.precision == "tf32x3") for which, _, _ in staging)
+    return Plan(p, dev, chosen, used, tuple(rejected), None, reduce, staging, launch_p if staging else None, stagers)
+
+
+def select(p: Problem, dev: DeviceFacts, force: str | None = None, tuned: TunedChoice | None = None) -> Plan:
+    """Choose the kernel for ``p`` on ``dev``: ``force`` names a family to use where it can run;
+    else ``tuned`` (a measured choice stored for p's shape bucket) where it still applies; else
+    the heuristics. ``Plan.origin`` says which."""
+    if force is not None:
+        plan = _select(p, dev, force)
+        return replace(plan, origin=f"forced: {force}") if plan.kernel is not None else plan
+    if tuned is None:
+        return _select(p, dev)
+    why_not = tuned_reject_reason(p, dev, tuned)
+    if why_not is not None:
+        plan = _select(p, dev)
+        return replace(plan, origin=f"heuristic (tuned choice {tuned.label()} ignored: {why_not})")
+    plan = _select(p, dev, tuned.family)  # the family with its staging; the others' reasons
+    if plan.kernel is None:
+        return plan
+    chosen = _configure(tuned.family, plan.launch_problem or p, dev, tuned.option)
+    reduce = splitk_reduce_config(p, dev, chosen.split_k) if chosen.split_k > 1 else None
+    rejected = tuple((name, reason.replace(" (forced)", " (tuned)")) for name, reason in plan.rejected)
+    origin = "tuned" + (f": {tuned.provenance}" if tuned.provenance else "")
+    return replace(plan, kernel=chosen, reduce=reduce, rejected=rejected, origin=origin)
+
+
+def tuned_reject_reason(p: Problem, dev: DeviceFacts, tuned: TunedChoice) -> str | None:
+    """Why a tuned choice cannot serve ``p`` (None: it can). A choice is stored per shape bucket,
+    so it can meet a problem of its bucket that its family or option does not take, and a record
+    can outlive the families it names (another fastmm version, a hand-edited file)."""
+    fam = FAMILIES.get(tuned.family)
+    if fam is None:
+        return f"no kernel family is named {tuned.family!r}"
+    if tuned.family not in PREFERENCE[p.precision]:
+        return f"{tuned.family} does not compute precision '{p.precision}'"
+    reason = fam.reject(p, dev)
+    if reason is not None:
+        return f"{tuned.family} cannot run this problem: {reason}"
+    options = fam.options(p, dev)
+    if tuple(tuned.option) not in options:
+        return f"{tuned.family} has no option {tuple(tuned.option)} for this problem (it has {list(options)})"
+    return None
+
+
+def candidate_choices(p: Problem, dev: DeviceFacts) -> list[TunedChoice]:
+    """Every (family, option) that can run ``p`` on ``dev`` at its precision, in preference order:
+    what the tuner times."""
+    if _problem_fallback(p, dev):
+        return []
+    return [TunedChoice(name, tuple(option)) for name in PREFERENCE[p.precision]
+            if FAMILIES[name].reject(p, dev) is None for option in FAMILIES[name].options(p, dev)]
+
+
+def _configure(name: str, p: Problem, dev: DeviceFacts, option: tuple[int, ...]) -> KernelConfig:
+    """A family's kernel for ``option``; the empty option of a family with nothing to choose is
+    its own choice."""
+    fam = FAMILIES[name]
+    return fam.configure(p, dev, tuple(option)) if option else fam.configure(p, dev)

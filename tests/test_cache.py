@@ -310,7 +310,8 @@ def test_source_digest_changes_with_the_kernel_file_and_with_any_header(scratch_
 def test_launcher_key_is_the_cache_key_of_source_macros_arch_and_nvrtc():
     cfg = select(Problem.dense(1024, 1024, 1024, precision="tf32"), DeviceFacts.simulated_device(ARCH)).kernel
     key = launcher.key_for(cfg, ARCH)
-    assert key == kernel_key(sources.source_digest(cfg.source), cfg.macros, ARCH, nvrtc_version())
+    # the kernel's own target: sm_90a for wgmma on an sm_90 device
+    assert key == kernel_key(sources.source_digest(cfg.source), cfg.macros, cfg.target(ARCH), nvrtc_version())
     assert launcher.key_for(cfg, "sm_80") != key
     other = select(Problem.dense(1024, 1024, 1024, precision="tf32x3"), DeviceFacts.simulated_device(ARCH)).kernel
     assert launcher.key_for(other, ARCH) != key
@@ -383,16 +384,17 @@ def test_sixteen_processes_compile_one_key_once(tmp_path):
 def test_real_kernel_compiles_once_then_loads_from_disk(tmp_path):
     dev = DeviceFacts.simulated_device(ARCH)
     cfg = select(Problem.dense(1024, 1024, 1024, precision="tf32"), dev).kernel
-    key, name = launcher.key_for(cfg, ARCH), f"{cfg.family}-{ARCH}"
+    target = cfg.target(ARCH)  # sm_90a: the wgmma family
+    key, name = launcher.key_for(cfg, ARCH), f"{cfg.family}-{target}"
     calls = []
 
     def nvrtc():
         calls.append(1)
-        return compile_cubin(cfg.source, cfg.macros, ARCH)
+        return compile_cubin(cfg.source, cfg.macros, target)
 
-    first = DiskCache(tmp_path).get_or_compile(name, key, ARCH, nvrtc)
+    first = DiskCache(tmp_path).get_or_compile(name, key, target, nvrtc)
     assert first.state == "compiled" and first.cubin[:4] == b"\x7fELF"
-    second = DiskCache(tmp_path).get_or_compile(name, key, ARCH, nvrtc)
+    second = DiskCache(tmp_path).get_or_compile(name, key, target, nvrtc)
     assert (second.state, second.cubin, second.path) == ("disk", first.cubin, first.path)
     assert len(calls) == 1
 

@@ -22,7 +22,8 @@ from fastmm.runtime.compiler import CompileError, compile_cubin
 from fastmm.runtime.sources import kernel_sources, source_dir
 
 SM80_PLUS = ("sm_80", "sm_86", "sm_89", "sm_90")
-FAMILIES_FOR = {arch: tuple(FAMILIES) for arch in SM80_PLUS}
+FAMILIES_FOR = {arch: tuple(f for f in FAMILIES if f != "wgmma_tf32") for arch in SM80_PLUS}
+FAMILIES_FOR["sm_90"] += ("wgmma_tf32",)  # built for sm_90a: cc 9.0 only (its stage_kmajor pass: sm_90)
 FAMILIES_FOR["sm_75"] = ("scalar", "simt_float4", "skinny")
 EM_CUDA = 190
 
@@ -75,7 +76,7 @@ def _configs():
                     plan = select(p, dev, force=family)
                 except ValueError:  # e.g. tf32_mma with precision "ieee"
                     continue
-                for cfg in (plan.kernel, plan.reduce):
+                for cfg in (plan.kernel, plan.reduce, *plan.stagers):
                     if cfg is None:
                         continue
                     key = (arch, cfg.source, cfg.macros)
@@ -92,7 +93,7 @@ def _features(cfg) -> set:
     x3 = dict(cfg.macros).get("PRECISION_X3", 0)
     tile = tuple(v for k, v in cfg.macros if k in ("WARPS_M", "WARPS_N", "THREAD_M", "WARP_N"))
     out = {(x3, k, v) for k, v in cfg.macros} | {(x3, "tile", tile)}
-    if cfg.family == "skinny":
+    if cfg.family in ("skinny", "stage_kmajor") or (cfg.family == "wgmma_tf32"):
         out.add(("combination", cfg.macros))
     return out
 
@@ -136,7 +137,7 @@ def cubins() -> dict:
     def build(item):
         arch, cfg = item
         try:
-            return compile_cubin(cfg.source, cfg.macros, arch)
+            return compile_cubin(cfg.source, cfg.macros, cfg.target(arch))
         except Exception as exc:  # reported by the test of that configuration
             return exc
 
@@ -191,6 +192,32 @@ def test_configs_cover_every_family_arch_and_macro_value():
             tiles = {tuple(v for k, v in m if k in ("WARPS_M", "WARPS_N", "WARP_N"))
                      for m in seen[(arch, "tf32_mma")] if dict(m)["PRECISION_X3"] == int(x3)}
             assert tiles >= set(FAMILIES["tf32_mma"].tile_options(x3)), (arch, x3, tiles)
+
+
+def test_wgmma_configs_cover_both_tiles_and_store_modes():
+    macros = [dict(m) for (arch, fam), ms in _seen().items() if fam == "wgmma_tf32" for m in ms]
+    for x3 in (0, 1):
+        tiles = {(m["BN"], m["STAGES"]) for m in macros if m["PRECISION_X3"] == x3}
+        assert tiles >= set(FAMILIES["wgmma_tf32"].tile_options(bool(x3))), x3
+        assert {m["C_VEC"] for m in macros if m["PRECISION_X3"] == x3} == {0, 1}, x3
+    stagers = {m for (arch, fam), ms in _seen().items() if fam == "stage_kmajor" for m in ms}
+    assert {(dict(m)["SRC_R_CONTIG"], dict(m)["SPLIT"]) for m in stagers} == {(0, 0), (1, 0), (0, 1), (1, 1)}
+    assert {dict(m)["SRC_VEC"] for m in stagers} == {0, 1}
+
+
+def test_wgmma_builds_for_sm_90a_only():
+    cfg = select(Problem.dense(2048, 2048, 2048, "tf32"), DeviceFacts.simulated_device("sm_90")).kernel
+    assert cfg.family == "wgmma_tf32" and cfg.target("sm_90") == "sm_90a"
+    for arch in ("sm_90", "sm_80"):  # without the "a" features: the source says why it stops
+        with pytest.raises(CompileError, match="sm_90a only"):
+            compile_cubin(cfg.source, cfg.macros, arch)
+
+
+def _seen() -> dict:
+    seen: dict[tuple[str, str], set] = {}
+    for arch, cfg in CONFIGS:
+        seen.setdefault((arch, cfg.family), set()).add(cfg.macros)
+    return seen
 
 
 def test_every_kernel_source_is_planned():

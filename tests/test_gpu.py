@@ -23,8 +23,10 @@ pytestmark = pytest.mark.cuda
 
 TOL = {"ieee": 1e-5, "tf32": 1e-3, "tf32x3": 1e-6}
 FAMILY_PRECISIONS = [("scalar", "ieee"), ("simt_float4", "ieee"), ("simt_cp_async", "ieee"),
-                     ("tf32_mma", "tf32"), ("tf32_mma", "tf32x3")]
+                     ("tf32_mma", "tf32"), ("tf32_mma", "tf32x3"), ("wgmma_tf32", "tf32"),
+                     ("wgmma_tf32", "tf32x3")]
 FP_IDS = [f"{f}-{p}" for f, p in FAMILY_PRECISIONS]
+TENSOR_CORE_FAMILIES = ("tf32_mma", "wgmma_tf32")
 PRECISIONS = ("ieee", "tf32", "tf32x3")
 SHAPES = [(1, 1, 1), (3, 5, 4), (17, 19, 23), (129, 96, 132), (257, 129, 193), (1000, 1000, 1000),
           (4097, 4095, 4093)]
@@ -58,7 +60,7 @@ def forced(a, b, family, precision, out=None):
     result, plan = run_forced(a, b, family, precision, out)
     if plan is not None:  # None only when the result has no elements
         assert plan.kernel.family == family
-        assert plan.precision_used == (precision if family == "tf32_mma" else "ieee")
+        assert plan.precision_used == (precision if family in TENSOR_CORE_FAMILIES else "ieee")
     return result
 
 
@@ -370,7 +372,7 @@ def forced_plan(a, b, family, precision, out=None):
     result, plan, reason = api.matmul_fastmm(a, b, out, precision, force=family)
     assert reason is None, f"fell back to torch: {reason}"
     assert plan is not None and plan.kernel.family == family
-    assert plan.precision_used == (precision if family == "tf32_mma" else "ieee")
+    assert plan.precision_used == (precision if family in TENSOR_CORE_FAMILIES else "ieee")
     return result, plan
 
 
@@ -494,6 +496,142 @@ def test_skinny_small_integer_inputs_give_exact_sums():
         assert torch.equal(c, exact_reference(a, b)), (M, N, K)
 
 
+# --- wgmma (sm_90a): TMA-fed tensor cores ----------------------------------------------------------
+
+def needs_sm90():
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("wgmma runs on compute capability 9.0 only")
+
+
+def tf32_round(x: torch.Tensor, ties_even: bool = False) -> torch.Tensor:
+    """fp32 -> TF32 (10 mantissa bits) in integer arithmetic: to nearest, ties away from zero
+    (cvt.rna) or to even."""
+    bits = x.view(torch.int32)
+    low = bits & 0x1FFF
+    up = (low > 0x1000) | ((low == 0x1000) & ((bits & 0x2000) != 0 if ties_even else True))
+    return ((bits & ~0x1FFF) + up.int() * 0x2000).view(torch.float32)
+
+
+def test_wgmma_rounds_its_inputs_to_nearest_not_truncated():
+    """C = A @ I reproduces A as the tensor core saw it: each element must be A rounded to TF32
+    (as cvt.rna does; the copy engine's rounding may break exact ties to even), not truncated."""
+    needs_sm90()
+    a = randn(256, 64) * 3
+    eye = torch.eye(64, device="cuda")
+    for b in (eye, eye.t().contiguous().t()):  # B staged (row-major) and read in place (K-major)
+        c, plan = forced_plan(a, b, "wgmma_tf32", "tf32")
+        rna, rne, trunc = tf32_round(a), tf32_round(a, ties_even=True), a.view(torch.int32).bitwise_and(~0x1FFF).view(torch.float32)
+        assert torch.all((c == rna) | (c == rne)), "wgmma inputs are not rounded to nearest TF32"
+        assert (c != trunc).float().mean() > 0.3  # about half the elements round up
+
+
+WGMMA_CASES = {
+    "row-major": lambda: (randn(1024, 768), randn(768, 512)),
+    "b-k-major": lambda: (randn(1024, 768), randn(512, 768).t()),
+    "a-transposed": lambda: (randn(768, 1024).t(), randn(768, 512)),
+    "both-transposed": lambda: (randn(768, 300).t(), randn(520, 768).t()),
+    "unaligned": lambda: (randn(1025, 1023), randn(1023, 1021)),
+    "k-tail": lambda: (randn(200, 37), randn(37, 260)),
+    "tiny": lambda: (randn(5, 3), randn(3, 7)),
+    "strided-rows": lambda: (randn(640, 1000)[:, :520], randn(600, 1200)[:520, :600]),
+    "offset": lambda: (randn(640 * 512 + 4)[4:].view(640, 512), randn(512 * 384 + 1)[1:].view(512, 384)),
+    "batched-k-major": lambda: (randn(6, 300, 256), randn(6, 200, 256).transpose(-1, -2)),
+    "broadcast-b": lambda: (randn(3, 2, 130, 64), randn(2, 96, 64).transpose(-1, -2)),
+    "broadcast-a": lambda: (randn(130, 64), randn(5, 96, 64).transpose(-1, -2)),
+}
+
+
+@pytest.mark.parametrize("precision", ["tf32", "tf32x3"])
+@pytest.mark.parametrize("case", sorted(WGMMA_CASES))
+def test_wgmma_layouts_match_float64(case, precision, rel_err):
+    needs_sm90()
+    a, b = WGMMA_CASES[case]()
+    if precision == "tf32x3" and a.dim() + b.dim() > 4:
+        pytest.skip("tf32x3 on wgmma takes a batch of 1")
+    a0, b0 = a.clone(), b.clone()
+    c, plan = forced_plan(a, b, "wgmma_tf32", precision)
+    check(c, a, b, precision, rel_err)
+    assert torch.equal(a, a0) and torch.equal(b, b0)  # inputs untouched (no rounding in place)
+    out = torch.full(c.shape, NAN, device="cuda")
+    assert forced_plan(a, b, "wgmma_tf32", precision, out=out)[0] is out
+    check(out, a, b, precision, rel_err)
+
+
+def test_wgmma_is_the_default_tf32_path_for_large_products(rel_err):
+    needs_sm90()
+    for a, b in ((randn(2048, 1024), randn(1024, 1536)), (randn(2048, 1024), randn(1536, 1024).t()),
+                 (randn(4, 512, 512), randn(4, 512, 512).transpose(-1, -2))):
+        c = fastmm.matmul(a, b, precision="tf32")
+        assert fastmm.explain(a, b, precision="tf32").kernel == "wgmma_tf32"
+        check(c, a, b, "tf32", rel_err)
+        assert rel(c, a.double() @ b.double()) <= 3e-4 or c.numel() < 2**20
+
+
+def test_wgmma_tf32x3_error_on_randn_2048_cubed_beats_fp32():
+    needs_sm90()
+    a, b = randn(2048, 2048), randn(2048, 2048)
+    c, plan = forced_plan(a, b, "wgmma_tf32", "tf32x3")
+    ref = a.double() @ b.double()
+    with _no_tf32():
+        err, fp32 = rel(c, ref), rel(torch.matmul(a, b), ref)
+    assert err <= 3.0e-7 and err < fp32, (err, fp32)  # issue 5: <= 3e-7 (cuBLAS fp32: ~8e-7)
+
+
+@pytest.mark.parametrize("K", [64, 256, 1024, 4096, 16384, 65536])
+@pytest.mark.parametrize("family", ["wgmma_tf32", "tf32_mma"])
+def test_tf32x3_is_never_less_accurate_than_fp32_along_k(family, K):
+    if family == "wgmma_tf32":
+        needs_sm90()
+    a, b = randn(512, K), randn(K, 512)
+    ref = a.double() @ b.double()
+    c, _ = forced_plan(a, b, family, "tf32x3")
+    with _no_tf32():
+        fp32 = rel(torch.matmul(a, b), ref)
+    assert rel(c, ref) <= max(fp32, 1e-7), (K, rel(c, ref), fp32)
+
+
+class _no_tf32:
+    """torch.matmul in plain fp32 (cuBLAS FFMA) for the comparison."""
+
+    def __enter__(self):
+        self.old = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = False
+
+    def __exit__(self, *exc):
+        torch.backends.cuda.matmul.allow_tf32 = self.old
+
+
+def test_wgmma_tf32x3_keeps_its_accuracy_over_a_large_dynamic_range():
+    """Rows of A scaled by 1e-15 .. 1e15 (and B's columns the other way): the halves are split
+    per element, so every output keeps fp32-class relative accuracy."""
+    needs_sm90()
+    scale = 10.0 ** torch.linspace(-15, 15, 1024, device="cuda")
+    a, b = randn(1024, 1024) * scale[:, None], randn(1024, 1024) / scale[None, :].flip(-1)
+    c, _ = forced_plan(a, b, "wgmma_tf32", "tf32x3")
+    ref = a.double() @ b.double()
+    row_err = ((c.double() - ref).norm(dim=1) / ref.norm(dim=1)).max().item()
+    assert row_err <= 1e-6, row_err
+
+
+def test_wgmma_tf32x3_propagates_inf_and_nan_as_fp32_does():
+    needs_sm90()
+    a, b = randn(256, 128), randn(128, 192)
+    a[3, 5], a[7, 9], b[11, 2] = float("inf"), float("nan"), float("-inf")
+    c, _ = forced_plan(a, b, "wgmma_tf32", "tf32x3")
+    ref = torch.matmul(a.double(), b.double())
+    assert torch.equal(torch.isnan(c), torch.isnan(ref)) and torch.equal(torch.isinf(c), torch.isinf(ref))
+    assert torch.equal(c[torch.isinf(ref)], ref[torch.isinf(ref)].float())
+    finite = torch.isfinite(ref)
+    assert rel(c[finite], ref[finite]) <= TOL["tf32x3"]
+
+
+def test_wgmma_error_on_randn_2048_cubed_is_within_the_tf32_bound():
+    needs_sm90()
+    a, b = randn(2048, 2048), randn(2048, 2048)
+    c, _ = forced_plan(a, b, "wgmma_tf32", "tf32")
+    assert rel(c, a.double() @ b.double()) <= 3.0e-4  # issue 5's bound (cvt.rna mma.sync: ~1.9e-4)
+
+
 # --- split-K gives the same bits every run ----------------------------------------------------------
 
 SPLIT_CASES = [("skinny", "ieee", (16, 4096, 4096)), ("skinny", "tf32", (1, 4096, 16384)),
@@ -559,7 +697,7 @@ def test_explain_on_cuda_names_the_kernel_and_the_cache_state(precision):
     assert f"kernel: {exp.kernel}" in text and "cache: in memory" in text
     assert "M=512 N=256 K=384" in text
     if major >= 8 and precision != "ieee":
-        assert exp.kernel == "tf32_mma" and exp.precision_used == precision
+        assert exp.kernel in TENSOR_CORE_FAMILIES and exp.precision_used == precision
 
 
 def test_explain_on_cuda_for_inputs_torch_serves():

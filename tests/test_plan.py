@@ -57,6 +57,8 @@ def tile_from_macros(family: str, m: dict) -> tuple[int, int]:
         return m["MT"], 128  # skinny.cu: MT rows, COLS 128 (32 lanes x 4 columns)
     if family == "tf32_mma":
         return m["WARPS_M"] * 64, m["WARPS_N"] * m["WARP_N"]  # tf32_mma.cu: WARP_M 64
+    if family == "wgmma_tf32":
+        return 128, m["BN"]  # wgmma_tf32.cu: BM 128 (two consumer warpgroups of 64 rows)
     lanes_m = 8 if m["THREAD_M"] == 8 else 4  # simt_core.cuh: LANES_M, LANES_N = 32 / LANES_M
     return m["WARPS_M"] * lanes_m * m["THREAD_M"], m["WARPS_N"] * (32 // lanes_m) * 8
 
@@ -70,6 +72,9 @@ def dynamic_smem_from_macros(family: str, m: dict) -> int:
         a = bm * (32 + 4) if m["A_SMEM_MK"] else 32 * (bm + 8)
         b = 32 * (bn + 8) if m["B_SMEM_KN"] else bn * (32 + 4)
         return m["STAGES"] * (a + b) * 4
+    if family == "wgmma_tf32":  # wgmma_tf32.cu: STAGES x (A + B tiles of 32 floats a row, twice for
+        parts = 2 if m["PRECISION_X3"] else 1  # tf32x3's halves), the mbarriers, 1 KiB to align the ring
+        return m["STAGES"] * (parts * (bm + bn) * 32 * 4 + 16) + 1024
     return 0  # scalar, simt_float4 and skinny use static shared memory only
 
 
@@ -95,6 +100,9 @@ def check_geometry(plan) -> None:
         assert m["MT"] in (8, 16, 32) and p.M <= m["MT"] and m["B_VEC"] in (0, 1)
         assert cfg.tile[2] == skinny_kchunk(m)
         assert skinny_static_smem(m) <= 48 * 1024  # static shared memory cannot opt in to more
+    elif cfg.family == "wgmma_tf32":  # wgmma_tf32.cu: THREADS 384 (3 warpgroups)
+        assert cfg.block_dims == (384, 1, 1) and cfg.block == 384
+        assert cfg.arch_suffix == "a" and plan.device.cc == (9, 0)
     else:
         threads = m["WARPS_M"] * m["WARPS_N"] * 32
         assert cfg.block_dims == (threads, 1, 1) and cfg.block == threads
@@ -209,10 +217,13 @@ def test_ieee_never_gets_tensor_cores(arch):
 @pytest.mark.parametrize("precision,x3", [("tf32", 0), ("tf32x3", 1)])
 def test_tf32_on_sm80_plus_gets_tensor_cores_with_the_right_x3_macro(arch, precision, x3):
     plan = select(Problem.dense(*BIG, precision=precision), DEV[arch])
-    assert plan.kernel.family == "tf32_mma"
+    wgmma = arch == "sm_90"  # Hopper: wgmma
+    assert plan.kernel.family == ("wgmma_tf32" if wgmma else "tf32_mma")
     assert macros(plan)["PRECISION_X3"] == x3
+    if wgmma:
+        assert rejected(plan)["tf32_mma"] == "wgmma_tf32 is preferred"
     assert plan.precision_used == precision
-    assert "simt_cp_async" in rejected(plan) and "tf32_mma is preferred" in rejected(plan)["simt_cp_async"]
+    assert "simt_cp_async" in rejected(plan) and f"{plan.kernel.family} is preferred" in rejected(plan)["simt_cp_async"]
 
 
 @pytest.mark.parametrize("arch", SM80_PLUS)
@@ -222,7 +233,11 @@ def test_tf32_requests_get_tensor_cores_for_every_non_tiny_shape(arch, precision
         p = with_precision(p, precision)
         plan = select(p, DEV[arch])
         if p.M * p.N > TINY_OUTPUTS and p.M > SKINNY_MAX_M:
-            assert plan.kernel.family == "tf32_mma", _zoo_id(p)
+            if plan.kernel.family == "wgmma_tf32":  # Hopper only
+                assert arch == "sm_90", _zoo_id(p)
+            else:  # elsewhere, or where wgmma said why not (e.g. a copy too costly)
+                assert plan.kernel.family == "tf32_mma", _zoo_id(p)
+                assert arch != "sm_90" or "wgmma_tf32" in rejected(plan)
             assert plan.precision_used == precision
         elif p.M * p.N > TINY_OUTPUTS:  # M <= 32: the memory-bound skinny kernel, fp32 FMA
             assert plan.kernel.family == "skinny", _zoo_id(p)
@@ -238,7 +253,8 @@ def test_tiny_problems_pick_scalar(arch, precision, mnk):
     assert plan.kernel.family == "scalar"
     assert plan.precision_used == "ieee"
     for name, reason in plan.rejected:
-        assert "is tiny" in reason or "needs sm80+" in reason or "does not compute precision" in reason, (name, reason)
+        assert ("is tiny" in reason or "needs sm80+" in reason or "needs sm90+" in reason
+                or "does not compute precision" in reason), (name, reason)
     assert "is tiny" in rejected(plan)["skinny"]  # even where M <= 32 (sm75+: skinny runs on every arch)
     if arch != "sm_75":
         assert "is tiny" in rejected(plan)["simt_cp_async"]
@@ -491,6 +507,8 @@ def test_force_picks_the_named_family(arch, family, precision):
     reasons = rejected(plan)
     assert family not in reasons
     assert reasons.pop("skinny") == "M = 2048 > 32: not skinny"  # the one family that cannot take 2048 rows
+    if arch != "sm_90" and precision != "ieee":
+        assert reasons.pop("wgmma_tf32") == f"needs sm90+, device is {arch}"
     for name, reason in reasons.items():
         assert reason in (f"{family} is preferred (forced)", f"does not compute precision '{precision}'"), (name, reason)
 
@@ -501,8 +519,12 @@ def test_force_skinny_picks_it_and_the_rest_are_rejected_as_forced(arch, precisi
     plan = select(Problem.dense(16, 2048, 2048, precision=precision), DEV[arch], force="skinny")
     assert plan.kernel.family == "skinny" and plan.precision_used == "ieee"
     for name, reason in rejected(plan).items():
-        if name == "tf32_mma" and precision == "ieee":
-            assert reason == "does not compute precision 'ieee'"
+        if name in ("tf32_mma", "wgmma_tf32") and precision == "ieee":
+            assert reason == f"does not compute precision '{precision}'"
+        elif name == "wgmma_tf32" and arch != "sm_90":
+            assert reason == f"needs sm90+, device is {arch}", (name, reason)
+        elif name == "wgmma_tf32":  # 16 rows: a transposed copy (or split) of B costs too much
+            assert "too costly" in reason, (name, reason)
         elif arch == "sm_75" and name in ("simt_cp_async", "tf32_mma"):
             assert reason == "needs sm80+, device is sm_75", (name, reason)
         else:
@@ -682,10 +704,14 @@ def test_long_k_with_a_small_output_splits_on_every_sm80_plus_arch(arch, precisi
 
 def test_tile_choice_takes_a_tile_whose_blocks_fill_90_percent_of_a_wave():
     dev = DEV["sm_90"]  # 132 SMs: 0.9 x 132 = 118.8 blocks
-    # tf32: 128 x 128 tiles; 11 x 11 = 121 of them reach 90% of a wave, 10 x 11 = 110 do not
-    assert select(Problem.dense(1408, 1408, 1408, precision="tf32"), dev).kernel.tile[:2] == (128, 128)
-    smaller = select(Problem.dense(1280, 1408, 1408, precision="tf32"), dev).kernel.tile
+    # tf32 on mma.sync (tf32x3 tiles are 128 x 128 at most): 11 x 11 = 121 tiles reach 90% of a
+    # wave, 10 x 11 = 110 do not
+    assert select(Problem.dense(1408, 1408, 1408, precision="tf32x3"), dev, force="tf32_mma").kernel.tile[:2] == (128, 128)
+    smaller = select(Problem.dense(1280, 1408, 1408, precision="tf32x3"), dev, force="tf32_mma").kernel.tile
     assert smaller[0] * smaller[1] < 128 * 128
+    # tf32 on wgmma: 128 x 256 tiles, then 128 x 128
+    assert select(Problem.dense(1408, 2816, 1408, precision="tf32"), dev).kernel.tile[:2] == (128, 256)
+    assert select(Problem.dense(1280, 2816, 1408, precision="tf32"), dev).kernel.tile[:2] == (128, 128)
     # SIMT: 128 x 256 tiles; 11 x 11 = 121 of them, then 10 x 11 = 110
     assert select(Problem.dense(1408, 2816, 1024), dev).kernel.tile[:2] == (128, 256)
     smaller = select(Problem.dense(1280, 2816, 1024), dev).kernel.tile
@@ -939,7 +965,14 @@ def test_random_problems_keep_every_invariant(p, arch, force):
     except ValueError as exc:
         assert force is not None and force in str(exc)
         return
-    if plan.staging:
+    if plan.staging and plan.kernel.family == "wgmma_tf32":
+        # K-major copies for the tensor maps: A as M x K4, B transposed as N x K4
+        k4 = -(-p.K // 4) * 4
+        assert p.batch_total == 1 and set(plan.staging) <= {("a", p.M, k4), ("bt", p.N, k4)}
+        lp = plan.launch_problem
+        assert lp.a_strides[1] == 1 and lp.b_strides[0] == 1 and lp.a_align >= 16 and lp.b_align >= 16
+        p = lp
+    elif plan.staging:
         # the kernel reads the padded, aligned copies: its load modes are checked against them
         assert plan.kernel.family in ("simt_cp_async", "tf32_mma") and p.batch_total == 1
         staged = plan.launch_problem
@@ -961,9 +994,17 @@ def test_random_problems_keep_every_invariant(p, arch, force):
         assert cfg.family == "scalar"
     elif force is None:  # skinny takes every non-tiny problem of at most 32 rows, on every arch
         assert (cfg.family == "skinny") == (p.M <= SKINNY_MAX_M)
-    assert plan.precision_used == (p.precision if cfg.family == "tf32_mma" else "ieee")
+    assert plan.precision_used == (p.precision if cfg.family in ("tf32_mma", "wgmma_tf32") else "ieee")
     check_geometry(plan)
     m = dict(cfg.macros)
+    if cfg.family == "wgmma_tf32":  # reads K-major operands through tensor maps
+        assert p.precision in ("tf32", "tf32x3") and dev.cc == (9, 0)
+        assert m["PRECISION_X3"] == int(p.precision == "tf32x3")
+        assert p.a_strides[1] == 1 and p.a_strides[0] % 4 == 0 and p.a_align >= 16
+        assert p.b_strides[0] == 1 and p.b_strides[1] % 4 == 0 and p.b_align >= 16
+        assert all(s % 4 == 0 for s in p.a_batch_strides + p.b_batch_strides)
+        if m["C_VEC"]:
+            assert p.c_strides[1] == 1 and p.N % 2 == 0 and p.c_strides[0] % 2 == 0 and p.c_align >= 8
     (sAm, sAk), (sBk, sBn), (sCm, sCn) = p.a_strides, p.b_strides, p.c_strides
     if cfg.split_k > 1:
         assert p.batch_total == 1
@@ -1006,7 +1047,7 @@ def test_random_problems_keep_every_invariant(p, arch, force):
 
 
 def test_describe_names_the_kernel_its_macros_and_every_rejection():
-    plan = select(Problem.dense(2048, 2048, 2048, precision="tf32"), DEV["sm_90"])
+    plan = select(Problem.dense(2048, 2048, 2048, precision="tf32"), DEV["sm_89"])
     text = plan.describe()
     cfg = plan.kernel
     assert text.startswith(f"kernel: tf32_mma ({cfg.entry} in cuda_src/{cfg.source}): tile ")
@@ -1030,10 +1071,17 @@ def test_large_unaligned_problems_stage_b_for_simt_and_a_and_b_for_tf32(arch):
     assert (lp.M, lp.N, lp.K) == (p.M, p.N, p.K) and plan.problem == p  # sizes unchanged, problem as asked
     assert macros(plan)["C_VEC"] == 0  # C is written in place: N % 4 != 0
     assert "staged: B copied into a zero-padded 4093x4096 buffer" in plan.describe()
-    plan = select(dataclasses.replace(p, precision="tf32"), DEV[arch])
+    plan = select(dataclasses.replace(p, precision="tf32"), DEV[arch], force="tf32_mma")
     assert plan.kernel.family == "tf32_mma"
     assert plan.staging == (("b", 4093, 4096), ("a", 4097, 4096))
     assert macros(plan)["A_VEC"] == 1 and macros(plan)["B_VEC"] == 1
+    if arch == "sm_90":  # tf32 on wgmma: K-major copies, B transposed; the maps stop at K
+        plan = select(dataclasses.replace(p, precision="tf32"), DEV[arch])
+        assert plan.kernel.family == "wgmma_tf32"
+        assert plan.staging == (("a", 4097, 4096), ("bt", 4095, 4096))
+        lp = plan.launch_problem
+        assert lp.a_strides == (4096, 1) and lp.b_strides == (1, 4096) and (lp.M, lp.N, lp.K) == (4097, 4095, 4093)
+        assert "staged: B transposed into a 4095x4096 buffer (K-major" in plan.describe()
 
 
 @pytest.mark.parametrize("arch", SM80_PLUS)
@@ -1044,7 +1092,18 @@ def test_staging_only_when_the_copy_is_cheap_and_the_layout_allows(arch):
     assert STAGE_MIN_FLOP_PER_BYTE * 4 > 1000
     # aligned: nothing to stage
     assert select(Problem.dense(4096, 4096, 4096), dev).staging == ()
-    assert select(Problem.dense(4096, 4096, 4096, precision="tf32"), dev).staging == ()
+    assert select(Problem.dense(4096, 4096, 4096, precision="tf32x3"), dev, force="tf32_mma").staging == ()
+    if arch == "sm_90":  # wgmma: B row-major is not K-major, so it is copied transposed
+        assert select(Problem.dense(4096, 4096, 4096, precision="tf32"), dev).staging == (("bt", 4096, 4096),)
+        assert select(Problem.dense(4096, 4096, 4096, precision="tf32", b_t=True), dev).staging == ()
+        # tf32x3: both operands always, split into TF32 halves by the stage_kmajor kernels
+        plan = select(Problem.dense(4096, 4096, 4096, precision="tf32x3", b_t=True), dev)
+        assert plan.staging == (("a", 4096, 4096), ("bt", 4096, 4096))
+        assert [dict(k.macros)["SPLIT"] for k in plan.stagers] == [1, 1]
+        assert select(Problem.dense(1024, 1024, 1024, precision="tf32x3"), dev).kernel.family == "wgmma_tf32"
+        assert select(Problem.dense(512, 512, 512, precision="tf32x3"), dev).kernel.family == "tf32_mma"
+    else:
+        assert select(Problem.dense(4096, 4096, 4096, precision="tf32"), dev).staging == ()
     # batched: no staging (one buffer per launch)
     assert select(Problem.dense(2048, 2047, 2047, batch=2), dev).staging == ()
     # transposed B (k-contiguous) is not staged: only row-contiguous operands are padded

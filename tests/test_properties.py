@@ -50,7 +50,7 @@ MAX_DIM = 300
 MAX_BATCH = 5  # per batch dim
 MAX_BATCH_TOTAL = 12  # product of the result's batch dims (keeps one case below ~1e9 multiply-adds)
 LAYOUTS = ("row", "col", "rowpad", "colpad", "step2")
-FORCE = (None, None, None, None, "skinny", "tf32_mma", "simt_cp_async", "simt_float4", "scalar")
+FORCE = (None, None, None, None, "skinny", "wgmma_tf32", "tf32_mma", "simt_cp_async", "simt_float4", "scalar")
 
 #: examples run per test in this process (test_zz_example_counts reads them)
 COUNTS: Counter = Counter()
@@ -236,8 +236,10 @@ def _threads_from_macros(cfg) -> int:
     m = dict(cfg.macros)
     if cfg.family == "scalar":
         return 256
-    if cfg.family in ("skinny", "splitk_reduce"):
+    if cfg.family in ("skinny", "splitk_reduce", "stage_kmajor"):
         return 256
+    if cfg.family == "wgmma_tf32":  # a producer and two consumer warpgroups
+        return 384
     return m["WARPS_M"] * m["WARPS_N"] * 32
 
 
@@ -258,10 +260,12 @@ def check_plan(plan, force: str | None) -> None:
     if cfg.family == "scalar":
         assert cfg.block_dims == (16, 16, 1)
     if dev.cc < (8, 0):
-        assert cfg.family not in ("simt_cp_async", "tf32_mma")
+        assert cfg.family not in ("simt_cp_async", "tf32_mma", "wgmma_tf32")
+    if cfg.family == "wgmma_tf32":
+        assert dev.cc == (9, 0) and cfg.target(dev.arch) == "sm_90a"
     if p.precision == "ieee":
-        assert cfg.family != "tf32_mma"
-    assert plan.precision_used == (p.precision if cfg.family == "tf32_mma" else "ieee")
+        assert cfg.family not in ("tf32_mma", "wgmma_tf32")
+    assert plan.precision_used == (p.precision if cfg.family in ("tf32_mma", "wgmma_tf32") else "ieee")
     if cfg.split_k > 1:
         assert p.batch_total == 1 and plan.reduce is not None and plan.reduce.family == "splitk_reduce"
         units = -(-p.K // cfg.tile[2])  # k-tiles (k chunks for skinny), split as common.cuh split_range does
@@ -272,7 +276,8 @@ def check_plan(plan, force: str | None) -> None:
         assert plan.reduce is None
     assert bool(plan.staging) == (plan.launch_problem is not None)
     if plan.staging:  # (needs M or N >= 1024: beyond this generator's sizes, but cheap to state)
-        assert p.batch_total == 1 and cfg.family in ("simt_cp_async", "tf32_mma")
+        assert p.batch_total == 1 and cfg.family in ("simt_cp_async", "tf32_mma", "wgmma_tf32")
+        assert len(plan.stagers) == (len(plan.staging) if cfg.family == "wgmma_tf32" else 0)
     names = [cfg.family] + [name for name, _ in plan.rejected]
     assert sorted(names) == sorted(FAMILIES)
     assert all(isinstance(reason, str) and reason for _, reason in plan.rejected)

@@ -655,7 +655,8 @@ def test_cache_cli_lists_verifies_precompiles_and_clears(tmp_path):
     assert n >= len(FAMILIES) and f"{n}/{n}" in proc.stderr, (proc.stdout, proc.stderr)  # the progress bar
     entries = sorted(folder.glob("*.cubin"))
     assert len(entries) == n
-    assert {p.name.split("-sm_90-")[0] for p in entries} >= set(FAMILIES) | {"splitk_reduce"}
+    assert {p.name.split("-sm_90")[0] for p in entries} >= set(FAMILIES) | {"splitk_reduce", "stage_kmajor"}
+    assert any(p.name.startswith("wgmma_tf32-sm_90a-") for p in entries)  # built for its own target
 
     listing = _cli(["cache", "list"], folder).stdout
     total = sum(p.stat().st_size for p in entries)

@@ -79,6 +79,45 @@ def decode(blob: bytes, arch: str, key: str | None = None) -> bytes | None:
     return payload
 
 
+@contextlib.contextmanager
+def exclusive_file_lock(lock_path: Path):
+    """An exclusive ``flock`` on ``lock_path`` (created if needed) between processes; a no-op
+    where flock is unavailable (Windows, some network file systems)."""
+    try:
+        import fcntl
+        fd = os.open(str(lock_path), os.O_CREAT | os.O_RDWR, 0o644)
+    except (ImportError, OSError):
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:  # e.g. ENOLCK on a network file system: go on without the lock
+            pass
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write ``data`` to a private temporary file next to ``path``, fsync it, and rename it over
+    ``path``: readers see the old file or the whole new one. Raises OSError (nothing left behind)."""
+    tmp = None
+    try:
+        # creating the temporary file can itself fail on a full disk (no free inode or block)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except OSError:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        raise
+
+
 class DiskCache:
     def __init__(self, folder: Path | None = None):
         self.folder = Path(folder) if folder is not None else config.cache_dir()
@@ -117,20 +156,8 @@ class DiskCache:
     @contextlib.contextmanager
     def _process_lock(self, path: Path):
         """Exclusive per-key lock between processes; a no-op where flock is unavailable."""
-        try:
-            import fcntl
-            fd = os.open(str(path) + ".lock", os.O_CREAT | os.O_RDWR, 0o644)
-        except (ImportError, OSError):
+        with exclusive_file_lock(Path(str(path) + ".lock")):
             yield
-            return
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
-            except OSError:  # e.g. ENOLCK on a network file system: go on without the lock
-                pass
-            yield
-        finally:
-            os.close(fd)  # closing releases the lock
 
     def read(self, path: Path, arch: str, key: str | None = None) -> bytes | None:
         try:
@@ -140,19 +167,9 @@ class DiskCache:
         return decode(blob, arch, key)
 
     def write(self, path: Path, arch: str, cubin: bytes, key: str = "-") -> None:
-        tmp = None
         try:
-            # creating the temporary file can itself fail on a full disk (no free inode or block)
-            fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=f".{path.name}.", suffix=".tmp")
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(encode(arch, cubin, key))
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, path)
+            atomic_write(path, encode(arch, cubin, key))
         except OSError as exc:
-            if tmp is not None:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
             self._degrade(f"writing {path.name} failed: {exc}")
 
     def get_or_compile(self, name: str, key: str, arch: str, compile_fn: Callable[[], bytes]) -> CacheResult:

@@ -34,7 +34,8 @@ _streams: dict[int, object] = {}
 
 
 def key_for(cfg: KernelConfig, arch: str) -> str:
-    return kernel_key(source_digest(cfg.source), cfg.macros, arch, nvrtc_version())
+    """Cache key of ``cfg`` built for a device of ``arch`` (the kernel may refine the target)."""
+    return kernel_key(source_digest(cfg.source), cfg.macros, cfg.target(arch), nvrtc_version())
 
 
 def is_loaded(dev: DeviceFacts, cfg: KernelConfig) -> bool:
@@ -55,8 +56,9 @@ def load(dev: DeviceFacts, cfg: KernelConfig) -> LoadedKernel:
         with _guard:
             entry = _modules.get(slot)
             if entry is None:
+                target = cfg.target(dev.arch)
                 res = default_cache().get_or_compile(
-                    cfg.family + "-" + dev.arch, key, dev.arch, lambda: compile_cubin(cfg.source, cfg.macros, dev.arch))
+                    cfg.family + "-" + target, key, target, lambda: compile_cubin(cfg.source, cfg.macros, target))
                 with _on_device(Device, dev.index):
                     kernel = ObjectCode.from_cubin(res.cubin, name=cfg.entry).get_kernel(cfg.entry)
                     if cfg.smem > DEFAULT_SMEM:
@@ -119,3 +121,23 @@ def launch(loaded: LoadedKernel, stream_handle: int, args: tuple) -> None:
         _launch_fn.append(cc_launch)
     stream = _streams.get(stream_handle) or stream_for(stream_handle)
     _launch_fn[0](stream, loaded.launch_config, loaded.kernel, *args)
+
+
+def launch_with_maps(loaded: LoadedKernel, stream_handle: int, maps: tuple, args: tuple) -> None:
+    """Launch a kernel whose leading parameters are tensor maps (128-byte structs by value),
+    followed by 64-bit integers. cuda.core's argument packer takes scalars and pointers only, so
+    this builds the parameter array itself and calls cuLaunchKernel; a CUkernel handle may be
+    passed as the function (the stream supplies the context)."""
+    import ctypes
+
+    from cuda.bindings import driver
+
+    values = [ctypes.c_uint64(int(v) & 0xFFFFFFFFFFFFFFFF) for v in args]
+    pointers = [m.getPtr() for m in maps] + [ctypes.addressof(v) for v in values]
+    params = (ctypes.c_void_p * len(pointers))(*pointers)
+    cfg = loaded.launch_config
+    grid, block = tuple(cfg.grid), tuple(cfg.block)
+    (err,) = driver.cuLaunchKernel(driver.CUfunction(int(loaded.kernel.handle)), *grid, *block, cfg.shmem_size,
+                                   driver.CUstream(stream_handle), ctypes.addressof(params), 0)
+    if int(err) != 0:
+        raise RuntimeError(f"cuLaunchKernel failed: {err}")
