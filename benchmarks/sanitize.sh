@@ -110,6 +110,9 @@ for tool in $TOOLS; do
     tail -n 5 "$log"
     # "========= ERROR SUMMARY: 3 errors" (racecheck adds a RACECHECK SUMMARY of hazards)
     errors=$(grep -Eo "ERROR SUMMARY: [0-9]+" "$log" | tail -1 | grep -Eo "[0-9]+$")
+    # racecheck may print only "RACECHECK SUMMARY: N hazards displayed (E errors, W warnings)"
+    [ -z "$errors" ] && errors=$(grep -Eo "RACECHECK SUMMARY: [0-9]+ hazards displayed \([0-9]+ errors" "$log" | tail -1 \
+                                 | grep -Eo "[0-9]+ errors" | grep -Eo "[0-9]+")
     [ -z "$errors" ] && errors="?"
     if [ "$rc" -eq 124 ] || [ "$rc" -eq 130 ] || [ "$rc" -eq 137 ]; then
         errors="$errors (timeout)"

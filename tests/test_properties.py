@@ -344,13 +344,13 @@ def precompile_for(dev: DeviceFacts, sample: list[Spec], jobs: int) -> int:
                 plan = select(problem, dev, force)
             except (ValueError, ZeroDivisionError):  # (ZeroDivisionError: a planner bug the CPU test reports)
                 continue
-            for cfg in (plan.kernel, plan.reduce):
+            for cfg in (plan.kernel, plan.reduce, *plan.stagers):
                 if cfg is None:
                     continue
-                key = launcher.key_for(cfg, dev.arch)
-                name = f"{cfg.family}-{dev.arch}"
-                if key not in todo and cache.read(cache.path_for(name, key), dev.arch, key) is None:
-                    todo[key] = (str(cache.folder), name, key, dev.arch, cfg.source, cfg.macros)
+                key, target = launcher.key_for(cfg, dev.arch), cfg.target(dev.arch)  # (sm_90a for wgmma)
+                name = f"{cfg.family}-{target}"
+                if key not in todo and cache.read(cache.path_for(name, key), target, key) is None:
+                    todo[key] = (str(cache.folder), name, key, target, cfg.source, cfg.macros)
     if not todo:
         return 0
     ctx = multiprocessing.get_context("fork")  # the children only run NVRTC, never CUDA
