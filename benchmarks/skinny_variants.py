@@ -33,7 +33,7 @@ from fastmm import api  # noqa: E402
 from fastmm.families import FAMILIES, splitk_reduce_config  # noqa: E402
 from fastmm.runtime import launcher  # noqa: E402
 
-#: (name, configure_v2 keywords); None: the default skinny kernel (SK_V2 = 0).
+#: (name, configure_v2 keywords); None: the v1 skinny kernel (SK_V2 = 0).
 VARIANTS = [
     ("base", None),
     ("v2 bn32 c8", dict(bn=32, cpt=8)),  # 128 column tiles at N=4096 (no split), 3-4 stages x 32 KB of B
@@ -74,7 +74,7 @@ class Runner:
         s = api.analyse(a, b)
         self.p, self.offsets = api.build_problem(s, c, "ieee")
         sk = FAMILIES["skinny"]
-        self.cfg = sk.configure(self.p, dev) if kw is None else sk.configure_v2(self.p, dev, **kw)
+        self.cfg = sk.configure_v1(self.p, dev) if kw is None else sk.configure_v2(self.p, dev, **kw)
         split = self.cfg.split_k
         self.rcfg = splitk_reduce_config(self.p, dev, split) if split > 1 else None
         self.dev = dev

@@ -356,11 +356,14 @@ class Skinny(Family):
     precisions = ("ieee", "tf32", "tf32x3")  # fp32 FMA: as accurate as any; B's bytes set the speed
     max_m = 32
     cols = 128
-    #: Skinny v2 (SK_V2 = 1 in skinny.cu; benchmarks/NOTES.md "skinny v2"), not yet measured:
-    #: None keeps the default kernel; a dict of :meth:`configure_v2` keywords (e.g. ``{}`` or
-    #: ``{"bn": 64}``) makes :meth:`configure` plan v2 instead. benchmarks/skinny_variants.py
-    #: calls configure_v2 directly.
-    variant: dict | None = None
+    #: Skinny v2 (SK_V2 = 1 in skinny.cu; benchmarks/NOTES.md "skinny v2") where it was measured
+    #: faster: on the H200, 128 columns x 8 per thread beat the v1 kernel at every M (decode16
+    #: 25.8 us vs 58.0, 3.1x cuBLAS; M = 1 1.6x, M = 32 2.3x, 16 x 8192^2 2.7x faster than v1;
+    #: NOTES run 9). Other archs keep v1 until measured there.
+    V2_BY_CC = {(9, 0): {"bn": 128, "cpt": 8}}
+    #: Override for experiments and tests: None follows V2_BY_CC; "v1" forces the v1 kernel; a
+    #: dict of :meth:`configure_v2` keywords (e.g. ``{"bn": 64}``) forces that v2 geometry.
+    variant: dict | str | None = None
 
     def reject(self, p, dev):
         reason = super().reject(p, dev)
@@ -373,8 +376,13 @@ class Skinny(Family):
         return _with_split_flags(((),))
 
     def configure(self, p, dev, option=None):
-        if self.variant is not None:
-            return self.configure_v2(p, dev, option, **self.variant)
+        v2 = self.V2_BY_CC.get(dev.cc) if self.variant is None else self.variant
+        if isinstance(v2, dict):
+            return self.configure_v2(p, dev, option, **v2)
+        return self.configure_v1(p, dev, option)
+
+    def configure_v1(self, p, dev, option=None):
+        """The v1 kernel (SK_V2 = 0): one 256-thread block per SM, lanes own 4 columns each."""
         mt = 8 if p.M <= 8 else 16 if p.M <= 16 else 32
         kchunk = 128 if mt == 32 else 256
         sBk, sBn = p.b_strides
@@ -461,7 +469,7 @@ class Skinny(Family):
         if runroll is None:  # one row at a time where registers are tight (ptxas hoists less)
             runroll = 1 if budget <= 128 or need > budget - (24 if pipe else 40) else 4
         tiles = max(1, -(-p.N // bn))
-        units = -(-p.K // ks)
+        units = max(1, -(-p.K // ks))  # (K = 0: nothing to split; the api writes zeros)
         if p.batch_total != 1 or (option is not None and not option[0]):
             s = 1
         elif split is not None:

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from fastmm.families import FAMILIES
+from fastmm.families import FAMILIES, Skinny
 from fastmm.plan import select
 from fastmm.problem import DeviceFacts, Problem
 from fastmm.runtime.compiler import CompileError, compile_cubin
@@ -165,10 +165,14 @@ def test_configs_cover_every_family_arch_and_macro_value():
         for family in families:
             assert (arch, family) in seen, (arch, family)
     for arch in FAMILIES_FOR:
-        # skinny on every arch: each rows-per-thread option with float4 and with single-float B
-        assert {dict(m)["MT"] for m in seen[(arch, "skinny")]} == {8, 16, 32}, arch
-        assert {(dict(m)["MT"], dict(m)["B_VEC"]) for m in seen[(arch, "skinny")]} == {
-            (mt, vec) for mt in (8, 16, 32) for vec in (0, 1)}, arch
+        skinny = [dict(m) for m in seen[(arch, "skinny")]]
+        if DeviceFacts.simulated_device(arch).cc in Skinny.V2_BY_CC:  # v2: M rounded up to 4
+            assert all(m["SK_V2"] == 1 for m in skinny) and {m["B_VEC"] for m in skinny} == {0, 1}, arch
+            assert {m["MT"] for m in skinny} >= {4, 8, 16, 32}, arch
+            continue
+        # skinny v1: each rows-per-thread option with float4 and with single-float B
+        assert {m["MT"] for m in skinny} == {8, 16, 32}, arch
+        assert {(m["MT"], m["B_VEC"]) for m in skinny} == {(mt, vec) for mt in (8, 16, 32) for vec in (0, 1)}, arch
         assert (arch, "splitk_reduce") in seen  # skinny splits K on sm_75 too
     for arch in SM80_PLUS:
         assert (arch, "splitk_reduce") in seen

@@ -16,8 +16,11 @@ from fastmm.families import (FAMILIES, LOAD_ELEM_FAST, LOAD_ELEM_K, LOAD_NAMES, 
                              MAX_GRID_Z, MAX_SPLIT, MIN_KTILES_PER_SPLIT, SPLIT_COST, effective_split,
                              split_k_for)
 import fastmm.plan
+from fastmm.families import Skinny
 from fastmm.plan import INT32_MAX, MIN_CC, STAGE_MIN_FLOP_PER_BYTE, TINY_OUTPUTS, select
 from fastmm.problem import DeviceFacts, Problem
+from test_skinny_v2 import check_v2 as check_skinny_v2
+from test_skinny_v2 import stage_floats as v2_stage_floats
 
 ARCHS = ("sm_75", "sm_80", "sm_86", "sm_89", "sm_90")
 SM80_PLUS = ARCHS[1:]
@@ -54,7 +57,7 @@ def tile_from_macros(family: str, m: dict) -> tuple[int, int]:
     if family == "scalar":
         return 16, 16  # scalar.cu: TILE 16
     if family == "skinny":
-        return m["MT"], 128  # skinny.cu: MT rows, COLS 128 (32 lanes x 4 columns)
+        return m["MT"], m.get("SK_BN", 128)  # skinny.cu: MT rows, COLS 128 (v1) or SK_BN (v2)
     if family == "tf32_mma":
         return m["WARPS_M"] * 64, m["WARPS_N"] * m["WARP_N"]  # tf32_mma.cu: WARP_M 64
     if family == "wgmma_tf32":
@@ -72,6 +75,8 @@ def dynamic_smem_from_macros(family: str, m: dict) -> int:
         a = bm * (32 + 4) if m["A_SMEM_MK"] else 32 * (bm + 8)
         b = 32 * (bn + 8) if m["B_SMEM_KN"] else bn * (32 + 4)
         return m["STAGES"] * (a + b) * 4
+    if family == "skinny" and m.get("SK_V2"):  # skinny.cu v2: the ring, or the reduction slots
+        return 4 * max(m["SK_STAGES"] * v2_stage_floats(m), m["SK_RED"] * m["MT"] * m["SK_BN"])
     if family == "wgmma_tf32":  # wgmma_tf32.cu: STAGES x (A + B tiles of 32 floats a row, twice for
         parts = 2 if m["PRECISION_X3"] else 1  # tf32x3's halves), the mbarriers, 1 KiB to align the ring
         return m["STAGES"] * (parts * (bm + bn) * 32 * 4 + 16) + 1024
@@ -95,6 +100,8 @@ def check_geometry(plan) -> None:
     assert cfg.smem == dynamic_smem_from_macros(cfg.family, m)
     if cfg.family == "scalar":
         assert cfg.block_dims == (16, 16, 1) and cfg.block == 256
+    elif cfg.family == "skinny" and m.get("SK_V2"):
+        check_skinny_v2(cfg, p, dev)
     elif cfg.family == "skinny":
         assert cfg.block_dims == (256, 1, 1) and cfg.block == 256  # skinny.cu: THREADS 256
         assert m["MT"] in (8, 16, 32) and p.M <= m["MT"] and m["B_VEC"] in (0, 1)
@@ -785,9 +792,16 @@ def test_m_33_does_not_pick_skinny(arch, precision):
         select(p, DEV[arch], force="skinny")
 
 
+@pytest.fixture
+def skinny_v1(monkeypatch):
+    """The v1 skinny kernel on every arch (v2, sm_90's default, has its own tests in
+    test_skinny_v2.py, and test_random_problems_keep_every_invariant covers both)."""
+    monkeypatch.setattr(Skinny, "variant", "v1")
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("M,mt", [(1, 8), (3, 8), (8, 8), (9, 16), (16, 16), (17, 32), (31, 32), (32, 32)])
-def test_skinny_rows_per_thread_macro_is_m_rounded_up(arch, M, mt):
+def test_skinny_rows_per_thread_macro_is_m_rounded_up(arch, M, mt, skinny_v1):
     for N in (1100, 4096, 4099):
         plan = forced(Problem.dense(M, N, 4096), arch, "skinny")
         m, cfg = macros(plan), plan.kernel
@@ -799,7 +813,7 @@ def test_skinny_rows_per_thread_macro_is_m_rounded_up(arch, M, mt):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_skinny_b_vec_only_for_aligned_n_contiguous_b(arch):
+def test_skinny_b_vec_only_for_aligned_n_contiguous_b(arch, skinny_v1):
     def b_vec(p):
         plan = forced(p, arch, "skinny")
         m, d = macros(plan), dict(plan.kernel.details)
@@ -826,7 +840,7 @@ def test_skinny_b_vec_only_for_aligned_n_contiguous_b(arch):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_skinny_splits_k_for_a_batch_of_1_with_long_k(arch):
+def test_skinny_splits_k_for_a_batch_of_1_with_long_k(arch, skinny_v1):
     dev = DEV[arch]
     for M, K, kchunk in ((1, 4096, 256), (16, 4096, 256), (32, 16384, 128)):
         plan = select(Problem.dense(M, 4096, K), dev)
@@ -1008,7 +1022,11 @@ def test_random_problems_keep_every_invariant(p, arch, force):
     (sAm, sAk), (sBk, sBn), (sCm, sCn) = p.a_strides, p.b_strides, p.c_strides
     if cfg.split_k > 1:
         assert p.batch_total == 1
-    if cfg.family == "skinny":
+    if cfg.family == "skinny" and m.get("SK_V2"):
+        assert dev.cc in Skinny.V2_BY_CC or Skinny.variant is not None
+        assert p.M <= SKINNY_MAX_M and m["MT"] == -(-p.M // 4) * 4
+        assert m["B_VEC"] == int(sBn == 1 and _vector_ok(p.N, sBk, p.b_batch_strides, p.b_align))
+    elif cfg.family == "skinny":
         assert p.M <= SKINNY_MAX_M and m["MT"] == min(mt for mt in (8, 16, 32) if mt >= p.M)
         assert m["B_VEC"] == int(sBn == 1 and _vector_ok(p.N, sBk, p.b_batch_strides, p.b_align))
         assert cfg.split_k <= min(MAX_SPLIT, -(-p.K // skinny_kchunk(m)))

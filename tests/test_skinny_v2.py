@@ -1,6 +1,6 @@
-"""Skinny v2 (cuda_src/skinny.cu with SK_V2=1, Skinny.configure_v2): prepared, not yet the
-default. Its geometry on every arch, the switch that makes the planner use it, a spill-free
-build of a few kernels, and (on a GPU) results against float64."""
+"""Skinny v2 (cuda_src/skinny.cu with SK_V2=1, Skinny.configure_v2): the default on sm_90, where
+it was measured (Skinny.V2_BY_CC). Its geometry on every arch, the switch that selects it, a
+spill-free build of a few kernels, and (on a GPU) results against float64."""
 from __future__ import annotations
 
 import io
@@ -22,7 +22,7 @@ GEOMETRIES = [dict(bn=32, cpt=8), dict(bn=64, cpt=8), dict(bn=128, cpt=8), dict(
 SK = FAMILIES["skinny"]
 
 
-def _stage_floats(m: dict) -> int:
+def stage_floats(m: dict) -> int:
     """skinny.cu v2: STAGE_FLOATS = KS * BNP + KS * AP."""
     lanes_n = m["SK_BN"] // m["SK_CPT"]
     ks = 4 * (m["SK_THREADS"] // lanes_n) * m["SK_QPT"]
@@ -31,7 +31,8 @@ def _stage_floats(m: dict) -> int:
     return ks * (bnp + ap)
 
 
-def _check(cfg, p: Problem, dev: DeviceFacts) -> None:
+def check_v2(cfg, p: Problem, dev: DeviceFacts) -> None:
+    """The v2 geometry as skinny.cu defines it (also used by test_plan's geometry checks)."""
     m = dict(cfg.macros)
     assert m["SK_V2"] == 1 and m["MT"] % 4 == 0 and p.M <= m["MT"] <= 32
     lanes_n = m["SK_BN"] // m["SK_CPT"]
@@ -43,7 +44,7 @@ def _check(cfg, p: Problem, dev: DeviceFacts) -> None:
     assert cfg.tile == (m["MT"], m["SK_BN"], ks)
     assert m["SK_PIPE"] in (0, 1) and (dev.cc >= (8, 0) or m["SK_PIPE"] == 0)
     assert m["SK_STAGES"] >= 2 and (m["SK_PIPE"] or m["SK_STAGES"] == 2)
-    assert cfg.smem == 4 * max(m["SK_STAGES"] * _stage_floats(m), m["SK_RED"] * m["MT"] * m["SK_BN"])
+    assert cfg.smem == 4 * max(m["SK_STAGES"] * stage_floats(m), m["SK_RED"] * m["MT"] * m["SK_BN"])
     assert cfg.smem <= dev.smem_per_block_optin
     gx, gy, gz = cfg.grid
     assert gx == -(-p.N // m["SK_BN"]) and gz == min(p.batch_total, MAX_GRID_Z)
@@ -63,7 +64,7 @@ def test_v2_geometry_is_consistent_for_every_m_and_fits_the_device(arch, kw):
                             (4096, 1024, {"batch": 3})]:
             p = Problem.dense(M, N, K, **extra)
             cfg = SK.configure_v2(p, dev, **kw)  # shrinks the tile rather than fail
-            _check(cfg, p, dev)
+            check_v2(cfg, p, dev)
             assert SK.configure_v2(p, dev, (0,), **kw).grid[1] == 1  # option (0,): no split
 
 
@@ -72,16 +73,23 @@ def test_v2_decode16_on_sm90_is_one_wave_without_a_split():
     assert cfg.grid == (128, 1, 1) and dict(cfg.macros)["SK_STAGES"] == 4 and dict(cfg.macros)["SK_PIPE"] == 1
 
 
-def test_default_plan_is_unchanged_and_the_variant_switch_selects_v2(monkeypatch):
+def test_default_is_v2_where_measured_and_the_variant_switch_overrides_it(monkeypatch):
     p = Problem.dense(16, 4096, 4096)
     assert Skinny.variant is None
-    default = select(p, DEV["sm_90"]).kernel
-    assert "SK_V2" not in dict(default.macros) and default.block == 256 and default.smem == 0
+    default = select(p, DEV["sm_90"]).kernel  # measured there: 128 columns x 8 per thread
+    m = dict(default.macros)
+    assert (m["SK_V2"], m["SK_BN"], m["SK_CPT"], m["SK_PIPE"]) == (1, 128, 8, 1)
+    check_v2(default, p, DEV["sm_90"])
+    for arch in ("sm_75", "sm_80", "sm_86", "sm_89"):  # not measured there: v1
+        assert "SK_V2" not in dict(select(p, DEV[arch]).kernel.macros), arch
+    monkeypatch.setattr(Skinny, "variant", "v1")
+    v1 = select(p, DEV["sm_90"]).kernel
+    assert "SK_V2" not in dict(v1.macros) and v1.block == 256 and v1.smem == 0
     monkeypatch.setattr(Skinny, "variant", {"bn": 64})
     plan = select(p, DEV["sm_90"])
     assert plan.kernel.family == "skinny" and dict(plan.kernel.macros)["SK_V2"] == 1
     assert plan.kernel.grid == (64, 2, 1) and plan.reduce is not None  # 64 tiles x 2 splits
-    _check(plan.kernel, p, DEV["sm_90"])
+    check_v2(plan.kernel, p, DEV["sm_90"])
     plan = select(Problem.dense(16, 4096, 1024, batch=3), DEV["sm_75"])  # sm_75: registers, no split
     assert dict(plan.kernel.macros)["SK_PIPE"] == 0 and plan.kernel.grid[1:] == (1, 3) and plan.reduce is None
 
@@ -116,13 +124,19 @@ def test_v2_matches_float64_on_the_gpu(monkeypatch, rel_err, kw):
 
     if kw.get("pipe", 1) and torch.cuda.get_device_capability() < (8, 0):
         pytest.skip("cp.async needs sm80+")
+    from fastmm import api
+
     monkeypatch.setattr(Skinny, "variant", kw)
-    for M, N, K in [(1, 4096, 4096), (16, 4095, 4093), (17, 1000, 333), (32, 4096, 1024)]:
-        a, b = torch.randn(M, K, device="cuda"), torch.randn(K, N, device="cuda")
-        out = torch.full((M, N), float("nan"), device="cuda")
-        c, plan = run_forced(a, b, "skinny", "ieee", out=out)
-        assert dict(plan.kernel.macros)["SK_V2"] == 1
-        assert rel_err(c, a, b) <= 1e-5, (M, N, K)
-    a, b = torch.randn(3, 16, 1000, device="cuda"), torch.randn(1000, 4096, device="cuda")
-    c, _ = run_forced(a, b, "skinny", "ieee")
-    assert rel_err(c, a, b) <= 1e-5
+    api.forget_plans()  # plans made before the switch must not be reused, nor these after the test
+    try:
+        for M, N, K in [(1, 4096, 4096), (16, 4095, 4093), (17, 1000, 333), (32, 4096, 1024)]:
+            a, b = torch.randn(M, K, device="cuda"), torch.randn(K, N, device="cuda")
+            out = torch.full((M, N), float("nan"), device="cuda")
+            c, plan = run_forced(a, b, "skinny", "ieee", out=out)
+            assert dict(plan.kernel.macros)["SK_V2"] == 1
+            assert rel_err(c, a, b) <= 1e-5, (M, N, K)
+        a, b = torch.randn(3, 16, 1000, device="cuda"), torch.randn(1000, 4096, device="cuda")
+        c, _ = run_forced(a, b, "skinny", "ieee")
+        assert rel_err(c, a, b) <= 1e-5
+    finally:
+        api.forget_plans()
