@@ -431,7 +431,7 @@ class Skinny(Family):
         asked = (cpt, threads, qpt)
         limit = dev.smem_per_block_optin
         while True:  # shrink the per-thread tile until registers (no spills) and shared memory fit
-            mt, lanes_n, kg, ks = self.v2_geometry(p.M, bn=bn, cpt=cpt, threads=threads, qpt=qpt)
+            mt, lanes_n, kg, ks = self.v2_geometry(max(p.M, 1), bn=bn, cpt=cpt, threads=threads, qpt=qpt)
             budget = min(255, 65536 // (threads * minb) // 8 * 8)
             # sums, operands, addresses and loads hoisted ahead: calibrated with ptxas -v on
             # sm_75..sm_90 (benchmarks/skinny_v2_ptxas.py), where these keep every kernel spill-free

@@ -68,6 +68,14 @@ def test_v2_geometry_is_consistent_for_every_m_and_fits_the_device(arch, kw):
             assert SK.configure_v2(p, dev, (0,), **kw).grid[1] == 1  # option (0,): no split
 
 
+def test_v2_empty_problems_still_get_a_kernel_that_builds():
+    """M = 0 or K = 0 (the api writes zeros or nothing, but plans and loads first): MT stays in
+    skinny.cu's 4..32 and the split model has a unit to split."""
+    for p in (Problem.dense(0, 64, 64), Problem.dense(8, 64, 0), Problem.dense(0, 0, 0)):
+        m = dict(SK.configure_v2(p, DEV["sm_90"]).macros)
+        assert 4 <= m["MT"] <= 32 and m["MT"] % 4 == 0
+
+
 def test_v2_decode16_on_sm90_is_one_wave_without_a_split():
     cfg = SK.configure_v2(Problem.dense(16, 4096, 4096), DEV["sm_90"])
     assert cfg.grid == (128, 1, 1) and dict(cfg.macros)["SK_STAGES"] == 4 and dict(cfg.macros)["SK_PIPE"] == 1
