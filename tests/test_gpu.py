@@ -388,7 +388,8 @@ def test_skinny_matches_float64(N, K, rel_err):
         a0 = a.clone()
         c, plan = forced_plan(a, b, "skinny", "ieee")
         assert c.shape == (M, N) and c.dtype == torch.float32 and c.is_contiguous()
-        assert dict(plan.kernel.macros)["MT"] == (8 if M <= 8 else 16 if M <= 16 else 32)
+        m = dict(plan.kernel.macros)  # rows per thread: M rounded up to 4 (v2) or to 8, 16, 32 (v1)
+        assert m["MT"] == (max(4, -(-M // 4) * 4) if m.get("SK_V2") else 8 if M <= 8 else 16 if M <= 16 else 32)
         check(c, a, b, "ieee", rel_err)
         out = torch.full((M, N), NAN, device="cuda")
         assert forced_plan(a, b, "skinny", "tf32", out=out)[0] is out
