@@ -21,10 +21,11 @@
 // small = tf32(x - big) buffers (stage_kmajor.cu), so a slot holds four tiles. Per k-step:
 //   small_acc += A_big * B_small + A_small * B_big      (tensor core, the whole K)
 //   step      += A_big * B_big                            (tensor core, PROMOTE_EVERY k-steps)
-//   acc       += step      (then: fp32, its rounding error added to small_acc by two_sum_add)
-// The big products leave the tensor core every k-step because its fp32 accumulation is not
-// round-to-nearest (tf32_mma.cu measured the drift); the small terms are 2^-11 smaller, so their
-// drift does not show. C = acc + small_acc, except where acc is not finite (see tf32_mma.cu).
+//   acc       += step      (then: fp32, its rounding error added to small_acc: COMPENSATE)
+// The big products leave the tensor core every PROMOTE_EVERY k-steps (the host picks 1 or 2 by K,
+// families.X3_SHORT_K) because its fp32 accumulation is not round-to-nearest: the error grows with
+// the k-steps left in it (measured, benchmarks/NOTES.md run 8); the small terms are 2^-11
+// smaller, so their drift does not show. C = acc + small_acc, except where acc is not finite.
 #include "common.cuh"
 
 #if !defined(__CUDA_ARCH_FEAT_SM90_ALL)

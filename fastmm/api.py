@@ -20,6 +20,7 @@ from . import config
 from .plan import Plan, select
 from .problem import PRECISIONS, DeviceFacts, Problem
 from .runtime.compiler import CompileError
+from .runtime.tensor_map import TensorMapError
 from .tuned import TunedChoice, bucket_of
 
 _FLOAT32 = torch.float32
@@ -371,7 +372,16 @@ def _run(s: Shapes, c: torch.Tensor, precision: str, force: str | None) -> Plan:
         c.zero_()
         return plan
     with _on_device(dev_index):
-        _launch_plan(plan, loaded, reduce, s, c, problem, offsets, dev_index)
+        try:
+            _launch_plan(plan, loaded, reduce, s, c, problem, offsets, dev_index)
+        except TensorMapError as exc:
+            # The driver refused a tensor map the planner thought valid: torch.matmul computes
+            # this call (all of C again) and every later one of this problem.
+            reason = f"kernel {plan.kernel.family} could not describe an operand to the copy engine ({exc})"
+            _warn_once(f"fastmm: {reason}; torch.matmul serves this problem instead")
+            plan = dataclasses.replace(plan, kernel=None, reduce=None, fallback=reason)
+            with _prepared_guard:
+                _prepared[key] = (plan, None, None)
     return plan
 
 
@@ -560,8 +570,11 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
     entry = _fast.get(key)
     if entry and (out is None or not _ranges_overlap(entry, a, b, out)):
         return _launch_fast(entry, a, b, out)
+    out_shape = None if out is None else tuple(out.shape)
     result, plan, reason = matmul_fastmm(a, b, out, precision)
-    if plan is not None and reason is None and entry is None:
+    # (an out that was resized no longer matches the key, which holds its old shape: the next
+    # call with an out of that old shape must be resized again, so it is not remembered)
+    if plan is not None and reason is None and entry is None and (out is None or tuple(out.shape) == out_shape):
         _remember_fast(key, a, b, out, precision)
     return result
 

@@ -511,7 +511,8 @@ class MapSpec:
 def _tma_ready(rows_stride: int, k_stride: int, batch_strides: tuple[int, int], align: int) -> bool:
     """An operand the copy engine reads in place as a K-major tile: k contiguous, and the row
     pitch, batch strides and base pointer all 16-byte aligned (a tensor map's requirements)."""
-    return k_stride == 1 and rows_stride % 4 == 0 and align >= 16 and all(s % 4 == 0 for s in batch_strides)
+    return (k_stride == 1 and rows_stride > 0 and rows_stride % 4 == 0 and align >= 16
+            and all(s % 4 == 0 for s in batch_strides))  # (a 0 row stride, e.g. x.expand(M, K): copied)
 
 
 #: tf32x3 on wgmma keeps the big products in the tensor core for PROMOTE_EVERY k-steps of 32, then
@@ -570,14 +571,15 @@ class WgmmaTf32(Family):
         c_vec = (sCn == 1 and p.N % 2 == 0 and sCm % 2 == 0 and p.c_align >= 8
                  and all(s % 2 == 0 for s in p.c_batch_strides))
         macros = (("BN", bn), ("STAGES", stages), ("C_VEC", int(c_vec)), ("PRECISION_X3", int(x3)))
-        if x3:  # see X3_PROMOTE_EVERY
+        if x3:  # see X3_SHORT_K
             macros += (("PROMOTE_EVERY", 1 if p.K <= X3_SHORT_K else 2), ("COMPENSATE", 1))
         details = (("A, B loads", "TMA tiles of the big and small halves (K-major, 128-byte swizzle)" if x3 else
                     "TMA tiles (K-major, 128-byte swizzle), rounded to TF32 by the copy engine"),
                    ("pipeline", f"{stages} stages, 1 producer + 2 consumer warpgroups, mbarriers"),
                    ("C stores", "float2" if c_vec else "single floats"),
-                   ("math", f"3xTF32 wgmma m64n{bn}k8: big*big promoted to fp32 every k-step, small cross terms "
-                            "in their own accumulator" if x3 else f"TF32 wgmma m64n{bn}k8, fp32 accumulate"))
+                   ("math", f"3xTF32 wgmma m64n{bn}k8: big*big promoted to fp32 (compensated) every "
+                            f"{'k-step' if p.K <= X3_SHORT_K else '2 k-steps'}, small cross terms in their own "
+                            "accumulator" if x3 else f"TF32 wgmma m64n{bn}k8, fp32 accumulate"))
         return KernelConfig(self.name, self.source, self.entry, macros, self.threads, (self.threads, 1, 1),
                             _grid(_tiles(p, self.bm, bn), p.batch_total), self.smem_bytes(bn, stages, x3),
                             (self.bm, bn, self.bk), details, arch_suffix="a")

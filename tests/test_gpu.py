@@ -8,6 +8,7 @@ ieee 1e-5, tf32 1e-3, tf32x3 1e-6. Inputs are fresh ``torch.randn`` values for e
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -300,6 +301,47 @@ def test_out_of_the_wrong_shape_is_resized_with_torchs_warning(rel_err):
         assert fastmm.matmul(a, b, out=out, precision="ieee") is out
     assert out.shape == (30, 10)
     check(out, a, b, "ieee", rel_err)
+
+
+def test_resized_outs_are_resized_on_every_call_not_only_the_first(rel_err):
+    """The steady-state path is keyed by out's shape before the call: an out that needed resizing
+    must not leave an entry that writes M x N floats into the next small out."""
+    a, b = randn(300, 200), randn(200, 100)
+    for _ in range(3):
+        for small in (torch.empty(0, device="cuda"), torch.full((4, 4), NAN, device="cuda")):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)  # torch's resize warning for (4, 4)
+                got = fastmm.matmul(a, b, out=small, precision="ieee")
+            assert got is small and small.shape == (300, 100)
+            check(small, a, b, "ieee", rel_err)
+
+
+def test_a_refused_tensor_map_falls_back_to_torch(monkeypatch, rel_err):
+    needs_sm90()
+    from fastmm.runtime import tensor_map
+
+    def refuse(*args, **kwargs):
+        raise tensor_map.TensorMapError("refused (test)")
+
+    monkeypatch.setattr(tensor_map, "encode", refuse)
+    monkeypatch.setattr(api, "_prepared", {})
+    monkeypatch.setattr(api, "_fast", {})
+    a, b = randn(2048, 1024), randn(1024, 1536)
+    out = torch.full((2048, 1536), NAN, device="cuda")
+    assert fastmm.matmul(a, b, out=out, precision="tf32") is out
+    check(out, a, b, "tf32", rel_err)
+    assert fastmm.matmul(a, b, precision="tf32").shape == (2048, 1536)  # the fallback is remembered
+
+
+def test_wgmma_tf32x3_with_an_odd_number_of_k_steps_past_the_short_k(rel_err):
+    """K > X3_SHORT_K promotes every 2 k-steps; 4097 = 128 steps of 32 + 1: the last, odd step
+    runs the kernel's leftover branch."""
+    needs_sm90()
+    a, b = randn(256, 4097), randn(4097, 384)
+    c, plan = forced_plan(a, b, "wgmma_tf32", "tf32x3")
+    assert dict(plan.kernel.macros)["PROMOTE_EVERY"] == 2
+    check(c, a, b, "tf32x3", rel_err)
+    assert rel(c, a.double() @ b.double()) <= 3e-7
 
 
 def test_out_errors_are_torchs_errors():

@@ -1102,6 +1102,17 @@ def test_large_unaligned_problems_stage_b_for_simt_and_a_and_b_for_tf32(arch):
         assert "staged: B transposed into a 4095x4096 buffer (K-major" in plan.describe()
 
 
+def test_wgmma_copies_an_operand_with_a_zero_row_stride():
+    """x.expand(M, K) has row stride 0: no tensor map for it (the copy engine's strides are
+    positive), so the staging pass copies it; a K-major B^T expanded likewise."""
+    dev = DEV["sm_90"]
+    p = Problem(2048, 2048, 2048, (0, 1), (1, 2048), (2048, 1), precision="tf32")
+    plan = select(p, dev)
+    assert plan.kernel.family == "wgmma_tf32" and plan.staging == (("a", 2048, 2048),)
+    p = Problem(2048, 2048, 2048, (2048, 1), (1, 0), (2048, 1), precision="tf32")
+    assert select(p, dev).staging == (("bt", 2048, 2048),)
+
+
 @pytest.mark.parametrize("arch", SM80_PLUS)
 def test_staging_only_when_the_copy_is_cheap_and_the_layout_allows(arch):
     dev = DEV[arch]
