@@ -10,21 +10,11 @@ import torch
 
 sys.path.insert(0, ".")
 from fastmm import api  # noqa: E402
-from fastmm.families import FAMILIES  # noqa: E402
+from fastmm.families import FAMILIES, kmajor_source  # noqa: E402
 from fastmm.runtime import launcher, tensor_map  # noqa: E402
+from variants import time_ms  # noqa: E402  (benchmarks/variants.py, beside this script)
 
 WG = FAMILIES["wgmma_tf32"]
-
-
-def time_ms(fn, reps=20):
-    for _ in range(3):
-        fn()
-    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-    for s, e in ev:
-        s.record(); fn(); e.record()
-    torch.cuda.synchronize()
-    t = sorted(s.elapsed_time(e) for s, e in ev)
-    return t[len(t) // 2]
 
 
 def variant(cfg, p, bn, stages):
@@ -96,7 +86,8 @@ def main():
 
         def split_only():
             for (which, rows_, cols), stager, buf in zip(plan3.staging, plan3.stagers, bufs):
-                ptr, sr, sk = (a.data_ptr(), *p3.a_strides) if which == "a" else (b.data_ptr(), p3.b_strides[1], p3.b_strides[0])
+                _, sr, sk, _ = kmajor_source(p3, which)
+                ptr = a.data_ptr() if which == "a" else b.data_ptr()
                 launcher.launch(launcher.load(plan3.device, stager), stream,
                                 (ptr, buf[0].data_ptr(), buf[1].data_ptr(), rows_, K, sr, sk, cols))
         ms = time_ms(split_only)

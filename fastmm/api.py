@@ -431,7 +431,7 @@ def _launch_wgmma(plan, loaded, stream: int, s: Shapes, c: torch.Tensor, p: Prob
     halves of both operands), then the GEMM, which reads A and B through tensor maps. The maps
     hold the data pointers, so they are encoded for each call (microseconds, next to products
     this family only takes when they are large)."""
-    from .families import FAMILIES
+    from .families import FAMILIES, kmajor_source
     from .runtime import launcher, tensor_map
 
     x3 = plan.precision_used == "tf32x3"
@@ -440,12 +440,11 @@ def _launch_wgmma(plan, loaded, stream: int, s: Shapes, c: torch.Tensor, p: Prob
     for (which, rows, cols), stager in zip(plan.staging, plan.stagers):
         buf = torch.empty(2 if x3 else 1, rows, cols, dtype=_FLOAT32, device=c.device)
         staged.append(buf)
-        src = plan.problem
-        ptr, s_rows, s_k = ((a_parts[0], *src.a_strides) if which == "a" else
-                            (b_parts[0], src.b_strides[1], src.b_strides[0]))
+        _, s_rows, s_k, _ = kmajor_source(plan.problem, which)
+        ptr = a_parts[0] if which == "a" else b_parts[0]
         parts = (buf[0].data_ptr(), buf[1].data_ptr()) if x3 else (buf[0].data_ptr(),)
         launcher.launch(launcher.load(plan.device, stager), stream,
-                        (ptr, parts[0], parts[-1], rows, src.K, s_rows, s_k, cols))
+                        (ptr, parts[0], parts[-1], rows, plan.problem.K, s_rows, s_k, cols))
         if which == "a":
             a_parts = parts
         else:

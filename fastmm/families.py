@@ -603,13 +603,19 @@ class WgmmaTf32(Family):
         return specs[0], specs[1], bits
 
 
+def kmajor_source(p: Problem, which: str) -> tuple[int, int, int, int]:
+    """(rows, row stride, k stride, pointer alignment) of the operand the staging pass reads:
+    A as it is (rows = M), or B read as B^T (rows = N). The kernel's arguments and its macros
+    both come from here."""
+    if which == "a":
+        return p.M, p.a_strides[0], p.a_strides[1], p.a_align
+    return p.N, p.b_strides[1], p.b_strides[0], p.b_align
+
+
 def stage_kmajor_config(p: Problem, which: str, split: bool) -> KernelConfig:
     """The staging pass of the wgmma family (cuda_src/stage_kmajor.cu): operand ``which`` ("a", or
     "bt" for B transposed) copied into a dense K-major buffer, split into TF32 halves for tf32x3."""
-    if which == "a":
-        rows, (s_rows, s_k), align = p.M, p.a_strides, p.a_align
-    else:
-        rows, (s_k, s_rows), align = p.N, p.b_strides, p.b_align
+    rows, s_rows, s_k, align = kmajor_source(p, which)
     r_contig = s_rows == 1 and s_k != 1
     # float4 reads along the contiguous dim: the other stride and the pointer 16-byte aligned
     vec = _vec_ok(4, s_k if r_contig else s_rows, (), align) and (s_rows == 1 if r_contig else s_k == 1)
