@@ -361,7 +361,7 @@ def dispatch_cases(quick: bool) -> list[Case]:
 
 def wgmma_cases(dev: DeviceFacts, precision: str, quick: bool) -> list[Case]:
     """The TMA family: tile edges (the copy engine zero-fills past M, N, K), the staging pass
-    (transposed, unaligned, split into halves for tf32x3), and K-major batches (tf32 only)."""
+    (transposed, unaligned, split into halves for tf32x3), batches in place (tf32) and copied."""
     out: list[Case] = []
 
     def add(group, M, N, K, **kw):
@@ -380,9 +380,15 @@ def wgmma_cases(dev: DeviceFacts, precision: str, quick: bool) -> list[Case]:
     add("staging", 1030, 1030, 7)
     if precision == "tf32":
         add("edge", 1409, 2817, 40, b_t=True)  # enough tiles for the 128 x 256 tile
-    if precision == "tf32":  # batches run in place when K-major (tf32x3 takes a batch of 1)
+    # batches: in place where the layout allows (tf32), else copied per matrix (tf32x3 always)
+    add("batch", bm - 1, bn + 1, bk + 3, batch=3, b_broadcast=True)  # K % 4 != 0: copies of both
+    if precision == "tf32":
         add("batch", bm + 1, bn - 1, bk + 4, batch=3, b_t=True)  # (K % 4 == 0: 16-byte row pitches)
         add("batch", bm - 1, bn + 1, bk + 4, batch=3, b_broadcast=True, b_t=True)
+        # in place without K-major copies: row-major B (C^T = B^T A^T), m-contiguous A (registers)
+        add("batch", bm + 1, bn + 4, bk + 4, batch=3)
+        add("batch", bm + 4, bn - 1, bk + 4, batch=3, a_t=True, b_t=True)
+        add("batch", bm + 1, bn + 4, deep + 4, batch=3, b_broadcast=True, c_t=True)
     add("alloc", bm + 1, bn + 1, deep + 1, alloc=True)
     if not quick:
         add("randn", 300, 257, 129, values="randn")

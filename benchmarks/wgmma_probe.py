@@ -89,7 +89,7 @@ def main():
                 _, sr, sk, _ = kmajor_source(p3, which)
                 ptr = a.data_ptr() if which == "a" else b.data_ptr()
                 launcher.launch(launcher.load(plan3.device, stager), stream,
-                                (ptr, buf[0].data_ptr(), buf[1].data_ptr(), rows_, K, sr, sk, cols))
+                                (ptr, buf[0].data_ptr(), buf[1].data_ptr(), rows_, K, sr, sk, cols, 1, 1, 0, 0))
         ms = time_ms(split_only)
         rows.append((f"{M}x{N}x{K}", "tf32x3 split pass alone", ms, float("nan"), float("nan")))
         x3 = api.matmul(a, b, precision="tf32x3")

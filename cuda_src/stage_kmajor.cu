@@ -3,7 +3,9 @@
 //     dst[r * ld + k] = src[r * sR + k * sK]        for r < R, k < K
 // (R = M for A; R = N for B, whose K-major form is B transposed). The row pitch ld is K rounded
 // up to 4 floats (16 bytes, a tensor map's stride unit); the pad is written with zeros and never
-// read.
+// read. Batches: matrix z (z0 = z / batch_inner, z1 = z % batch_inner) of the source starts at
+// z0 * s0 + z1 * s1 and goes to dst + z * R * ld (the host passes only the batch dims the operand
+// really has, so a broadcast operand is copied once).
 //
 // SPLIT = 1 (tf32x3): dst gets big = tf32(x) and dst2 small = tf32(x - big), both rounded to
 // nearest (cvt.rna), so the GEMM reads ready-made TF32 halves. For +-Inf and NaN small is 0: the
@@ -54,15 +56,14 @@ __device__ __forceinline__ void get4(const float* src, i64 at, i64 stride, int l
     for (int i = 0; i < 4; ++i) v[i] = i < left ? src[at + i * stride] : 0.f;
 }
 
-extern "C" __global__ void __launch_bounds__(256) fastmm_stage_kmajor(
-    const float* __restrict__ src, float* __restrict__ dst, float* __restrict__ dst2,
-    i64 R_, i64 K_, i64 sR, i64 sK, i64 ld) {
-    const int R = (int)R_, K = (int)K_;
-    const int tiles_k = (K + TILE - 1) / TILE;
-    const int r0 = (int)(blockIdx.x / tiles_k) * TILE, k0 = (int)(blockIdx.x % tiles_k) * TILE;
+// One 64 x 64 tile (rows r0.., k0..) of one matrix.
+__device__ __forceinline__ void stage_tile(const float* __restrict__ src, float* __restrict__ dst,
+                                           float* __restrict__ dst2, int R, int K, i64 sR, i64 sK, i64 ld,
+                                           int r0, int k0) {
     const int q = (threadIdx.x % 16) * 4, row = threadIdx.x / 16;  // 16 threads x 4 floats = 64
 #if SRC_R_CONTIG
     __shared__ float tile[TILE][TILE + 1];  // [k][r], padded: column reads hit distinct banks
+    __syncthreads();  // the previous matrix's reads of the tile are done
 #pragma unroll
     for (int p = 0; p < TILE / 16; ++p) {
         const int k = k0 + row + 16 * p, r = r0 + q;
@@ -92,4 +93,15 @@ extern "C" __global__ void __launch_bounds__(256) fastmm_stage_kmajor(
         }
     }
 #endif
+}
+
+extern "C" __global__ void __launch_bounds__(256) fastmm_stage_kmajor(
+    const float* __restrict__ src, float* __restrict__ dst, float* __restrict__ dst2,
+    i64 R_, i64 K_, i64 sR, i64 sK, i64 ld, i64 batch_inner, i64 batch_total, i64 s0, i64 s1) {
+    const int R = (int)R_, K = (int)K_;
+    const int tiles_k = (K + TILE - 1) / TILE;
+    const int r0 = (int)(blockIdx.x / tiles_k) * TILE, k0 = (int)(blockIdx.x % tiles_k) * TILE;
+    for (i64 z = blockIdx.z; z < batch_total; z += gridDim.z)
+        stage_tile(src + (z / batch_inner) * s0 + (z % batch_inner) * s1, dst + z * R_ * ld, dst2 + z * R_ * ld,
+                   R, K, sR, sK, ld, r0, k0);
 }

@@ -14,6 +14,14 @@
 // The maps use the TFLOAT32 element type: the copy engine rounds fp32 to TF32 on the way in
 // (checked against cvt.rna by tests/test_gpu.py), the tensor core would otherwise truncate.
 //
+// A_MN = 1: A is MN-major (m contiguous; the host also maps B-row-major products here as
+// C^T = B^T A^T). TF32 wgmma cannot read such a tile from shared memory, so each consumer thread
+// loads its fragments with 8-byte shared loads and feeds A from registers. The A tile arrives as
+// four 32-row boxes (128 bytes of m by BK rows of k, 128-byte swizzle). A warp's 16 fragment rows
+// are tile rows chosen so those loads hit every bank exactly twice per instruction (the minimum
+// for 256 bytes), and so that fragment rows g and g + 8 are adjacent tile rows: with C^T written
+// as C (C_VEC = 2) each thread then stores float2 pairs along C's contiguous dim.
+//
 // The batch is walked as in common.cuh (z = z0 * batch_inner + z1) through the maps' 3rd and 4th
 // dims; an operand broadcast along one of them has that dim of size 1 (BCAST bit clear).
 //
@@ -44,6 +52,12 @@
 #ifndef PRECISION_X3
 #define PRECISION_X3 0
 #endif
+#ifndef A_MN
+#define A_MN 0
+#endif
+#if A_MN && PRECISION_X3
+#error "tf32x3 reads split K-major halves: A_MN is for tf32 only"
+#endif
 #ifndef COMPENSATE
 #define COMPENSATE 1  // tf32x3 promotion: 2 = two_sum_add, 1 = fast_two_sum_add, 0 = plain add
 #endif
@@ -70,8 +84,13 @@ __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.a
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(N) : "memory"); }
-// Keep the compiler from moving accumulator reads/writes across an asynchronous wgmma.
+// Keep the compiler from moving accumulator reads/writes across an asynchronous wgmma (and from
+// reusing an A fragment's registers while a wgmma may still read them).
 __device__ __forceinline__ void reg_fence(float& r) { asm volatile("" : "+f"(r) :: "memory"); }
+__device__ __forceinline__ void reg_fence(unsigned& r) { asm volatile("" : "+r"(r) :: "memory"); }
+__device__ __forceinline__ void lds_v2(unsigned addr, unsigned& x, unsigned& y) {
+    asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n" : "=r"(x), "=r"(y) : "r"(addr));
+}
 
 // Shared-memory matrix descriptor: K-major tile, rows of 128 bytes, 128-byte swizzle; groups of
 // 8 rows are 1024 bytes apart (stride byte offset); the leading byte offset is unused here.
@@ -80,68 +99,43 @@ __device__ __forceinline__ unsigned long long smem_desc(unsigned addr) {
            | (1ull << 62);
 }
 
-// D(64x128) (+)= A(64x8, smem) * B(8x128, smem); 64 fp32 accumulators per thread.
-__device__ __forceinline__ void wgmma_m64n128k8(float* d, unsigned long long da, unsigned long long db, int accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\n"
-        "setp.ne.b32 p, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-        "{" 
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-        "}, %64, %65, p, 1, 1;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "l"(da), "l"(db), "r"(accumulate));
-}
+// Operand lists of the wgmma wrappers: the accumulators tied 8 at a time ("+f": read and
+// written by the instruction), and their %-numbers in the PTX string.
+#define ACC8(b) "+f"(d[b]), "+f"(d[b + 1]), "+f"(d[b + 2]), "+f"(d[b + 3]), "+f"(d[b + 4]), "+f"(d[b + 5]), "+f"(d[b + 6]), "+f"(d[b + 7])
+#define ACC64(b) ACC8(b), ACC8(b + 8), ACC8(b + 16), ACC8(b + 24), ACC8(b + 32), ACC8(b + 40), ACC8(b + 48), ACC8(b + 56)
+#define REGS_0_63 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define REGS_64_127 "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
 
-// D(64x256) (+)= A(64x8, smem) * B(8x256, smem); 128 fp32 accumulators per thread.
-__device__ __forceinline__ void wgmma_m64n256k8(float* d, unsigned long long da, unsigned long long db, int accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\n"
-        "setp.ne.b32 p, %130, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32 "
-        "{" 
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63,"
-        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,"
-        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95,"
-        "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111,"
-        "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
-        "}, %128, %129, p, 1, 1;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-          "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-          "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-          "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-          "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-          "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-          "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-          "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-        : "l"(da), "l"(db), "r"(accumulate));
+// D(64xN) (+)= A(64x8) * B(8xN), fp32 accumulators (N/2 per thread); B K-major in shared memory.
+// _ss: A K-major in shared memory too. _rs: A from registers (the fragment of mma.m16n8k8 per
+// warp: rows g, g + 8 at k = t, then at k = t + 4), for an A that is not K-major in memory.
+__device__ __forceinline__ void wgmma_m64n128k8_ss(float* d, unsigned long long da, unsigned long long db, int accumulate) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 {" REGS_0_63 "}, %64, %65, p, 1, 1;\n}\n"
+                 : ACC64(0) : "l"(da), "l"(db), "r"(accumulate));
+}
+__device__ __forceinline__ void wgmma_m64n256k8_ss(float* d, unsigned long long da, unsigned long long db, int accumulate) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32 {" REGS_0_63 ", " REGS_64_127 "}, %128, %129, p, 1, 1;\n}\n"
+                 : ACC64(0), ACC64(64) : "l"(da), "l"(db), "r"(accumulate));
+}
+__device__ __forceinline__ void wgmma_m64n128k8_rs(float* d, const unsigned* a, unsigned long long db, int accumulate) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 {" REGS_0_63 "}, {%64, %65, %66, %67}, %68, p, 1, 1;\n}\n"
+                 : ACC64(0) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
+}
+__device__ __forceinline__ void wgmma_m64n256k8_rs(float* d, const unsigned* a, unsigned long long db, int accumulate) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32 {" REGS_0_63 ", " REGS_64_127 "}, {%128, %129, %130, %131}, %132, p, 1, 1;\n}\n"
+                 : ACC64(0), ACC64(64) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
 }
 
 #if BN == 256
-#define WGMMA wgmma_m64n256k8
+#define WGMMA wgmma_m64n256k8_ss
+#define WGMMA_RS wgmma_m64n256k8_rs
 #elif BN == 128
-#define WGMMA wgmma_m64n128k8
+#define WGMMA wgmma_m64n128k8_ss
+#define WGMMA_RS wgmma_m64n128k8_rs
 #else
 #error "BN must be 128 or 256"
 #endif
@@ -224,7 +218,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fastmm_wgmma_tf32(
                     mbar_wait(bars + 8 * (STAGES + s), phase ^ 1);
                     const unsigned full = bars + 8 * s, dst = base + s * STAGE_BYTES;
                     mbar_arrive_expect_tx(full, STAGE_BYTES);
+#if A_MN
+#pragma unroll
+                    for (int j = 0; j < BM / 32; ++j)  // box j: tile rows 32j..32j+31, all BK k rows
+                        tma_load_4d(dst + j * (32 * BK * 4), &mapA, full, tm * BM + 32 * j, kt * BK, a2, a3);
+#else
                     tma_load_4d(dst, &mapA, full, kt * BK, tm * BM, a2, a3);
+#endif
 #if PRECISION_X3
                     tma_load_4d(dst + A_BYTES, &mapA2, full, kt * BK, tm * BM, a2, a3);
                     tma_load_4d(dst + 2 * A_BYTES, &mapB, full, kt * BK, tn * BN, b2, b3);
@@ -240,6 +240,15 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fastmm_wgmma_tf32(
         const int cw = wg - 1;  // which 64 rows of the tile
         const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
         float d[ACC];  // tf32: the accumulators; tf32x3: the promoted big products
+#if A_MN
+        // Tile rows of this thread's fragment rows g (pair_row) and g + 8 (pair_row + 1); the
+        // fragment of k-step kk sits at k rows 8kk + t and 8kk + t + 4 of box (2 cw + warp / 2).
+        const int g = lane / 4, t = lane % 4;
+        const int m_in_box = 16 * (g / 4) + 8 * (warp % 2) + 2 * (g % 4);
+        const int pair_row = 32 * (2 * cw + warp / 2) + m_in_box;
+        const unsigned a_frag = (2 * cw + warp / 2) * (32 * BK * 4) + (m_in_box % 4) * 4;
+        const unsigned a_chunk = m_in_box / 4;
+#endif
 #if PRECISION_X3
         float step[ACC], small[ACC];
 #endif
@@ -269,7 +278,36 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fastmm_wgmma_tf32(
                 const int s = it % STAGES;
                 mbar_wait(bars + 8 * s, (it / STAGES) & 1);
                 const unsigned slot = base + s * STAGE_BYTES;
-                const unsigned a_tile = slot + cw * 64 * 128, b_tile = slot + A_BYTES;
+                const unsigned b_tile = slot + A_BYTES;
+#if A_MN
+                unsigned fa[BK / 8][4];
+#pragma unroll
+                for (int kk = 0; kk < BK / 8; ++kk)
+#pragma unroll
+                    for (int half = 0; half < 2; ++half) {
+                        const unsigned kr = 8 * kk + t + 4 * half;  // 128-byte row; swizzle: chunk ^ (kr % 8)
+                        lds_v2(slot + a_frag + kr * 128 + ((a_chunk ^ (kr & 7)) << 4), fa[kk][2 * half], fa[kk][2 * half + 1]);
+                    }
+#pragma unroll
+                for (int i = 0; i < ACC; ++i) reg_fence(d[i]);
+                wgmma_fence();
+#pragma unroll
+                for (int kk = 0; kk < BK / 8; ++kk) WGMMA_RS(d, fa[kk], smem_desc(b_tile + kk * 32), kt > 0 || kk > 0);
+                wgmma_commit();
+                // All of this step's wgmmas done: their fragment registers may be reused and the
+                // slot goes back to the producer. (The other consumer warpgroup's queued wgmmas
+                // keep the tensor core busy while this one loads its next fragments.)
+                wgmma_wait<0>();
+#pragma unroll
+                for (int i = 0; i < ACC; ++i) reg_fence(d[i]);
+#pragma unroll
+                for (int kk = 0; kk < BK / 8; ++kk)
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) reg_fence(fa[kk][i]);
+                if (lane == 0) mbar_arrive(bars + 8 * (STAGES + s));
+            }
+#else
+                const unsigned a_tile = slot + cw * 64 * 128;
 #pragma unroll
                 for (int i = 0; i < ACC; ++i) reg_fence(d[i]);
                 wgmma_fence();
@@ -288,19 +326,42 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fastmm_wgmma_tf32(
 #pragma unroll
             for (int i = 0; i < ACC; ++i) reg_fence(d[i]);
             if (lane == 0) mbar_arrive(bars + 8 * (STAGES + (it - 1) % STAGES));
-#endif
+#endif  // A_MN
+#endif  // PRECISION_X3
 
-            // Epilogue: thread (warp, lane) holds, for each 8-column group j, rows g and g + 8
-            // of its warp's 16 rows, columns 2t and 2t + 1 (g = lane / 4, t = lane % 4).
+            // Epilogue: thread (warp, lane) holds, for each 8-column group j, fragment rows g and
+            // g + 8 of its warp's 16 rows, columns 2t and 2t + 1 (g = lane / 4, t = lane % 4).
             float* Cb = C + (i64)(z / batch_inner) * sC0 + (i64)(z % batch_inner) * sC1;
-            const int row = tm * BM + cw * 64 + warp * 16 + lane / 4;
+#if A_MN
+            const int row = tm * BM + pair_row;  // fragment row g + 8 is tile row + 1
+#else
+            const int row = tm * BM + cw * 64 + warp * 16 + lane / 4;  // fragment row g + 8: row + 8
+#endif
             const int col0 = tn * BN + 2 * (lane % 4);
+#if C_VEC == 2
+#if !A_MN
+#error "C_VEC = 2 stores the adjacent row pairs of A_MN"
+#endif
+            // C contiguous along m (a product computed transposed): float2 over the row pair.
+#pragma unroll
+            for (int j = 0; j < BN / 8; ++j) {
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int col = col0 + 8 * j + e;
+                    if (col >= N || row >= M) continue;
+                    const float v0 = d[4 * j + e], v1 = d[4 * j + 2 + e];
+                    float* p = Cb + (i64)row * sCm + (i64)col * sCn;
+                    if (row + 1 < M) *(float2*)p = make_float2(v0, v1);
+                    else p[0] = v0;
+                }
+            }
+#else
 #pragma unroll
             for (int j = 0; j < BN / 8; ++j) {
                 const int col = col0 + 8 * j;
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
-                    const int r = row + 8 * h;
+                    const int r = row + (A_MN ? 1 : 8) * h;
                     if (r >= M) continue;
                     float v0 = d[4 * j + 2 * h], v1 = d[4 * j + 2 * h + 1];
 #if PRECISION_X3
@@ -317,6 +378,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fastmm_wgmma_tf32(
 #endif
                 }
             }
+#endif  // C_VEC
         }
     }
 }

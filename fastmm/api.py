@@ -427,36 +427,11 @@ def _launch_plan(plan, loaded, reduce, s: Shapes, c: torch.Tensor, problem: Prob
 
 
 def _launch_wgmma(plan, loaded, stream: int, s: Shapes, c: torch.Tensor, p: Problem, offsets) -> None:
-    """The wgmma family: first the staging kernels (K-major copies; for tf32x3 the big and small
-    halves of both operands), then the GEMM, which reads A and B through tensor maps. The maps
-    hold the data pointers, so they are encoded for each call (microseconds, next to products
-    this family only takes when they are large)."""
-    from .families import FAMILIES, kmajor_source
-    from .runtime import launcher, tensor_map
-
-    x3 = plan.precision_used == "tf32x3"
-    a_parts, b_parts = (s.a.data_ptr(),), (s.b.data_ptr(),)
-    staged = []  # the buffers stay referenced until the GEMM is queued (see _launch_plan)
-    for (which, rows, cols), stager in zip(plan.staging, plan.stagers):
-        buf = torch.empty(2 if x3 else 1, rows, cols, dtype=_FLOAT32, device=c.device)
-        staged.append(buf)
-        _, s_rows, s_k, _ = kmajor_source(plan.problem, which)
-        ptr = a_parts[0] if which == "a" else b_parts[0]
-        parts = (buf[0].data_ptr(), buf[1].data_ptr()) if x3 else (buf[0].data_ptr(),)
-        launcher.launch(launcher.load(plan.device, stager), stream,
-                        (ptr, parts[0], parts[-1], rows, plan.problem.K, s_rows, s_k, cols))
-        if which == "a":
-            a_parts = parts
-        else:
-            b_parts = parts
-    spec_a, spec_b, bits = FAMILIES["wgmma_tf32"].map_specs(p, plan.kernel)
-    pc = c.data_ptr()
+    """The wgmma family, one :func:`_wgmma_runner` call per launch offset."""
+    run = _wgmma_runner(plan, loaded, p, c.device)
+    pa, pb, pc = s.a.data_ptr(), s.b.data_ptr(), c.data_ptr()
     for oa, ob, oc in offsets:
-        # tf32x3 halves are TF32 already: plain fp32 maps; tf32: the copy engine rounds
-        maps = tuple(tensor_map.encode(ptr + 4 * oa, spec_a, tf32=not x3) for ptr in a_parts) + tuple(
-            tensor_map.encode(ptr + 4 * ob, spec_b, tf32=not x3) for ptr in b_parts)
-        launcher.launch_with_maps(loaded, stream, maps, (
-            pc + 4 * oc, p.M, p.N, p.K, *p.c_strides, p.batch_inner, p.batch_total, *p.c_batch_strides, bits))
+        run(pa + 4 * oa, pb + 4 * ob, pc + 4 * oc, stream)
 
 
 def _overlaps(x: torch.Tensor, y: torch.Tensor) -> bool:
@@ -568,7 +543,11 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
     key = _fast_key(a, b, out, precision)
     entry = _fast.get(key)
     if entry and (out is None or not _ranges_overlap(entry, a, b, out)):
-        return _launch_fast(entry, a, b, out)
+        try:
+            return _launch_fast(entry, a, b, out)
+        except TensorMapError:  # (not expected: the first call encoded the same geometry)
+            _fast[key] = ()  # the full path decides, and falls back to torch if it must
+            entry = ()
     out_shape = None if out is None else tuple(out.shape)
     result, plan, reason = matmul_fastmm(a, b, out, precision)
     # (an out that was resized no longer matches the key, which holds its old shape: the next
@@ -579,8 +558,14 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
 
 
 # ---------------------------------------------------------------------------------------------
-# the steady-state path: one dict lookup, (an allocation,) one launch
+# the steady-state path: one dict lookup, (an allocation,) one launch (split-K: two)
 
+#: _fast_key(...) -> () for a key that never takes this path, else the plain tuple
+#: (view_shape, out_shape, loaded, tail, device, index, extents, runner) (a NamedTuple unpacks
+#: ~35 ns slower): the loaded kernel and its arguments after the (a, b, c) pointers; the device
+#: and its index; extents, the bytes of (a, b, out) or None, at [6] (read by _ranges_overlap);
+#: runner None (one plain launch), or runner(pa, pb, pc, stream) queues a plan that takes more
+#: than that: split-K (the GEMM into a workspace, then the reduce pass) or wgmma (tensor maps).
 _fast: dict[tuple, tuple] = {}
 
 
@@ -629,8 +614,10 @@ def _ranges_overlap(entry: tuple, a: torch.Tensor, b: torch.Tensor, out: torch.T
 
 def _remember_fast(key: tuple, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, precision: str) -> None:
     """After a first call has planned and loaded the kernel: keep what the next identical call
-    needs. Only for the common case: one launch, no split-K workspace, K > 0, and an ``out``
-    (if any) that already had the right shape and is written directly."""
+    needs. Only for one launch offset (split-K plans: the GEMM and its reduce pass; wgmma: its
+    copies and the GEMM), no operands staged by torch (the SIMT and mma.sync families' padded
+    copies), K > 0, and an ``out`` (if any) that already had the right shape and is written
+    directly."""
     s = analyse(a, b)
     if s.K == 0 or any(n == 0 for n in s.batch + (s.M, s.N)):
         return
@@ -646,30 +633,98 @@ def _remember_fast(key: tuple, a: torch.Tensor, b: torch.Tensor, out: torch.Tens
     hit = _prepared.get((index, problem, config.forced_kernel()))
     if hit is None:
         return
-    if (len(offsets) != 1 or hit[2] is not None or hit[0].staging or hit[0].kernel is None
-            or hit[0].kernel.family == "wgmma_tf32"):  # (its tensor maps are made per call)
+    plan, loaded, reduce = hit
+    if len(offsets) != 1 or plan.kernel is None or (plan.staging and plan.kernel.family != "wgmma_tf32"):
         # Never fast for this key (these depend on the problem only): remember that too, so the
         # next call does not analyse the problem a third time just to find out again.
         if len(_fast) >= MAX_CACHED_SHAPES:
             _fast.clear()
         _fast[key] = ()
         return
-    p = problem
-    tail = (p.M, p.N, p.K, *p.a_strides, *p.b_strides, *p.c_strides, p.batch_inner, p.batch_total,
-            *p.a_batch_strides, *p.b_batch_strides, *p.c_batch_strides)
+    p = plan.launch_problem or problem  # (as _launch_plan; None without staging or swap)
+    runner = None
+    if plan.kernel.family == "wgmma_tf32":
+        tail, runner = (), _wgmma_runner(plan, loaded, p, a.device)
+    elif reduce is None:
+        tail = (p.M, p.N, p.K, *p.a_strides, *p.b_strides, *p.c_strides, p.batch_inner, p.batch_total,
+                *p.a_batch_strides, *p.b_batch_strides, *p.c_batch_strides)
+    else:  # the arguments _launch_plan passes: S slices of M x N in the workspace, then the reduce
+        slices = plan.kernel.split_k
+        tail = (p.M, p.N, p.K, *p.a_strides, *p.b_strides, p.N, 1,
+                1, 1, *p.a_batch_strides, *p.b_batch_strides, p.M * p.N, 0)
+        runner = _split_runner(loaded, tail, reduce, slices * p.M * p.N, (p.M, p.N, slices, *p.c_strides), a.device)
+        tail = ()
     extents = (_extent(a), _extent(b), _extent(out)) if out is not None else None
     if len(_fast) >= MAX_CACHED_SHAPES:
         _fast.clear()
-    _fast[key] = (view_shape, s.out_shape, hit[1], tail, a.device, index, extents)
+    _fast[key] = (view_shape, s.out_shape, loaded, tail, a.device, index, extents, runner)
+
+
+def _split_runner(loaded, tail: tuple, reduce, work_floats: int, reduce_tail: tuple, device):
+    """Split-K: partial slices into a workspace, then the fixed-order sum into C. The workspace
+    may be dropped on return: the caching allocator is stream-ordered."""
+    from .runtime.launcher import launch
+
+    def run(pa: int, pb: int, pc: int, stream: int) -> None:
+        work = torch.empty(work_floats, dtype=_FLOAT32, device=device)
+        launch(loaded, stream, (pa, pb, work.data_ptr()) + tail)
+        launch(reduce, stream, (work.data_ptr(), pc) + reduce_tail)
+    return run
+
+
+def _wgmma_runner(plan, loaded, p: Problem, device: torch.device):
+    """``run(pa, pb, pc, stream)`` queues one launch of a wgmma plan (launch problem ``p``) on
+    operands at pa, pb and C at pc (staging buffers on ``device``): first the staging kernels, if any (K-major copies; for tf32x3
+    the big and small halves), then the GEMM, which reads A and B through tensor maps. The maps
+    hold the data pointers, so they are looked up (or encoded, ~3 us) per call; everything else
+    is worked out here, once per plan, so the steady-state path can keep ``run``."""
+    from .families import FAMILIES, kmajor_batch, kmajor_source
+    from .runtime import launcher, tensor_map
+
+    x3 = plan.precision_used == "tf32x3"
+    spec_a, spec_b, bits = FAMILIES["wgmma_tf32"].map_specs(p, plan.kernel)
+    tail = (p.M, p.N, p.K, *p.c_strides, p.batch_inner, p.batch_total, *p.c_batch_strides, bits)
+    swap, gemm = plan.swap_ab, launcher.maps_launcher(loaded)
+    copies = []  # (copies A?, buffer shape, loaded stager, its arguments after (src, big, small))
+    for (which, rows, cols), stager in zip(plan.staging, plan.stagers):
+        _, s_rows, s_k, _ = kmajor_source(plan.problem, which)
+        inner, total, s0, s1 = kmajor_batch(plan.problem, which)
+        copies.append((which == "a", (2 if x3 else 1, total, rows, cols), launcher.load(plan.device, stager),
+                       (rows, plan.problem.K, s_rows, s_k, cols, inner, total, s0, s1)))
+
+    def run(pa: int, pb: int, pc: int, stream: int) -> None:
+        a_parts, b_parts = (pa,), (pb,)
+        staged = []  # the buffers stay referenced until the GEMM is queued (see _launch_plan)
+        for is_a, shape, stager, args in copies:
+            buf = torch.empty(shape, dtype=_FLOAT32, device=device)
+            staged.append(buf)
+            big = buf.data_ptr()
+            parts = (big, big + buf.stride(0) * 4) if x3 else (big,)
+            launcher.launch(stager, stream, ((a_parts if is_a else b_parts)[0], parts[0], parts[-1]) + args)
+            if is_a:
+                a_parts = parts
+            else:
+                b_parts = parts
+        if swap:  # the kernel's A is B (its B is A, or A's copy): C^T = B^T A^T
+            a_parts, b_parts = b_parts, a_parts
+        # tf32x3 halves are TF32 already: plain fp32 maps; tf32: the copy engine rounds
+        encode = tensor_map.encode
+        maps = tuple(encode(ptr, spec_a, tf32=not x3) for ptr in a_parts) + tuple(
+            encode(ptr, spec_b, tf32=not x3) for ptr in b_parts)
+        gemm(stream, maps, (pc,) + tail)
+    return run
 
 
 def _launch_fast(entry: tuple, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
     from .runtime.launcher import launch
 
-    view_shape, out_shape, loaded, tail, device, index, _ = entry
+    view_shape, out_shape, loaded, tail, device, index, _, runner = entry
     c = torch.empty(view_shape, dtype=_FLOAT32, device=device) if out is None else out
     with _on_device(index):
-        launch(loaded, _current_stream(index), (a.data_ptr(), b.data_ptr(), c.data_ptr()) + tail)
+        if runner is None:
+            launch(loaded, _current_stream(index), (a.data_ptr(), b.data_ptr(), c.data_ptr()) + tail)
+        else:
+            runner(a.data_ptr(), b.data_ptr(), c.data_ptr(), _current_stream(index))
     if out is not None:
         return out
     return c if view_shape == out_shape else c.view(out_shape)

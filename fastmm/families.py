@@ -525,7 +525,11 @@ X3_SHORT_K = 2048
 
 class WgmmaTf32(Family):
     """Hopper tensor cores: wgmma m64nNk8 TF32 fed by TMA, warp-specialised (sm_90a only); also
-    tf32x3 from operands split into big and small TF32 halves by the staging pass."""
+    tf32x3 from operands split into big and small TF32 halves by the staging pass.
+
+    TF32 wgmma reads K-major tiles from shared memory only. An MN-major A (m contiguous) is fed
+    from registers instead (A_MN); a row-major B is handled by computing C^T = B^T A^T, where B^T
+    is that MN-major A (the planner's swap). Only what neither covers is copied."""
 
     name, source, entry = "wgmma_tf32", "wgmma_tf32.cu", "fastmm_wgmma_tf32"
     min_cc = (9, 0)
@@ -543,12 +547,20 @@ class WgmmaTf32(Family):
         reason = super().reject(p, dev)
         if reason is None and dev.cc != (9, 0):
             reason = f"wgmma is an sm_90a instruction (compute capability 9.0 only); device is {dev.arch}"
-        if reason is None and p.batch_total > 1 and p.precision == "tf32x3":
-            reason = "tf32x3 splits its operands in a staging pass, made for a batch of 1 only"
-        if reason is None and p.batch_total > 1 and not (self.a_ready(p) and self.b_ready(p)):
-            reason = ("batched operands must already be K-major with 16-byte aligned pitches "
-                      "(the copy this family would need is made for a batch of 1 only)")
         return reason
+
+    def in_place_form(self, p: Problem) -> str | None:
+        """How the kernel reads both operands where they are (tf32): "kmajor" (both K-major),
+        "a_regs" (A m-contiguous, fed from registers), "swap" (B n-contiguous: C^T = B^T A^T with
+        B^T as the register-fed operand); None when some operand needs a copy."""
+        if self.b_ready(p):
+            if self.a_ready(p):
+                return "kmajor"
+            if self.a_mn_ready(p):
+                return "a_regs"
+        elif self.b_mn_ready(p) and self.a_ready(p):
+            return "swap"
+        return None
 
     @staticmethod
     def a_ready(p: Problem) -> bool:
@@ -557,6 +569,15 @@ class WgmmaTf32(Family):
     @staticmethod
     def b_ready(p: Problem) -> bool:
         return _tma_ready(p.b_strides[1], p.b_strides[0], p.b_batch_strides, p.b_align)
+
+    # MN-major: the same requirements with the roles of the two strides exchanged
+    @staticmethod
+    def a_mn_ready(p: Problem) -> bool:
+        return _tma_ready(p.a_strides[1], p.a_strides[0], p.a_batch_strides, p.a_align)
+
+    @staticmethod
+    def b_mn_ready(p: Problem) -> bool:
+        return _tma_ready(p.b_strides[0], p.b_strides[1], p.b_batch_strides, p.b_align)
 
     def smem_bytes(self, bn: int, stages: int, x3: bool = False) -> int:
         # ring + mbarriers, plus 1 KiB so the kernel can align the ring to 1024 bytes (swizzle)
@@ -567,16 +588,26 @@ class WgmmaTf32(Family):
         bn, stages = _pick_tile(p, dev, self.tile_options(x3), lambda o: (self.bm, o[0]))
         while stages > 2 and self.smem_bytes(bn, stages, x3) > dev.smem_per_block_optin:
             stages -= 1
+        a_mn = not x3 and not self.a_ready(p) and self.a_mn_ready(p)
         sCm, sCn = p.c_strides
-        c_vec = (sCn == 1 and p.N % 2 == 0 and sCm % 2 == 0 and p.c_align >= 8
-                 and all(s % 2 == 0 for s in p.c_batch_strides))
-        macros = (("BN", bn), ("STAGES", stages), ("C_VEC", int(c_vec)), ("PRECISION_X3", int(x3)))
+        pairs_ok = p.c_align >= 8 and all(s % 2 == 0 for s in p.c_batch_strides)
+        # float2 stores: along n (any A), or along m over the adjacent row pairs of A_MN (C^T)
+        if sCn == 1 and p.N % 2 == 0 and sCm % 2 == 0 and pairs_ok:
+            c_vec = 1
+        elif a_mn and sCm == 1 and sCn % 2 == 0 and pairs_ok:
+            c_vec = 2
+        else:
+            c_vec = 0
+        macros = (("BN", bn), ("STAGES", stages), ("C_VEC", c_vec), ("PRECISION_X3", int(x3)), ("A_MN", int(a_mn)))
         if x3:  # see X3_SHORT_K
             macros += (("PROMOTE_EVERY", 1 if p.K <= X3_SHORT_K else 2), ("COMPENSATE", 1))
-        details = (("A, B loads", "TMA tiles of the big and small halves (K-major, 128-byte swizzle)" if x3 else
-                    "TMA tiles (K-major, 128-byte swizzle), rounded to TF32 by the copy engine"),
+        loads = ("TMA tiles of the big and small halves (K-major, 128-byte swizzle)" if x3 else
+                 "TMA tiles (128-byte swizzle), rounded to TF32 by the copy engine; "
+                 + ("A m-contiguous, fed to wgmma from registers (8-byte shared loads), B K-major" if a_mn
+                    else "both K-major"))
+        details = (("A, B loads", loads),
                    ("pipeline", f"{stages} stages, 1 producer + 2 consumer warpgroups, mbarriers"),
-                   ("C stores", "float2" if c_vec else "single floats"),
+                   ("C stores", ("single floats", "float2 along n", "float2 along m")[c_vec]),
                    ("math", f"3xTF32 wgmma m64n{bn}k8: big*big promoted to fp32 (compensated) every "
                             f"{'k-step' if p.K <= X3_SHORT_K else '2 k-steps'}, small cross terms in their own "
                             "accumulator" if x3 else f"TF32 wgmma m64n{bn}k8, fp32 accumulate"))
@@ -585,21 +616,24 @@ class WgmmaTf32(Family):
                             (self.bm, bn, self.bk), details, arch_suffix="a")
 
     def map_specs(self, p: Problem, cfg: KernelConfig):
-        """Tensor-map geometry of A and B for launch problem ``p`` (K-major operands): dims
-        (K, rows, batch_inner, batch_outer), a broadcast batch dim collapsed to size 1; and the
-        kernel's broadcast bits (bit set: that operand walks that batch dim)."""
+        """Tensor-map geometry of A and B for launch problem ``p``: dims (K, rows, batch_inner,
+        batch_outer) for a K-major operand, (rows, K, ...) with 32-row boxes for the m-contiguous
+        A of A_MN; a broadcast batch dim collapsed to size 1; and the kernel's broadcast bits (bit
+        set: that operand walks that batch dim)."""
         outer = max(1, p.batch_total // max(p.batch_inner, 1))
+        a_mn = dict(cfg.macros).get("A_MN", 0) == 1
         bits = 0
         specs = []
-        for i, (rows, pitch, (s0, s1), box_rows) in enumerate((
-                (p.M, p.a_strides[0], p.a_batch_strides, self.bm),
-                (p.N, p.b_strides[1], p.b_batch_strides, cfg.tile[1]))):
-            extent = max(rows * pitch * 4, 16)
+        for i, (rows, pitch, (s0, s1), box_rows, mn) in enumerate((
+                (p.M, p.a_strides[1] if a_mn else p.a_strides[0], p.a_batch_strides, self.bm, a_mn),
+                (p.N, p.b_strides[1], p.b_batch_strides, cfg.tile[1], False))):
+            extent = max((p.K if mn else rows) * pitch * 4, 16)
             inner_n, inner_s = (p.batch_inner, s1 * 4) if s1 and p.batch_inner > 1 else (1, extent)
             outer_n, outer_s = (outer, s0 * 4) if s0 and outer > 1 else (1, extent)
             bits |= (1 if inner_n > 1 else 0) << (2 * i)
             bits |= (1 if outer_n > 1 else 0) << (2 * i + 1)
-            specs.append(MapSpec((p.K, rows, inner_n, outer_n), (pitch * 4, inner_s, outer_s), (self.bk, box_rows, 1, 1)))
+            dims, box = ((rows, p.K), (32, self.bk)) if mn else ((p.K, rows), (self.bk, box_rows))
+            specs.append(MapSpec(dims + (inner_n, outer_n), (pitch * 4, inner_s, outer_s), box + (1, 1)))
         return specs[0], specs[1], bits
 
 
@@ -612,18 +646,32 @@ def kmajor_source(p: Problem, which: str) -> tuple[int, int, int, int]:
     return p.N, p.b_strides[1], p.b_strides[0], p.b_align
 
 
+def kmajor_batch(p: Problem, which: str) -> tuple[int, int, int, int]:
+    """(batch_inner, batch_total, s0, s1) of the matrices the staging pass copies for operand
+    ``which``: the problem's batch dims that this operand has (a broadcast dim, stride 0, is
+    copied once, so it has size 1 here), with the operand's strides for them."""
+    s0, s1 = p.a_batch_strides if which == "a" else p.b_batch_strides
+    outer = p.batch_total // p.batch_inner if p.batch_inner else 0
+    n1 = p.batch_inner if s1 and p.batch_inner > 1 else 1
+    n0 = outer if s0 and outer > 1 else 1
+    return n1, n0 * n1, s0 if n0 > 1 else 0, s1 if n1 > 1 else 0
+
+
 def stage_kmajor_config(p: Problem, which: str, split: bool) -> KernelConfig:
     """The staging pass of the wgmma family (cuda_src/stage_kmajor.cu): operand ``which`` ("a", or
-    "bt" for B transposed) copied into a dense K-major buffer, split into TF32 halves for tf32x3."""
+    "bt" for B transposed) copied into a dense K-major buffer (one per matrix of its batch), split
+    into TF32 halves for tf32x3."""
     rows, s_rows, s_k, align = kmajor_source(p, which)
+    _, copies, s0, s1 = kmajor_batch(p, which)
     r_contig = s_rows == 1 and s_k != 1
-    # float4 reads along the contiguous dim: the other stride and the pointer 16-byte aligned
-    vec = _vec_ok(4, s_k if r_contig else s_rows, (), align) and (s_rows == 1 if r_contig else s_k == 1)
+    # float4 reads along the contiguous dim: the other stride, the batch strides and the pointer
+    # 16-byte aligned
+    vec = _vec_ok(4, s_k if r_contig else s_rows, (s0, s1), align) and (s_rows == 1 if r_contig else s_k == 1)
     tiles = -(-rows // 64) * -(-p.K // 64)
     what = "split into big and small TF32 halves" if split else "copied"
     return KernelConfig("stage_kmajor", "stage_kmajor.cu", "fastmm_stage_kmajor",
                         (("SRC_R_CONTIG", int(r_contig)), ("SRC_VEC", int(vec)), ("SPLIT", int(split))), 256,
-                        (256, 1, 1), (max(tiles, 1), 1, 1), 0, (64, 64, 0),
+                        (256, 1, 1), _grid(tiles, copies), 0, (64, 64, 0),
                         (("what", f"{'B^T' if which == 'bt' else 'A'} {what}, K-major, "
                                   + ("transposed through shared memory" if r_contig else "row by row")),))
 

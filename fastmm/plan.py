@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from .families import FAMILIES, KernelConfig, _vec_ok, splitk_reduce_config, stage_kmajor_config
+from .families import FAMILIES, KernelConfig, _vec_ok, kmajor_batch, splitk_reduce_config, stage_kmajor_config
 from .problem import DeviceFacts, Problem
 from .tuned import TunedChoice
 
@@ -44,6 +44,9 @@ class Plan:
     # Where the choice came from: "heuristic", "tuned: <measurements>", "forced: <family>", or
     # "heuristic (tuned choice ... ignored: <why>)".
     origin: str = "heuristic"
+    # The kernel computes C^T = B^T A^T: launch_problem is the transposed problem, whose A is B
+    # (and B is A, or its staged copy); the launcher passes the operands exchanged.
+    swap_ab: bool = False
 
     def describe(self) -> str:
         lines = []
@@ -51,6 +54,9 @@ class Plan:
             lines.append(f"torch.matmul fallback: {self.fallback}")
         else:
             lines.append(f"kernel: {self.kernel.describe()}")
+            if self.swap_ab:
+                lines.append("  computed as C^T = B^T A^T: B (n-contiguous) is the register-fed operand, A the K-major "
+                             "one, C written transposed; no copy of B")
             lines.append("  macros: " + ", ".join(f"{k}={v}" for k, v in self.kernel.macros))
             for key, value in self.kernel.details:
                 lines.append(f"  {key}: {value}")
@@ -95,45 +101,100 @@ STAGE_MIN_FLOP_PER_BYTE = 256
 STAGED_FAMILIES = ("simt_cp_async", "tf32_mma")
 
 
-def _wgmma_copies(p: Problem) -> tuple[Problem, tuple[tuple[str, int, int], ...]]:
-    """The K-major copies the wgmma family needs (batch 1): A as M x K4 unless a tensor map can
-    read it in place, B as its transpose N x K4 unless it is already K-major. Rows are padded to
-    16 bytes; the maps still say K, so the padding is never read."""
+def transposed(p: Problem) -> Problem:
+    """The problem C^T = B^T A^T: the same memory, with the roles of A and B exchanged."""
+    return replace(p, M=p.N, N=p.M, a_strides=p.b_strides[::-1], b_strides=p.a_strides[::-1],
+                   c_strides=p.c_strides[::-1], a_batch_strides=p.b_batch_strides, b_batch_strides=p.a_batch_strides,
+                   a_align=p.b_align, b_align=p.a_align, a_padded=p.b_padded, b_padded=p.a_padded)
+
+
+def _wgmma_copies(p: Problem) -> tuple[Problem, tuple[tuple[str, int, int], ...], bool]:
+    """How the wgmma family reads ``p``: (launch problem, K-major copies to make first, swap).
+
+    tf32 reads in place a K-major or m-contiguous A with a K-major B, and an n-contiguous B with
+    a K-major A by swapping (FAMILIES["wgmma_tf32"].in_place_form). Otherwise it copies one
+    operand into K-major buffers (one per matrix of its batch: families.kmajor_batch), A as
+    M x K4 or B as its transpose N x K4, and both only when neither can be read in place. tf32x3
+    always copies both: the copy makes the big and small halves. Rows are padded to 16 bytes; the
+    maps still say K, so the padding is never read."""
     wg = FAMILIES["wgmma_tf32"]
     k4 = -(-p.K // 4) * 4
+    split = p.precision == "tf32x3"
+    form = None if split else wg.in_place_form(p)
+    if form is not None:
+        return (transposed(p), (), True) if form == "swap" else (p, (), False)
+
+    original = p
+
+    def dense_batch(which, rows):  # batch strides of the copies: matrix after matrix
+        n1, _, s0, s1 = kmajor_batch(original, which)
+        return (n1 * rows * k4 if s0 else 0, rows * k4 if s1 else 0)
+
+    def copy_a(q):
+        return replace(q, a_strides=(k4, 1), a_align=16, a_batch_strides=dense_batch("a", q.M)), ("a", q.M, k4)
+
+    def copy_bt(q):
+        return replace(q, b_strides=(1, k4), b_align=16, b_batch_strides=dense_batch("bt", q.N)), ("bt", q.N, k4)
+
+    if not split and (wg.a_mn_ready(p) or wg.b_mn_ready(p)):
+        # One copy: of A (then swap, B fed from registers) or of B^T (A fed from registers);
+        # where both would do, of the smaller operand.
+        if wg.b_mn_ready(p) and not (wg.a_mn_ready(p) and p.N < p.M):
+            q, entry = copy_a(p)
+            return transposed(q), (entry,), True
+        q, entry = copy_bt(p)
+        return q, (entry,), False
     staged = []
-    split = p.precision == "tf32x3"  # always copied: the halves are made by the copy
     if split or not wg.a_ready(p):
-        p = replace(p, a_strides=(k4, 1), a_align=16, a_batch_strides=(0, 0))
-        staged.append(("a", p.M, k4))
+        p, entry = copy_a(p)
+        staged.append(entry)
     if split or not wg.b_ready(p):
-        p = replace(p, b_strides=(1, k4), b_align=16, b_batch_strides=(0, 0))
-        staged.append(("bt", p.N, k4))
-    return p, tuple(staged)
+        p, entry = copy_bt(p)
+        staged.append(entry)
+    return p, tuple(staged), False
 
 
-def _wgmma_copy_reason(p: Problem) -> str | None:
-    """Why the wgmma family should not take ``p``: the copies it needs would cost too much next
-    to the product (the same rule as staging: STAGE_MIN_FLOP_PER_BYTE)."""
-    _, staged = _wgmma_copies(p)
+#: The wgmma family does not split K: each block walks all of K. tf32_mma, at about a third of
+#: its speed per SM but with K split over every SM, is faster when the tiles fill fewer than
+#: about a third of the SMs.
+WGMMA_MIN_SM_SHARE = 3
+#: wgmma takes a problem whose operands it must copy first when the product does at least this
+#: many FLOP per byte the copies move (see _wgmma_reason).
+WGMMA_COPY_MIN_FLOP_PER_BYTE = {"tf32": 128, "tf32x3": 20}
+
+
+def _wgmma_reason(p: Problem, dev: DeviceFacts) -> str | None:
+    """Why the wgmma family should not take ``p`` although it could (heuristics, not limits):
+    too few tiles for the SMs, or copies that would cost too much next to the product."""
+    blocks = -(-p.M // 128) * -(-p.N // 128) * p.batch_total
+    if blocks * WGMMA_MIN_SM_SHARE < dev.sm_count:
+        return (f"{blocks} tiles of 128x128 fill under 1/{WGMMA_MIN_SM_SHARE} of the {dev.sm_count} SMs, and this "
+                "family does not split K")
+    _, staged, _ = _wgmma_copies(p)
     x3 = p.precision == "tf32x3"
     per_element = 12 if x3 else 8  # read, write (twice when split)
-    moved = sum(per_element * rows * cols for _, rows, cols in staged)
-    # tf32x3's alternative (mma.sync) runs at a third of the speed: a split pass costing up to
-    # about half the GEMM still wins, so it needs 4x fewer FLOP per byte than a plain copy.
-    need = STAGE_MIN_FLOP_PER_BYTE / (4 if x3 else 1)
-    if staged and 2 * p.M * p.N * p.K < need * moved:
+    moved = sum(per_element * rows * cols * kmajor_batch(p, which)[1] for which, rows, cols in staged)
+    # The alternative, tf32_mma, is much slower (H200: TF32 120 vs 350 TFLOP/s; tf32x3 24-28 vs
+    # 115): with copies at ~3 TB/s, wgmma + copies is faster above ~60 FLOP per copied byte for
+    # tf32 and ~10 for tf32x3. Asked: about twice that.
+    need = WGMMA_COPY_MIN_FLOP_PER_BYTE["tf32x3" if x3 else "tf32"]
+    if staged and 2 * p.M * p.N * p.K * p.batch_total < need * moved:
         names = " and ".join("B (transposed)" if w == "bt" else "A" for w, _, _ in staged)
         return f"needs a K-major copy of {names}, too costly next to a product this small"
     return None
 
 
-def _staging(p: Problem, family: str) -> tuple[Problem, tuple[tuple[str, int, int], ...]]:
+def _staging(p: Problem, family: str) -> tuple[Problem, tuple[tuple[str, int, int], ...], bool]:
     """Copy plan for operands that are contiguous along their row but cannot be read with 16-byte
     vectors (N or K not a multiple of 4, odd row pitch or pointer): a zero-padded aligned copy
-    turns 4-byte copies into 16-byte ones. Batch 1 only. (wgmma: see _wgmma_copies.)"""
+    turns 4-byte copies into 16-byte ones. Batch 1 only. (wgmma: see _wgmma_copies; the third
+    value says the launch problem is the transposed one.)"""
     if family == "wgmma_tf32":
-        return _wgmma_copies(p) if p.batch_total == 1 else (p, ())
+        return _wgmma_copies(p)
+    return _simt_staging(p, family) + (False,)
+
+
+def _simt_staging(p: Problem, family: str) -> tuple[Problem, tuple[tuple[str, int, int], ...]]:
     if family not in STAGED_FAMILIES or p.batch_total != 1:
         return p, ()
     flop = 2 * p.M * p.N * p.K
@@ -178,7 +239,7 @@ def _select(p: Problem, dev: DeviceFacts, force: str | None = None) -> Plan:
         if reason is None and force is None:
             reason = _shape_reason(name, p)
         if reason is None and name == "wgmma_tf32" and force != name:
-            reason = _wgmma_copy_reason(p)
+            reason = _wgmma_reason(p, dev)
         if reason is None and chosen is None:
             chosen = fam.configure(p, dev)
             continue
@@ -192,14 +253,15 @@ def _select(p: Problem, dev: DeviceFacts, force: str | None = None) -> Plan:
         raise ValueError(f"kernel family {force!r} cannot run this problem: {dict(rejected)[force]}")
     assert chosen is not None  # scalar accepts everything that passed _problem_fallback
     used = p.precision if chosen.family in ("tf32_mma", "wgmma_tf32") else "ieee"
-    launch_p, staging = _staging(p, chosen.family)
-    if staging:
+    launch_p, staging, swap = _staging(p, chosen.family)
+    if staging or swap:
         chosen = FAMILIES[chosen.family].configure(launch_p, dev)
     reduce = splitk_reduce_config(p, dev, chosen.split_k) if chosen.split_k > 1 else None
     stagers = ()
     if staging and chosen.family == "wgmma_tf32":
         stagers = tuple(stage_kmajor_config(p, which, p.precision == "tf32x3") for which, _, _ in staging)
-    return Plan(p, dev, chosen, used, tuple(rejected), None, reduce, staging, launch_p if staging else None, stagers)
+    return Plan(p, dev, chosen, used, tuple(rejected), None, reduce, staging, launch_p if staging or swap else None,
+                stagers, swap_ab=swap)
 
 
 def select(p: Problem, dev: DeviceFacts, force: str | None = None, tuned: TunedChoice | None = None) -> Plan:

@@ -203,7 +203,9 @@ def test_wgmma_configs_cover_both_tiles_and_store_modes():
     for x3 in (0, 1):
         tiles = {(m["BN"], m["STAGES"]) for m in macros if m["PRECISION_X3"] == x3}
         assert tiles >= set(FAMILIES["wgmma_tf32"].tile_options(bool(x3))), x3
-        assert {m["C_VEC"] for m in macros if m["PRECISION_X3"] == x3} == {0, 1}, x3
+        assert {m["C_VEC"] for m in macros if m["PRECISION_X3"] == x3} == ({0, 1} if x3 else {0, 1, 2}), x3
+    # A fed from registers (an m-contiguous A, or B^T of a row-major B) with each store mode it takes
+    assert {(m["A_MN"], m["C_VEC"]) for m in macros if m["PRECISION_X3"] == 0} >= {(0, 0), (0, 1), (1, 1), (1, 2)}
     stagers = {m for (arch, fam), ms in _seen().items() if fam == "stage_kmajor" for m in ms}
     assert {(dict(m)["SRC_R_CONTIG"], dict(m)["SPLIT"]) for m in stagers} == {(0, 0), (1, 0), (0, 1), (1, 1)}
     assert {dict(m)["SRC_VEC"] for m in stagers} == {0, 1}

@@ -120,6 +120,63 @@ def test_skinny_and_long_k_shapes(precision, M, N, K, rel_err):
     assert torch.equal(fastmm.matmul(a, b, precision=precision), first)  # deterministic: same bits
 
 
+SPLIT_FAST = [(16, 4096, 4096, "ieee"), (16, 4096, 4096, "tf32"), (256, 256, 65536, "ieee"), (256, 256, 8192, "tf32")]
+
+
+@pytest.mark.parametrize("M,N,K,precision", SPLIT_FAST, ids=["skinny-ieee", "skinny-tf32", "simt-largeK-ieee",
+                                                             "tf32_mma-longK-tf32"])
+@pytest.mark.parametrize("out_kind", ["none", "nan", "transposed"])
+def test_split_k_plans_take_the_fast_path_and_stay_correct(out_kind, M, N, K, precision, rel_err):
+    """Split-K plans (a GEMM into a workspace, then splitk_reduce) are served by the steady-state
+    entry from the second call on: fresh inputs each call, out=None / a NaN-poisoned out / a
+    column-major out (C strides other than the workspace's), the same bits on the same inputs."""
+
+    def make_out():
+        if out_kind == "none":
+            return None
+        if out_kind == "nan":
+            return torch.full((M, N), NAN, device="cuda")
+        return torch.full((N, M), NAN, device="cuda").t()
+
+    a, b = randn(M, K), randn(K, N)
+    exp = fastmm.explain(a, b, precision=precision, out=make_out())
+    assert exp.kernel is not None and exp.plan.reduce is not None and exp.plan.kernel.split_k > 1, str(exp)
+    for _ in range(4):
+        a, b, out = randn(M, K), randn(K, N), make_out()
+        c = fastmm.matmul(a, b, precision=precision, out=out)
+        assert out is None or c is out
+        assert c.shape == (M, N) and (out is not None or c.is_contiguous())
+        check(c, a, b, precision, rel_err)
+        entry = api._fast.get(api._fast_key(a, b, out, precision))
+        assert entry and entry[7] is not None, "no fast entry with the reduce pass after a call"
+    first = fastmm.matmul(a, b, precision=precision, out=make_out()).clone()
+    for _ in range(3):
+        assert torch.equal(fastmm.matmul(a, b, precision=precision, out=make_out()), first)  # fixed-order sum
+
+
+def test_split_k_fast_path_on_two_streams_at_once_keeps_workspaces_apart(rel_err):
+    """Queued split-K calls on two streams, no sync between: each call's workspace is freed on
+    return and reused by later calls of its own stream only (stream-ordered allocator)."""
+    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+    shapes = {s1: (16, 4096, 4096), s2: (64, 64, 16384)}
+    for M, N, K in shapes.values():
+        a, b = randn(M, K), randn(K, N)
+        assert fastmm.explain(a, b, precision="ieee").plan.reduce is not None
+        fastmm.matmul(a, b, precision="ieee")  # planned; later calls take the fast path
+    inputs = {s: [(randn(M, K), randn(K, N)) for _ in range(8)] for s, (M, N, K) in shapes.items()}
+    s1.wait_stream(torch.cuda.current_stream())
+    s2.wait_stream(torch.cuda.current_stream())
+    results = {s1: [], s2: []}
+    for i in range(8):
+        for s in (s1, s2):
+            with torch.cuda.stream(s):
+                results[s].append(fastmm.matmul(*inputs[s][i], precision="ieee"))
+    torch.cuda.synchronize()
+    for s in (s1, s2):
+        for c, (a, b) in zip(results[s], inputs[s]):
+            check(c, a, b, "ieee", rel_err)
+
+
 @pytest.mark.parametrize("precision", PRECISIONS)
 def test_simt_families_serve_tf32_requests_at_fp32_accuracy(precision, rel_err):
     a, b = randn(300, 200), randn(200, 260)
@@ -561,10 +618,14 @@ def test_wgmma_rounds_its_inputs_to_nearest_not_truncated():
     needs_sm90()
     a = randn(256, 64) * 3
     eye = torch.eye(64, device="cuda")
-    for b in (eye, eye.t().contiguous().t()):  # B staged (row-major) and read in place (K-major)
-        c, plan = forced_plan(a, b, "wgmma_tf32", "tf32")
-        rna, rne, trunc = tf32_round(a), tf32_round(a, ties_even=True), a.view(torch.int32).bitwise_and(~0x1FFF).view(torch.float32)
-        assert torch.all((c == rna) | (c == rne)), "wgmma inputs are not rounded to nearest TF32"
+    eye_k = eye.t().contiguous().t()  # the same, K-major as a B
+    # A as the shared-memory operand (B row-major: swapped, or K-major), then A fed from
+    # registers (m-contiguous A; and a row-major B read as B^T through registers, C = I @ B)
+    for x, y, data in ((a, eye, a), (a, eye_k, a), (a.t().contiguous().t(), eye_k, a), (eye[:, :64], a.t().contiguous(), a.t())):
+        c, plan = forced_plan(x, y, "wgmma_tf32", "tf32")
+        rna, rne = tf32_round(data), tf32_round(data, ties_even=True)
+        trunc = data.contiguous().view(torch.int32).bitwise_and(~0x1FFF).view(torch.float32)
+        assert torch.all((c == rna) | (c == rne)), f"wgmma inputs are not rounded to nearest TF32 ({plan.describe()})"
         assert (c != trunc).float().mean() > 0.3  # about half the elements round up
 
 
@@ -581,6 +642,17 @@ WGMMA_CASES = {
     "batched-k-major": lambda: (randn(6, 300, 256), randn(6, 200, 256).transpose(-1, -2)),
     "broadcast-b": lambda: (randn(3, 2, 130, 64), randn(2, 96, 64).transpose(-1, -2)),
     "broadcast-a": lambda: (randn(130, 64), randn(5, 96, 64).transpose(-1, -2)),
+    # B n-contiguous (C^T = B^T A^T) and A m-contiguous, read in place and fed from registers
+    "a-transposed-wide": lambda: (randn(768, 300).t(), randn(768, 1000)),
+    "batched-row-major": lambda: (randn(6, 300, 256), randn(6, 256, 200)),
+    "batched-a-m-contiguous": lambda: (randn(6, 256, 300).transpose(-1, -2), randn(6, 200, 256).transpose(-1, -2)),
+    "broadcast-b-row-major": lambda: (randn(3, 2, 130, 64), randn(2, 64, 96)),
+    "broadcast-a-row-major": lambda: (randn(130, 64), randn(5, 64, 96)),
+    "expanded-b-row-major": lambda: (randn(4, 200, 96), randn(96, 136).expand(4, 96, 136)),
+    # batches that need K-major copies (made per matrix of the operand's own batch)
+    "batched-unaligned": lambda: (randn(3, 130, 37), randn(3, 37, 99)),
+    "batched-both-mn": lambda: (randn(3, 96, 200).transpose(-1, -2), randn(3, 96, 136)),
+    "broadcast-4d-strided": lambda: (randn(2, 1, 70, 90)[..., :66], randn(3, 66, 260)[..., 2:203]),
 }
 
 
@@ -589,8 +661,6 @@ WGMMA_CASES = {
 def test_wgmma_layouts_match_float64(case, precision, rel_err):
     needs_sm90()
     a, b = WGMMA_CASES[case]()
-    if precision == "tf32x3" and a.dim() + b.dim() > 4:
-        pytest.skip("tf32x3 on wgmma takes a batch of 1")
     a0, b0 = a.clone(), b.clone()
     c, plan = forced_plan(a, b, "wgmma_tf32", precision)
     check(c, a, b, precision, rel_err)
@@ -598,6 +668,38 @@ def test_wgmma_layouts_match_float64(case, precision, rel_err):
     out = torch.full(c.shape, NAN, device="cuda")
     assert forced_plan(a, b, "wgmma_tf32", precision, out=out)[0] is out
     check(out, a, b, precision, rel_err)
+
+
+WGMMA_IN_PLACE = {  # (a, b) -> the form the planner must pick: no copies
+    "swap": lambda: (randn(640, 512), randn(512, 648)[:, :643]),  # row-major B, odd N (M' of C^T)
+    "a_regs": lambda: (randn(512, 640).t(), randn(643, 512).t()),  # m-contiguous A, K-major B
+    "swap-batched": lambda: (randn(5, 200, 96), randn(5, 96, 328)),
+    "a_regs-batched": lambda: (randn(5, 96, 200).transpose(-1, -2), randn(5, 328, 96).transpose(-1, -2)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(WGMMA_IN_PLACE))
+def test_wgmma_reads_row_major_b_and_m_contiguous_a_in_place(case, rel_err):
+    """No K-major copy for these layouts (the plan says so), and right results into fresh,
+    NaN-poisoned, m-contiguous (float2 along m) and transposed (strided) outputs."""
+    needs_sm90()
+    a, b = WGMMA_IN_PLACE[case]()
+    c, plan = forced_plan(a, b, "wgmma_tf32", "tf32")
+    assert plan.staging == () and plan.swap_ab == case.startswith("swap"), plan.describe()
+    assert dict(plan.kernel.macros)["A_MN"] == 1
+    check(c, a, b, "tf32", rel_err)
+    M, N = a.shape[-2], b.shape[-1]
+    batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    outs = (torch.full(batch + (M, N), NAN, device="cuda"),
+            torch.full(batch + (M, N + 5), NAN, device="cuda")[..., :N],  # another row pitch
+            torch.full(batch + (N, M + 1), NAN, device="cuda")[..., :M].transpose(-1, -2),  # m-contiguous, odd M
+            torch.full(batch + (N, M + 2), NAN, device="cuda")[..., :M].transpose(-1, -2))  # m-contiguous, even pitch
+    for out in outs:
+        assert forced_plan(a, b, "wgmma_tf32", "tf32", out=out)[0] is out
+        check(out, a, b, "tf32", rel_err)
+    a.copy_(randn(*a.shape))  # same layout and pointers, new values: no stale result
+    b.copy_(randn(*b.shape))
+    check(forced_plan(a, b, "wgmma_tf32", "tf32")[0], a, b, "tf32", rel_err)
 
 
 def test_wgmma_is_the_default_tf32_path_for_large_products(rel_err):

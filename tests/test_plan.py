@@ -530,8 +530,8 @@ def test_force_skinny_picks_it_and_the_rest_are_rejected_as_forced(arch, precisi
             assert reason == f"does not compute precision '{precision}'"
         elif name == "wgmma_tf32" and arch != "sm_90":
             assert reason == f"needs sm90+, device is {arch}", (name, reason)
-        elif name == "wgmma_tf32":  # 16 rows: a transposed copy (or split) of B costs too much
-            assert "too costly" in reason, (name, reason)
+        elif name == "wgmma_tf32":  # 16 rows: 16 tiles for 132 SMs, and no split-K
+            assert "fill under 1/3 of the 132 SMs" in reason, (name, reason)
         elif arch == "sm_75" and name in ("simt_cp_async", "tf32_mma"):
             assert reason == "needs sm80+, device is sm_75", (name, reason)
         else:
@@ -979,12 +979,14 @@ def test_random_problems_keep_every_invariant(p, arch, force):
     except ValueError as exc:
         assert force is not None and force in str(exc)
         return
-    if plan.staging and plan.kernel.family == "wgmma_tf32":
+    if plan.kernel.family == "wgmma_tf32" and plan.launch_problem is not None:
         # K-major copies for the tensor maps: A as M x K4, B transposed as N x K4
+        # (one per matrix of the operand's batch), or one copy and the other operand in place
         k4 = -(-p.K // 4) * 4
-        assert p.batch_total == 1 and set(plan.staging) <= {("a", p.M, k4), ("bt", p.N, k4)}
-        lp = plan.launch_problem
-        assert lp.a_strides[1] == 1 and lp.b_strides[0] == 1 and lp.a_align >= 16 and lp.b_align >= 16
+        assert set(plan.staging) <= {("a", p.M, k4), ("bt", p.N, k4)}
+        lp, wg = plan.launch_problem, FAMILIES["wgmma_tf32"]
+        assert wg.b_ready(lp) and (wg.a_ready(lp) or (wg.a_mn_ready(lp) and p.precision == "tf32"))
+        assert (lp.M, lp.N) == ((p.N, p.M) if plan.swap_ab else (p.M, p.N))
         p = lp
     elif plan.staging:
         # the kernel reads the padded, aligned copies: its load modes are checked against them
@@ -1011,14 +1013,19 @@ def test_random_problems_keep_every_invariant(p, arch, force):
     assert plan.precision_used == (p.precision if cfg.family in ("tf32_mma", "wgmma_tf32") else "ieee")
     check_geometry(plan)
     m = dict(cfg.macros)
-    if cfg.family == "wgmma_tf32":  # reads K-major operands through tensor maps
+    if cfg.family == "wgmma_tf32":  # reads its operands through tensor maps (p: the launch problem)
         assert p.precision in ("tf32", "tf32x3") and dev.cc == (9, 0)
         assert m["PRECISION_X3"] == int(p.precision == "tf32x3")
-        assert p.a_strides[1] == 1 and p.a_strides[0] % 4 == 0 and p.a_align >= 16
+        if m["A_MN"]:  # m-contiguous A, fed from registers (tf32 only)
+            assert p.precision == "tf32" and p.a_strides[0] == 1 and p.a_strides[1] % 4 == 0 and p.a_align >= 16
+        else:
+            assert p.a_strides[1] == 1 and p.a_strides[0] % 4 == 0 and p.a_align >= 16
         assert p.b_strides[0] == 1 and p.b_strides[1] % 4 == 0 and p.b_align >= 16
         assert all(s % 4 == 0 for s in p.a_batch_strides + p.b_batch_strides)
-        if m["C_VEC"]:
+        if m["C_VEC"] == 1:  # float2 along n
             assert p.c_strides[1] == 1 and p.N % 2 == 0 and p.c_strides[0] % 2 == 0 and p.c_align >= 8
+        elif m["C_VEC"] == 2:  # float2 over A_MN's adjacent row pairs
+            assert m["A_MN"] and p.c_strides[0] == 1 and p.c_strides[1] % 2 == 0 and p.c_align >= 8
     (sAm, sAk), (sBk, sBn), (sCm, sCn) = p.a_strides, p.b_strides, p.c_strides
     if cfg.split_k > 1:
         assert p.batch_total == 1
@@ -1122,9 +1129,16 @@ def test_staging_only_when_the_copy_is_cheap_and_the_layout_allows(arch):
     # aligned: nothing to stage
     assert select(Problem.dense(4096, 4096, 4096), dev).staging == ()
     assert select(Problem.dense(4096, 4096, 4096, precision="tf32x3"), dev, force="tf32_mma").staging == ()
-    if arch == "sm_90":  # wgmma: B row-major is not K-major, so it is copied transposed
-        assert select(Problem.dense(4096, 4096, 4096, precision="tf32"), dev).staging == (("bt", 4096, 4096),)
+    if arch == "sm_90":  # wgmma: a row-major B is read in place (C^T = B^T A^T); A^T as well
+        plan = select(Problem.dense(4096, 4096, 4096, precision="tf32"), dev)
+        assert plan.staging == () and plan.swap_ab
         assert select(Problem.dense(4096, 4096, 4096, precision="tf32", b_t=True), dev).staging == ()
+        assert select(Problem.dense(4096, 4096, 4096, precision="tf32", a_t=True, b_t=True), dev).staging == ()
+        # A^T with a row-major B: one of them is copied K-major (A where M <= N, then swapped)
+        plan = select(Problem.dense(4096, 4096, 4096, precision="tf32", a_t=True), dev)
+        assert plan.staging == (("a", 4096, 4096),) and plan.swap_ab
+        plan = select(Problem.dense(4096, 2048, 4096, precision="tf32", a_t=True), dev)
+        assert plan.staging == (("bt", 2048, 4096),) and not plan.swap_ab
         # tf32x3: both operands always, split into TF32 halves by the stage_kmajor kernels
         plan = select(Problem.dense(4096, 4096, 4096, precision="tf32x3", b_t=True), dev)
         assert plan.staging == (("a", 4096, 4096), ("bt", 4096, 4096))

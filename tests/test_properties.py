@@ -274,9 +274,14 @@ def check_plan(plan, force: str | None) -> None:
         assert 1 <= plan.reduce.grid[0] <= INT32_MAX and plan.reduce.block_dims == (256, 1, 1)
     else:
         assert plan.reduce is None
-    assert bool(plan.staging) == (plan.launch_problem is not None)
+    assert (bool(plan.staging) or plan.swap_ab) == (plan.launch_problem is not None)
+    if plan.swap_ab:  # C^T = B^T A^T: the transposed problem, B fed from registers
+        lp = plan.launch_problem
+        assert cfg.family == "wgmma_tf32" and dict(cfg.macros)["A_MN"] == 1 and p.precision == "tf32"
+        assert (lp.M, lp.N, lp.K, lp.c_strides) == (p.N, p.M, p.K, p.c_strides[::-1])
     if plan.staging:  # (needs M or N >= 1024: beyond this generator's sizes, but cheap to state)
-        assert p.batch_total == 1 and cfg.family in ("simt_cp_async", "tf32_mma", "wgmma_tf32")
+        assert cfg.family in ("simt_cp_async", "tf32_mma", "wgmma_tf32")
+        assert p.batch_total == 1 or cfg.family == "wgmma_tf32"  # (its copies walk the batch)
         assert len(plan.stagers) == (len(plan.staging) if cfg.family == "wgmma_tf32" else 0)
     names = [cfg.family] + [name for name, _ in plan.rejected]
     assert sorted(names) == sorted(FAMILIES)

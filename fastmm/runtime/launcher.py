@@ -8,6 +8,7 @@ refused by the caller (api), since both would break the capture.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -125,19 +126,51 @@ def launch(loaded: LoadedKernel, stream_handle: int, args: tuple) -> None:
 
 def launch_with_maps(loaded: LoadedKernel, stream_handle: int, maps: tuple, args: tuple) -> None:
     """Launch a kernel whose leading parameters are tensor maps (128-byte structs by value),
-    followed by 64-bit integers. cuda.core's argument packer takes scalars and pointers only, so
-    this builds the parameter array itself and calls cuLaunchKernel; a CUkernel handle may be
-    passed as the function (the stream supplies the context)."""
-    import ctypes
+    followed by 64-bit integers: :func:`maps_launcher` for one call."""
+    maps_launcher(loaded)(stream_handle, maps, args)
 
-    from cuda.bindings import driver
 
-    values = [ctypes.c_uint64(int(v) & 0xFFFFFFFFFFFFFFFF) for v in args]
-    pointers = [m.getPtr() for m in maps] + [ctypes.addressof(v) for v in values]
-    params = (ctypes.c_void_p * len(pointers))(*pointers)
+def maps_launcher(loaded: LoadedKernel):
+    """``launch(stream_handle, maps, args)`` for ``loaded``, with everything that does not change
+    between calls looked up once. cuda.core's argument packer takes scalars and pointers only, so
+    this builds the parameter array itself and calls the driver's cuLaunchKernel through ctypes
+    (the Python bindings' wrapper cost about 10 us more per call). A CUkernel handle may be
+    passed as the function: the stream supplies the context."""
     cfg = loaded.launch_config
-    grid, block = tuple(cfg.grid), tuple(cfg.block)
-    (err,) = driver.cuLaunchKernel(driver.CUfunction(int(loaded.kernel.handle)), *grid, *block, cfg.shmem_size,
-                                   driver.CUstream(stream_handle), ctypes.addressof(params), 0)
-    if int(err) != 0:
-        raise RuntimeError(f"cuLaunchKernel failed: {err}")
+    head = (int(loaded.kernel.handle), *cfg.grid, *cfg.block, cfg.shmem_size)
+    cu_launch = _cu_launch_kernel()
+
+    def launch(stream_handle: int, maps: tuple, args: tuple) -> None:
+        n = len(args)
+        values = _array_type(ctypes.c_int64, n)(*args)  # int64: the bits of any argument, negative too
+        base = ctypes.addressof(values)
+        params = _array_type(ctypes.c_void_p, len(maps) + n)(*[m.getPtr() for m in maps], *range(base, base + 8 * n, 8))
+        err = cu_launch(*head, stream_handle, params, None)
+        if err != 0:
+            raise RuntimeError(f"cuLaunchKernel failed: CUresult {err}")
+    return launch
+
+
+_array_types: dict[tuple, type] = {}
+
+
+def _array_type(element, n: int) -> type:
+    """``element * n``, made once: building a ctypes array type costs microseconds per call."""
+    t = _array_types.get((element, n))
+    if t is None:
+        t = _array_types[(element, n)] = element * n
+    return t
+
+
+_driver_launch = []  # libcuda's cuLaunchKernel with its signature, looked up once
+
+
+def _cu_launch_kernel():
+    if not _driver_launch:
+        fn = ctypes.CDLL("libcuda.so.1").cuLaunchKernel
+        u32 = ctypes.c_uint
+        fn.argtypes = [ctypes.c_void_p, u32, u32, u32, u32, u32, u32, u32, ctypes.c_void_p,
+                       ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p]
+        fn.restype = ctypes.c_int
+        _driver_launch.append(fn)
+    return _driver_launch[0]
