@@ -7,9 +7,9 @@
 // it (the "empty" mbarrier) once those wgmmas have read it. setmaxnreg moves registers from the
 // producer (which needs few) to the consumers (BN/2 fp32 accumulators each).
 //
-// Operands are K-major in shared memory (TF32 wgmma reads nothing else): the A map walks (k, m),
-// the B map walks (k, n), i.e. B^T row-major; the host stages a transposed copy when B is
-// n-contiguous. Rows are 32 floats = 128 bytes with the 128-byte swizzle, which the copy engine
+// Operands are K-major in shared memory (TF32 wgmma reads nothing else from there): the A map
+// walks (k, m), the B map walks (k, n), i.e. B^T row-major. An n-contiguous B is never read here
+// as such: the host computes C^T = B^T A^T instead, with B^T as an A_MN operand (below). Rows are 32 floats = 128 bytes with the 128-byte swizzle, which the copy engine
 // writes and the wgmma descriptors read with the same XOR pattern: conflict-free for both.
 // The maps use the TFLOAT32 element type: the copy engine rounds fp32 to TF32 on the way in
 // (checked against cvt.rna by tests/test_gpu.py), the tensor core would otherwise truncate.

@@ -427,8 +427,10 @@ def _launch_plan(plan, loaded, reduce, s: Shapes, c: torch.Tensor, problem: Prob
 
 
 def _launch_wgmma(plan, loaded, stream: int, s: Shapes, c: torch.Tensor, p: Problem, offsets) -> None:
-    """The wgmma family, one :func:`_wgmma_runner` call per launch offset."""
-    run = _wgmma_runner(plan, loaded, p, c.device)
+    """The wgmma family: one call of its runner (runtime/runners.py) per launch offset."""
+    from .runtime import runners
+
+    run = runners.wgmma_runner(plan, loaded, p, c.device)
     pa, pb, pc = s.a.data_ptr(), s.b.data_ptr(), c.data_ptr()
     for oa, ob, oc in offsets:
         run(pa + 4 * oa, pb + 4 * ob, pc + 4 * oc, stream)
@@ -641,10 +643,12 @@ def _remember_fast(key: tuple, a: torch.Tensor, b: torch.Tensor, out: torch.Tens
             _fast.clear()
         _fast[key] = ()
         return
+    from .runtime import runners
+
     p = plan.launch_problem or problem  # (as _launch_plan; None without staging or swap)
     runner = None
     if plan.kernel.family == "wgmma_tf32":
-        tail, runner = (), _wgmma_runner(plan, loaded, p, a.device)
+        tail, runner = (), runners.wgmma_runner(plan, loaded, p, a.device)
     elif reduce is None:
         tail = (p.M, p.N, p.K, *p.a_strides, *p.b_strides, *p.c_strides, p.batch_inner, p.batch_total,
                 *p.a_batch_strides, *p.b_batch_strides, *p.c_batch_strides)
@@ -652,67 +656,13 @@ def _remember_fast(key: tuple, a: torch.Tensor, b: torch.Tensor, out: torch.Tens
         slices = plan.kernel.split_k
         tail = (p.M, p.N, p.K, *p.a_strides, *p.b_strides, p.N, 1,
                 1, 1, *p.a_batch_strides, *p.b_batch_strides, p.M * p.N, 0)
-        runner = _split_runner(loaded, tail, reduce, slices * p.M * p.N, (p.M, p.N, slices, *p.c_strides), a.device)
+        runner = runners.split_runner(loaded, tail, reduce, slices * p.M * p.N, (p.M, p.N, slices, *p.c_strides),
+                                      a.device)
         tail = ()
     extents = (_extent(a), _extent(b), _extent(out)) if out is not None else None
     if len(_fast) >= MAX_CACHED_SHAPES:
         _fast.clear()
     _fast[key] = (view_shape, s.out_shape, loaded, tail, a.device, index, extents, runner)
-
-
-def _split_runner(loaded, tail: tuple, reduce, work_floats: int, reduce_tail: tuple, device):
-    """Split-K: partial slices into a workspace, then the fixed-order sum into C. The workspace
-    may be dropped on return: the caching allocator is stream-ordered."""
-    from .runtime.launcher import launch
-
-    def run(pa: int, pb: int, pc: int, stream: int) -> None:
-        work = torch.empty(work_floats, dtype=_FLOAT32, device=device)
-        launch(loaded, stream, (pa, pb, work.data_ptr()) + tail)
-        launch(reduce, stream, (work.data_ptr(), pc) + reduce_tail)
-    return run
-
-
-def _wgmma_runner(plan, loaded, p: Problem, device: torch.device):
-    """``run(pa, pb, pc, stream)`` queues one launch of a wgmma plan (launch problem ``p``) on
-    operands at pa, pb and C at pc (staging buffers on ``device``): first the staging kernels, if any (K-major copies; for tf32x3
-    the big and small halves), then the GEMM, which reads A and B through tensor maps. The maps
-    hold the data pointers, so they are looked up (or encoded, ~3 us) per call; everything else
-    is worked out here, once per plan, so the steady-state path can keep ``run``."""
-    from .families import FAMILIES, kmajor_batch, kmajor_source
-    from .runtime import launcher, tensor_map
-
-    x3 = plan.precision_used == "tf32x3"
-    spec_a, spec_b, bits = FAMILIES["wgmma_tf32"].map_specs(p, plan.kernel)
-    tail = (p.M, p.N, p.K, *p.c_strides, p.batch_inner, p.batch_total, *p.c_batch_strides, bits)
-    swap, gemm = plan.swap_ab, launcher.maps_launcher(loaded)
-    copies = []  # (copies A?, buffer shape, loaded stager, its arguments after (src, big, small))
-    for (which, rows, cols), stager in zip(plan.staging, plan.stagers):
-        _, s_rows, s_k, _ = kmajor_source(plan.problem, which)
-        inner, total, s0, s1 = kmajor_batch(plan.problem, which)
-        copies.append((which == "a", (2 if x3 else 1, total, rows, cols), launcher.load(plan.device, stager),
-                       (rows, plan.problem.K, s_rows, s_k, cols, inner, total, s0, s1)))
-
-    def run(pa: int, pb: int, pc: int, stream: int) -> None:
-        a_parts, b_parts = (pa,), (pb,)
-        staged = []  # the buffers stay referenced until the GEMM is queued (see _launch_plan)
-        for is_a, shape, stager, args in copies:
-            buf = torch.empty(shape, dtype=_FLOAT32, device=device)
-            staged.append(buf)
-            big = buf.data_ptr()
-            parts = (big, big + buf.stride(0) * 4) if x3 else (big,)
-            launcher.launch(stager, stream, ((a_parts if is_a else b_parts)[0], parts[0], parts[-1]) + args)
-            if is_a:
-                a_parts = parts
-            else:
-                b_parts = parts
-        if swap:  # the kernel's A is B (its B is A, or A's copy): C^T = B^T A^T
-            a_parts, b_parts = b_parts, a_parts
-        # tf32x3 halves are TF32 already: plain fp32 maps; tf32: the copy engine rounds
-        encode = tensor_map.encode
-        maps = tuple(encode(ptr, spec_a, tf32=not x3) for ptr in a_parts) + tuple(
-            encode(ptr, spec_b, tf32=not x3) for ptr in b_parts)
-        gemm(stream, maps, (pc,) + tail)
-    return run
 
 
 def _launch_fast(entry: tuple, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:

@@ -81,9 +81,13 @@ def explain(a: torch.Tensor, b: torch.Tensor, *, precision: str | None = None,
         exp.choice = plan.origin
         exp.parameters = dict(k.macros)
         exp.parameters.update(dict(k.details))
-        for which, rows, cols in plan.staging:
-            exp.parameters[f"staged {which.upper()}"] = (
-                f"copied into a zero-padded {rows}x{cols} buffer with 16-byte aligned rows before the launch")
+        if plan.swap_ab:
+            exp.parameters["computed as"] = ("C^T = B^T A^T (the kernel's A is B^T, fed from registers; its B is A^T; "
+                                             "C written transposed): the parameters are in those terms")
+        staged = [line.strip()[len("staged: "):] for line in plan.describe().splitlines()
+                  if line.strip().startswith("staged: ")]
+        for (which, _, _), text in zip(plan.staging, staged):
+            exp.parameters[f"staged {which.upper()}"] = text
         exp.launch = {"grid": k.grid, "block": k.block_dims, "dynamic_smem_bytes": k.smem, "tile": k.tile,
                       "launches": len(offsets)}
         if plan.reduce is not None:

@@ -603,8 +603,8 @@ class WgmmaTf32(Family):
             macros += (("PROMOTE_EVERY", 1 if p.K <= X3_SHORT_K else 2), ("COMPENSATE", 1))
         loads = ("TMA tiles of the big and small halves (K-major, 128-byte swizzle)" if x3 else
                  "TMA tiles (128-byte swizzle), rounded to TF32 by the copy engine; "
-                 + ("A m-contiguous, fed to wgmma from registers (8-byte shared loads), B K-major" if a_mn
-                    else "both K-major"))
+                 + ("the kernel's A operand m-contiguous, fed to wgmma from registers (8-byte shared loads), "
+                    "its B K-major" if a_mn else "both K-major"))
         details = (("A, B loads", loads),
                    ("pipeline", f"{stages} stages, 1 producer + 2 consumer warpgroups, mbarriers"),
                    ("C stores", ("single floats", "float2 along n", "float2 along m")[c_vec]),

@@ -45,7 +45,7 @@ class Plan:
     # "heuristic (tuned choice ... ignored: <why>)".
     origin: str = "heuristic"
     # The kernel computes C^T = B^T A^T: launch_problem is the transposed problem, whose A is B
-    # (and B is A, or its staged copy); the launcher passes the operands exchanged.
+    # (and B is A, or its staged copy); runtime.runners.wgmma_runner passes the operands exchanged.
     swap_ab: bool = False
 
     def describe(self) -> str:
@@ -55,8 +55,9 @@ class Plan:
         else:
             lines.append(f"kernel: {self.kernel.describe()}")
             if self.swap_ab:
-                lines.append("  computed as C^T = B^T A^T: B (n-contiguous) is the register-fed operand, A the K-major "
-                             "one, C written transposed; no copy of B")
+                lines.append("  computed as C^T = B^T A^T: the kernel's A operand is B^T (B n-contiguous, fed from "
+                             "registers), its B operand is A^T (A read K-major), and C is written transposed; the "
+                             "tile, loads and stores below are in those terms")
             lines.append("  macros: " + ", ".join(f"{k}={v}" for k, v in self.kernel.macros))
             for key, value in self.kernel.details:
                 lines.append(f"  {key}: {value}")
@@ -64,17 +65,19 @@ class Plan:
                 lines.append(f"then: {self.reduce.describe()}")
             x3 = self.kernel.family == "wgmma_tf32" and self.precision_used == "tf32x3"
             for which, rows, cols in self.staging:
-                if x3:
-                    lines.append(f"  staged: {'B transposed' if which == 'bt' else 'A'} split into big and small TF32 "
-                                 f"halves, two {rows}x{cols} K-major buffers (stage_kmajor)")
-                elif which == "bt":
-                    lines.append(f"  staged: B transposed into a {rows}x{cols} buffer (K-major, 16-byte aligned rows): "
-                                 "TF32 wgmma reads K-major operands only")
-                elif self.kernel.family == "wgmma_tf32":
-                    lines.append(f"  staged: A copied into a {rows}x{cols} buffer (K-major, 16-byte aligned rows) that "
-                                 "a tensor map can describe")
+                what = "B transposed" if which == "bt" else which.upper()
+                if self.kernel.family == "wgmma_tf32":
+                    copies = kmajor_batch(self.problem, which)[1]
+                    each = f"{copies} x {rows}x{cols}" if copies > 1 else f"{rows}x{cols}"
+                    if x3:
+                        lines.append(f"  staged: {what} split into big and small TF32 halves, K-major ({each} each; "
+                                     "stage_kmajor)")
+                    else:
+                        lines.append(f"  staged: {what} copied K-major ({each}, 16-byte aligned rows; stage_kmajor): "
+                                     "TF32 wgmma needs one operand K-major in shared memory (the other may come "
+                                     "through registers), and a tensor map cannot read this one that way")
                 else:
-                    lines.append(f"  staged: {which.upper()} copied into a zero-padded {rows}x{cols} buffer with 16-byte "
+                    lines.append(f"  staged: {what} copied into a zero-padded {rows}x{cols} buffer with 16-byte "
                                  "aligned rows, so the kernel loads it with 16-byte copies")
             lines.append(f"choice: {self.origin}")
         for name, reason in self.rejected:
@@ -138,8 +141,9 @@ def _wgmma_copies(p: Problem) -> tuple[Problem, tuple[tuple[str, int, int], ...]
 
     if not split and (wg.a_mn_ready(p) or wg.b_mn_ready(p)):
         # One copy: of A (then swap, B fed from registers) or of B^T (A fed from registers);
-        # where both would do, of the smaller operand.
-        if wg.b_mn_ready(p) and not (wg.a_mn_ready(p) and p.N < p.M):
+        # where both would do, of the operand with fewer elements to copy (over its own batch).
+        a_size, b_size = p.M * kmajor_batch(p, "a")[1], p.N * kmajor_batch(p, "bt")[1]
+        if wg.b_mn_ready(p) and not (wg.a_mn_ready(p) and b_size < a_size):
             q, entry = copy_a(p)
             return transposed(q), (entry,), True
         q, entry = copy_bt(p)
@@ -154,10 +158,10 @@ def _wgmma_copies(p: Problem) -> tuple[Problem, tuple[tuple[str, int, int], ...]
     return p, tuple(staged), False
 
 
-#: The wgmma family does not split K: each block walks all of K. tf32_mma, at about a third of
-#: its speed per SM but with K split over every SM, is faster when the tiles fill fewer than
-#: about a third of the SMs.
-WGMMA_MIN_SM_SHARE = 3
+#: The wgmma family does not split K: each block walks all of K. tf32_mma, slower per SM but
+#: with K split over every SM, is faster when wgmma's tiles fill less than this share of the
+#: SMs: about its relative speed (H200: TF32 120 vs 350 TFLOP/s; tf32x3 24-28 vs 115).
+WGMMA_MIN_SM_FRACTION = {"tf32": 1 / 3, "tf32x3": 1 / 4}
 #: wgmma takes a problem whose operands it must copy first when the product does at least this
 #: many FLOP per byte the copies move (see _wgmma_reason).
 WGMMA_COPY_MIN_FLOP_PER_BYTE = {"tf32": 128, "tf32x3": 20}
@@ -167,8 +171,9 @@ def _wgmma_reason(p: Problem, dev: DeviceFacts) -> str | None:
     """Why the wgmma family should not take ``p`` although it could (heuristics, not limits):
     too few tiles for the SMs, or copies that would cost too much next to the product."""
     blocks = -(-p.M // 128) * -(-p.N // 128) * p.batch_total
-    if blocks * WGMMA_MIN_SM_SHARE < dev.sm_count:
-        return (f"{blocks} tiles of 128x128 fill under 1/{WGMMA_MIN_SM_SHARE} of the {dev.sm_count} SMs, and this "
+    share = WGMMA_MIN_SM_FRACTION[p.precision]
+    if blocks < share * dev.sm_count:
+        return (f"{blocks} tiles of 128x128 fill under 1/{round(1 / share)} of the {dev.sm_count} SMs, and this "
                 "family does not split K")
     _, staged, _ = _wgmma_copies(p)
     x3 = p.precision == "tf32x3"

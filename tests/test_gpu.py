@@ -712,6 +712,26 @@ def test_wgmma_is_the_default_tf32_path_for_large_products(rel_err):
         assert rel(c, a.double() @ b.double()) <= 3e-4 or c.numel() < 2**20
 
 
+@pytest.mark.parametrize("precision", ["tf32", "tf32x3"])
+def test_wgmma_steady_state_calls_with_new_operands_stay_correct(precision, rel_err):
+    """Later calls of a shape take the fast entry (its runner: copies, maps, launch) with new
+    pointers every time (new tensor maps), into fresh results and a reused, NaN-poisoned out."""
+    needs_sm90()
+    for shape_a, shape_b in (((1536, 520), (520, 1024)), ((3, 600, 256), (3, 256, 520)), ((1100, 1029), (1029, 1030))):
+        out = torch.full(torch.broadcast_shapes(shape_a[:-2], shape_b[:-2]) + (shape_a[-2], shape_b[-1]), NAN,
+                         device="cuda")
+        for i in range(4):
+            a, b = randn(*shape_a), randn(*shape_b)
+            c = fastmm.matmul(a, b, precision=precision)
+            check(c, a, b, precision, rel_err)
+            out.fill_(NAN)
+            assert fastmm.matmul(a, b, precision=precision, out=out) is out
+            check(out, a, b, precision, rel_err)
+            if i == 0:
+                assert fastmm.explain(a, b, precision=precision).kernel == "wgmma_tf32", (shape_a, shape_b)
+        assert api._fast[api._fast_key(a, b, out, precision)], "no steady-state entry after four calls"
+
+
 def test_wgmma_tf32x3_error_on_randn_2048_cubed_beats_fp32():
     needs_sm90()
     a, b = randn(2048, 2048), randn(2048, 2048)
@@ -922,11 +942,12 @@ def test_two_streams_at_once_each_get_the_right_answer(rel_err):
         check(c, a2, b2, "tf32", rel_err)
 
 
-GRAPH_SHAPES = [(256, 320, 192), (64, 64, 16384), (3, 5, 4), (8, 2048, 4096)]  # tiled, split-K (two kernels),
-# scalar, skinny (split-K too)
+GRAPH_SHAPES = [(256, 320, 192), (64, 64, 16384), (3, 5, 4), (8, 2048, 4096), (1536, 1024, 520), (1100, 1030, 1029)]
+# tiled, split-K (two kernels), scalar, skinny (split-K too); on sm_90 at tf32/tf32x3: wgmma read in
+# place (C^T = B^T A^T) or with its copies (tf32x3 always; K % 4 != 0: both operands)
 
 
-@pytest.mark.parametrize("M,N,K", GRAPH_SHAPES, ids=["tiled", "long_k", "tiny", "skinny"])
+@pytest.mark.parametrize("M,N,K", GRAPH_SHAPES, ids=["tiled", "long_k", "tiny", "skinny", "wgmma", "wgmma_copies"])
 @pytest.mark.parametrize("precision", PRECISIONS)
 def test_cuda_graph_capture_after_warmup_replays_with_new_values(precision, M, N, K, rel_err):
     a, b = randn(M, K), randn(K, N)

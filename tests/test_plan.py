@@ -531,7 +531,7 @@ def test_force_skinny_picks_it_and_the_rest_are_rejected_as_forced(arch, precisi
         elif name == "wgmma_tf32" and arch != "sm_90":
             assert reason == f"needs sm90+, device is {arch}", (name, reason)
         elif name == "wgmma_tf32":  # 16 rows: 16 tiles for 132 SMs, and no split-K
-            assert "fill under 1/3 of the 132 SMs" in reason, (name, reason)
+            assert f"fill under 1/{3 if precision == 'tf32' else 4} of the 132 SMs" in reason, (name, reason)
         elif arch == "sm_75" and name in ("simt_cp_async", "tf32_mma"):
             assert reason == "needs sm80+, device is sm_75", (name, reason)
         else:
@@ -1106,7 +1106,7 @@ def test_large_unaligned_problems_stage_b_for_simt_and_a_and_b_for_tf32(arch):
         assert plan.staging == (("a", 4097, 4096), ("bt", 4095, 4096))
         lp = plan.launch_problem
         assert lp.a_strides == (4096, 1) and lp.b_strides == (1, 4096) and (lp.M, lp.N, lp.K) == (4097, 4095, 4093)
-        assert "staged: B transposed into a 4095x4096 buffer (K-major" in plan.describe()
+        assert "staged: B transposed copied K-major (4095x4096, 16-byte aligned rows" in plan.describe()
 
 
 def test_wgmma_copies_an_operand_with_a_zero_row_stride():
@@ -1118,6 +1118,23 @@ def test_wgmma_copies_an_operand_with_a_zero_row_stride():
     assert plan.kernel.family == "wgmma_tf32" and plan.staging == (("a", 2048, 2048),)
     p = Problem(2048, 2048, 2048, (2048, 1), (1, 0), (2048, 1), precision="tf32")
     assert select(p, dev).staging == (("bt", 2048, 2048),)
+
+
+def test_wgmma_copies_the_operand_with_fewer_elements_over_its_own_batch():
+    """A^T with a row-major B: one of them must be copied K-major. A broadcast A^T (one matrix) is
+    cheaper to copy than a batched B^T (one per matrix) even where B^T has fewer rows, and the
+    other way round when both are batched."""
+    dev = DEV["sm_90"]
+    M, N, K, batch = 384, 256, 512, 32
+    b_batched = (0, K * N)
+    p = Problem(M, N, K, (1, M), (N, 1), (N, 1), batch, batch, (0, 0), b_batched, (0, M * N), precision="tf32")
+    plan = select(p, dev)
+    assert plan.kernel.family == "wgmma_tf32" and plan.staging == (("a", M, K),) and plan.swap_ab
+    assert "staged: A copied K-major (384x512," in plan.describe()
+    p = dataclasses.replace(p, M=1024, a_strides=(1, 1024), a_batch_strides=(0, K * 1024), c_batch_strides=(0, 1024 * N))
+    plan = select(p, dev)
+    assert plan.staging == (("bt", N, K),) and not plan.swap_ab  # 32 x 256 rows < 32 x 1024
+    assert f"staged: B transposed copied K-major ({batch} x {N}x{K}," in plan.describe()
 
 
 @pytest.mark.parametrize("arch", SM80_PLUS)

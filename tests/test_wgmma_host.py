@@ -1,6 +1,6 @@
 """The host side of the wgmma_tf32 family on the CPU: tensor maps, batch bits, the C^T = B^T A^T
 swap, launch offsets, C strides and the staging buffers, on the full path (api._launch_wgmma) and
-the fast path (api._wgmma_runner).
+the fast path (runtime.runners.wgmma_runner).
 
 As in test_fast_path.py, CPU tensors pass for CUDA ones on a simulated H200. Here
 ``tensor_map.encode`` records (pointer, MapSpec, tf32) instead of asking the driver (checking what
@@ -452,7 +452,9 @@ def test_unaligned_operands_take_the_fast_path_with_their_copies(wgmma_gpu, monk
 BATCH_STAGED = {
     # name: (operands, precision, expected staging entries)
     "b-per-matrix": (lambda: (torch.randn(4, Kb, Mb).transpose(1, 2), torch.randn(4, Kb, Nb)), "tf32", ["bt"]),
-    "b-per-matrix-a-broadcast": (lambda: (torch.randn(Kb, Mb).t(), torch.randn(3, Kb, Nb)), "tf32", ["bt"]),
+    # A^T (broadcast) with a row-major batched B: one copy either way; A's (256 rows, once) is
+    # smaller than B^T's (3 x 136 rows), so A is copied and the product swapped
+    "broadcast-a-copied-once": (lambda: (torch.randn(Kb, Mb).t(), torch.randn(3, Kb, Nb)), "tf32", ["a"]),
     "both-4d": (lambda: (_offset_by_one(3, 1, 300, 70), torch.randn(2, 70, 257)), "tf32", ["a", "bt"]),
     "a-then-swap-4d": (lambda: (_offset_by_one(3, 1, 300, 68), torch.randn(2, 68, 260)), "tf32", ["a"]),
     "three-batch-dims": (lambda: (_offset_by_one(2, 3, 4, 100, 70), torch.randn(3, 1, 70, 130)), "tf32", ["a", "bt"]),

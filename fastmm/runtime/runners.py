@@ -1,0 +1,68 @@
+"""What one launch of a multi-kernel plan queues, prepared once per plan: a ``run(pa, pb, pc,
+stream)`` closure over everything that does not change between calls, so the full path (api,
+once per launch offset) and the steady-state path (api's fast entries) queue the same work.
+
+- split-K: the GEMM into a workspace, then the fixed-order reduce pass;
+- wgmma: its K-major copies (stage_kmajor), the tensor maps, the GEMM (through
+  ``launcher.maps_launcher``).
+
+Module attributes (``launcher.launch``, ``tensor_map.encode``) are looked up per call, so tests
+can replace them.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..families import FAMILIES, kmajor_batch, kmajor_source
+from ..problem import Problem
+from . import launcher, tensor_map
+
+
+def split_runner(loaded, tail: tuple, reduce, work_floats: int, reduce_tail: tuple, device):
+    """Split-K: partial slices into a workspace, then the fixed-order sum into C. The workspace
+    may be dropped on return: the caching allocator is stream-ordered."""
+    def run(pa: int, pb: int, pc: int, stream: int) -> None:
+        work = torch.empty(work_floats, dtype=torch.float32, device=device)
+        launcher.launch(loaded, stream, (pa, pb, work.data_ptr()) + tail)
+        launcher.launch(reduce, stream, (work.data_ptr(), pc) + reduce_tail)
+    return run
+
+
+def wgmma_runner(plan, loaded, p: Problem, device: torch.device):
+    """``run(pa, pb, pc, stream)`` queues one launch of a wgmma plan (launch problem ``p``) on
+    operands at pa, pb and C at pc: first the staging kernels, if any (K-major copies into
+    buffers on ``device``; for tf32x3 the big and small halves), then the GEMM, which reads A and
+    B through tensor maps. The maps hold the data pointers, so they are looked up (or encoded,
+    ~3 us) per call."""
+    x3 = plan.precision_used == "tf32x3"
+    spec_a, spec_b, bits = FAMILIES["wgmma_tf32"].map_specs(p, plan.kernel)
+    tail = (p.M, p.N, p.K, *p.c_strides, p.batch_inner, p.batch_total, *p.c_batch_strides, bits)
+    swap, gemm = plan.swap_ab, launcher.maps_launcher(loaded)
+    copies = []  # (copies A?, buffer shape, loaded stager, its arguments after (src, big, small))
+    for (which, rows, cols), stager in zip(plan.staging, plan.stagers):
+        _, s_rows, s_k, _ = kmajor_source(plan.problem, which)
+        inner, total, s0, s1 = kmajor_batch(plan.problem, which)
+        copies.append((which == "a", (2 if x3 else 1, total, rows, cols), launcher.load(plan.device, stager),
+                       (rows, plan.problem.K, s_rows, s_k, cols, inner, total, s0, s1)))
+
+    def run(pa: int, pb: int, pc: int, stream: int) -> None:
+        a_parts, b_parts = (pa,), (pb,)
+        staged = []  # referenced until the GEMM is queued (the allocator is stream-ordered)
+        for is_a, shape, stager, args in copies:
+            buf = torch.empty(shape, dtype=torch.float32, device=device)
+            staged.append(buf)
+            big = buf.data_ptr()
+            parts = (big, big + buf.stride(0) * 4) if x3 else (big,)
+            launcher.launch(stager, stream, ((a_parts if is_a else b_parts)[0], parts[0], parts[-1]) + args)
+            if is_a:
+                a_parts = parts
+            else:
+                b_parts = parts
+        if swap:  # the kernel's A is B (its B is A, or A's copy): C^T = B^T A^T
+            a_parts, b_parts = b_parts, a_parts
+        # tf32x3 halves are TF32 already: plain fp32 maps; tf32: the copy engine rounds
+        encode = tensor_map.encode
+        maps = tuple(encode(ptr, spec_a, tf32=not x3) for ptr in a_parts) + tuple(
+            encode(ptr, spec_b, tf32=not x3) for ptr in b_parts)
+        gemm(stream, maps, (pc,) + tail)
+    return run
