@@ -41,6 +41,16 @@ def main():
         plan = api.plan_for(p, 0, force="wgmma_tf32")
         lp = plan.launch_problem or p
         stream = torch.cuda.current_stream().cuda_stream
+
+        def checked_row(label, run):
+            """Run once into a NaN-poisoned C for the error, then time it: one table row."""
+            c.fill_(float("nan"))
+            run()
+            torch.cuda.synchronize()
+            err = ((c.double() - ref).norm() / ref.norm()).item()
+            ms = time_ms(run)
+            rows.append((f"{M}x{N}x{K}", label, ms, flop / ms / 1e9, err))
+
         a_k, b_k = (a, bt) if not plan.staging else (None, None)
         if plan.staging:  # unaligned: time the kernel on the staged copies
             k4 = -(-K // 4) * 4
@@ -53,14 +63,7 @@ def main():
             maps = (tensor_map.encode(a_k.data_ptr(), spec_a), tensor_map.encode(b_k.data_ptr(), spec_b))
             args = (c.data_ptr(), M, N, K, *lp.c_strides, lp.batch_inner, lp.batch_total, *lp.c_batch_strides, bits)
 
-            def run():
-                launcher.launch_with_maps(loaded, stream, maps, args)
-            c.fill_(float("nan"))
-            run()
-            torch.cuda.synchronize()
-            err = ((c.double() - ref).norm() / ref.norm()).item()
-            ms = time_ms(run)
-            rows.append((f"{M}x{N}x{K}", f"wgmma BN{bn} S{stages}", ms, flop / ms / 1e9, err))
+            checked_row(f"wgmma BN{bn} S{stages}", lambda: launcher.launch_with_maps(loaded, stream, maps, args))
         ms = time_ms(lambda: torch.matmul(a, b))
         rows.append((f"{M}x{N}x{K}", "torch tf32", ms, flop / ms / 1e9, float("nan")))
         ms = time_ms(lambda: api.matmul(a, b, precision="tf32"))
@@ -74,14 +77,8 @@ def main():
             cfg = dataclasses.replace(plan3.kernel, macros=plan3.kernel.macros + (("PROMOTE_EVERY", pe), ("COMPENSATE", comp)))
             loaded = launcher.load(plan3.device, cfg)
 
-            def run3():
-                api._launch_wgmma(plan3, loaded, stream, s3, c, plan3.launch_problem, offs3)
-            c.fill_(float("nan"))
-            run3()
-            torch.cuda.synchronize()
-            err = ((c.double() - ref).norm() / ref.norm()).item()
-            ms = time_ms(run3)
-            rows.append((f"{M}x{N}x{K}", f"tf32x3 every {pe} comp {comp}", ms, flop / ms / 1e9, err))
+            checked_row(f"tf32x3 every {pe} comp {comp}",
+                        lambda: api._launch_wgmma(plan3, loaded, stream, s3, c, plan3.launch_problem, offs3))
         bufs = [torch.empty(2, r, k4, device="cuda") for _, r, k4 in plan3.staging]
 
         def split_only():

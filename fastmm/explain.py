@@ -84,9 +84,7 @@ def explain(a: torch.Tensor, b: torch.Tensor, *, precision: str | None = None,
         if plan.swap_ab:
             exp.parameters["computed as"] = ("C^T = B^T A^T (the kernel's A is B^T, fed from registers; its B is A^T; "
                                              "C written transposed): the parameters are in those terms")
-        staged = [line.strip()[len("staged: "):] for line in plan.describe().splitlines()
-                  if line.strip().startswith("staged: ")]
-        for (which, _, _), text in zip(plan.staging, staged):
+        for which, text in plan.staged_descriptions():
             exp.parameters[f"staged {which.upper()}"] = text
         exp.launch = {"grid": k.grid, "block": k.block_dims, "dynamic_smem_bytes": k.smem, "tile": k.tile,
                       "launches": len(offsets)}

@@ -63,26 +63,32 @@ class Plan:
                 lines.append(f"  {key}: {value}")
             if self.reduce is not None:
                 lines.append(f"then: {self.reduce.describe()}")
-            x3 = self.kernel.family == "wgmma_tf32" and self.precision_used == "tf32x3"
-            for which, rows, cols in self.staging:
-                what = "B transposed" if which == "bt" else which.upper()
-                if self.kernel.family == "wgmma_tf32":
-                    copies = kmajor_batch(self.problem, which)[1]
-                    each = f"{copies} x {rows}x{cols}" if copies > 1 else f"{rows}x{cols}"
-                    if x3:
-                        lines.append(f"  staged: {what} split into big and small TF32 halves, K-major ({each} each; "
-                                     "stage_kmajor)")
-                    else:
-                        lines.append(f"  staged: {what} copied K-major ({each}, 16-byte aligned rows; stage_kmajor): "
-                                     "TF32 wgmma needs one operand K-major in shared memory (the other may come "
-                                     "through registers), and a tensor map cannot read this one that way")
-                else:
-                    lines.append(f"  staged: {what} copied into a zero-padded {rows}x{cols} buffer with 16-byte "
-                                 "aligned rows, so the kernel loads it with 16-byte copies")
+            lines += [f"  staged: {text}" for _, text in self.staged_descriptions()]
             lines.append(f"choice: {self.origin}")
         for name, reason in self.rejected:
             lines.append(f"rejected {name}: {reason}")
         return "\n".join(lines)
+
+    def staged_descriptions(self) -> list[tuple[str, str]]:
+        """(operand, what is done to it) for each staged copy, as describe() and explain() say it."""
+        out = []
+        x3 = self.kernel.family == "wgmma_tf32" and self.precision_used == "tf32x3"
+        for which, rows, cols in self.staging:
+            what = "B transposed" if which == "bt" else which.upper()
+            if self.kernel.family == "wgmma_tf32":
+                copies = kmajor_batch(self.problem, which)[1]
+                each = f"{copies} x {rows}x{cols}" if copies > 1 else f"{rows}x{cols}"
+                if x3:
+                    out.append((which, f"{what} split into big and small TF32 halves, K-major ({each} each; "
+                                       "stage_kmajor)"))
+                else:
+                    out.append((which, f"{what} copied K-major ({each}, 16-byte aligned rows; stage_kmajor): TF32 "
+                                       "wgmma needs one operand K-major in shared memory (the other may come "
+                                       "through registers), and a tensor map cannot read this one that way"))
+            else:
+                out.append((which, f"{what} copied into a zero-padded {rows}x{cols} buffer with 16-byte aligned rows, "
+                                   "so the kernel loads it with 16-byte copies"))
+        return out
 
 
 def _problem_fallback(p: Problem, dev: DeviceFacts) -> str | None:

@@ -64,11 +64,14 @@ def run_forced(a, b, family, precision, out=None):
     return result, plan
 
 
-def simulate_h200(monkeypatch) -> None:
+def simulate_h200(monkeypatch):
     """CPU tensors pass for CUDA ones on a simulated H200 with an empty plan cache: the setting of
     the CPU emulation fixtures (tests/test_fast_path.py, tests/test_wgmma_host.py), which then
-    replace the launcher with their kernel emulations. Current stream: 7."""
+    replace the launcher with their kernel emulations. Current stream: 7. Returns the record
+    they fill: ``launches`` (theirs to append to) and ``slow_calls``, the calls that took the
+    full path (api._run)."""
     import importlib
+    import types
 
     from fastmm import api
     from fastmm.problem import DeviceFacts
@@ -85,3 +88,12 @@ def simulate_h200(monkeypatch) -> None:
     monkeypatch.setattr(api, "_failed", {})
     for name in ("FASTMM_KERNEL", "FASTMM_TUNE", "FASTMM_DISABLE"):
         monkeypatch.delenv(name, raising=False)
+    gpu = types.SimpleNamespace(launches=[], slow_calls=0)
+    real_run = api._run
+
+    def counting_run(*args, **kwargs):
+        gpu.slow_calls += 1
+        return real_run(*args, **kwargs)
+
+    monkeypatch.setattr(api, "_run", counting_run)
+    return gpu

@@ -64,21 +64,11 @@ def _emulate(cfg, args) -> None:
 def emulated_gpu(tmp_cache, monkeypatch):
     """A simulated H200 whose launches are emulated on the CPU; records (family, args) of every
     launch and counts the calls that took the full path (api._run)."""
-    simulate_h200(monkeypatch)
-
-    class Gpu:
-        launches: list = []
-        slow_calls = 0
-
-    real_run = api._run
-
-    def counting_run(*args, **kwargs):
-        Gpu.slow_calls += 1
-        return real_run(*args, **kwargs)
+    gpu = simulate_h200(monkeypatch)
 
     def launch(cfg, stream, args):
         assert stream == 7  # the current stream
-        Gpu.launches.append((cfg.family, tuple(args)))
+        gpu.launches.append((cfg.family, tuple(args)))
         _emulate(cfg, args)
 
     def recorded(make):
@@ -89,13 +79,12 @@ def emulated_gpu(tmp_cache, monkeypatch):
             return t
         return made
 
-    monkeypatch.setattr(api, "_run", counting_run)
     monkeypatch.setattr(torch, "empty", recorded(torch.empty))
     monkeypatch.setattr(torch, "randn", recorded(torch.randn))
     monkeypatch.setattr(torch, "full", recorded(torch.full))
     monkeypatch.setattr(launcher, "load", lambda dev, cfg: cfg)
     monkeypatch.setattr(launcher, "launch", launch)
-    yield Gpu
+    yield gpu
     del _memory[:]
 
 

@@ -161,27 +161,17 @@ def _emulate_stage(cfg, args) -> None:
 def wgmma_gpu(tmp_cache, monkeypatch):
     """A simulated H200 whose wgmma and stage_kmajor launches are emulated on the CPU; records
     every launch and counts the calls that took the full path (api._run)."""
-    simulate_h200(monkeypatch)
-
-    class Gpu:
-        launches: list = []  # (family, pointers, the rest: what a later call must repeat)
-        slow_calls = 0
-
-    real_run = api._run
-
-    def counting_run(*args, **kwargs):
-        Gpu.slow_calls += 1
-        return real_run(*args, **kwargs)
+    gpu = simulate_h200(monkeypatch)  # launches: (family, pointers, the rest: what a later call must repeat)
 
     def launch(cfg, stream, args):
         assert stream == 7  # the current stream
         assert cfg.family == "stage_kmajor", f"unexpected plain launch of {cfg.family}"
-        Gpu.launches.append((cfg.family, tuple(args[:3]), (cfg, tuple(args[3:]))))
+        gpu.launches.append((cfg.family, tuple(args[:3]), (cfg, tuple(args[3:]))))
         _emulate_stage(cfg, tuple(args))
 
     def launch_with_maps(cfg, stream, maps, args):
         assert stream == 7
-        Gpu.launches.append((cfg.family, tuple(m.ptr for m in maps) + (args[0],),
+        gpu.launches.append((cfg.family, tuple(m.ptr for m in maps) + (args[0],),
                              (cfg, tuple((m.spec, m.tf32) for m in maps), tuple(args[1:]))))
         _emulate_wgmma(cfg, tuple(maps), tuple(args))
 
@@ -193,7 +183,6 @@ def wgmma_gpu(tmp_cache, monkeypatch):
             return t
         return made
 
-    monkeypatch.setattr(api, "_run", counting_run)
     for name in ("empty", "randn", "full", "zeros"):
         monkeypatch.setattr(torch, name, recorded(getattr(torch, name)))
     monkeypatch.setattr(launcher, "load", lambda dev, cfg: cfg)
@@ -203,7 +192,7 @@ def wgmma_gpu(tmp_cache, monkeypatch):
     monkeypatch.setattr(launcher, "maps_launcher",
                         lambda cfg: lambda stream, maps, args: launch_with_maps(cfg, stream, maps, args), raising=False)
     monkeypatch.setattr(tensor_map, "encode", _encode)
-    yield Gpu
+    yield gpu
     del _memory[:]
 
 
