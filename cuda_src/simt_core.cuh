@@ -102,6 +102,30 @@ struct TileCursor {
     }
 };
 
+// FFMA order within a k-step (any order gives the same sums: one FFMA per output per k).
+// An FFMA reads three registers; those not served by the operand reuse cache (a .reuse read of
+// the same register in the same slot by the previous instruction) all in one of the two register
+// banks (index parity) cost an extra cycle. Row i reuses a[i]; FMA_ZIGZAG 1 walks the columns in
+// the order 1 0 3 2 5 4 7 6 on even rows and reversed on odd rows, so each row starts with the
+// b its predecessor ended with (reused), and where ptxas reorders, a row's first FFMA pairs a[i]
+// with a b[j] of the other parity (the fragments sit in 4-aligned registers: a[i] has i's parity),
+// which cannot be a three-way conflict. sm_90, 16 x 8 thread tile, cp.async kernel: 67 of 1024
+// FFMA have three uncached same-bank sources in plain i/j order (FMA_ZIGZAG 0), 7 zig-zagged.
+#ifndef FMA_ZIGZAG
+#define FMA_ZIGZAG 1
+#endif
+// acc += a (column) x b (row): THREAD_M * 8 FFMA, one per output.
+__device__ __forceinline__ void outer_product(const float a[THREAD_M], const float b[THREAD_N],
+                                              float acc[THREAD_M][THREAD_N]) {
+#pragma unroll
+    for (int i = 0; i < THREAD_M; ++i)
+#pragma unroll
+        for (int jj = 0; jj < THREAD_N; ++jj) {
+            const int j = FMA_ZIGZAG ? ((i & 1) ? THREAD_N - 1 - jj : jj) ^ 1 : jj;
+            acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+        }
+}
+
 // One step of k: THREAD_M A values x 8 B values -> THREAD_M * 8 FFMA into acc.
 __device__ __forceinline__ void outer_product_step(const float* As, const float* Bs, int k,
                                                    int am, int bn, float acc[THREAD_M][THREAD_N]) {
@@ -112,10 +136,7 @@ __device__ __forceinline__ void outer_product_step(const float* As, const float*
 #pragma unroll
     for (int h = 0; h < 2; ++h)
         *(float4*)&b[4 * h] = *(const float4*)&Bs[k * B_STRIDE + bn + h * B_GROUP_STRIDE];
-#pragma unroll
-    for (int i = 0; i < THREAD_M; ++i)
-#pragma unroll
-        for (int j = 0; j < THREAD_N; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+    outer_product(a, b, acc);
 }
 
 // k-steps [K0, K1) of a shared tile.

@@ -1,8 +1,14 @@
 // SIMT family, cp.async pipeline (sm80+): STAGES shared buffers filled by asynchronous copies
 // straight from global memory, so STAGES-1 k-tiles are in flight while one is computed, and no
-// registers are spent staging. Out-of-range vectors are zero-filled by the copy itself.
+// registers are spent staging. Out-of-range elements are zero-filled by the copy itself.
 // Row-major A is transposed into the k-major shared layout with 4-byte copies (a 16-byte copy
-// cannot transpose); they are 8 instructions per thread per k-tile against 1024 FFMA.
+// cannot transpose): 4 copies per thread per k-tile on the 128 x 256 tile, against 1024 FFMA.
+//
+// Issue slots per k-tile are the budget (sm_90, 128 x 256 tile, row-major A: 1110 instructions
+// per k-tile, 1024 of them FFMA). The main loop runs over the iterations whose copy is a k-tile
+// wholly inside K: no k bound check, a source address is one 64-bit add (unit pointer + the
+// tile's k offset), the m / n checks are loop-invariant predicates and the stage addresses are
+// stepped. The copies a partial last k-tile needs are checked ones, in the prologue or the tail.
 #include "simt_core.cuh"
 
 #ifndef STAGES
@@ -14,26 +20,139 @@
 #ifndef B_MODE
 #define B_MODE LOAD_VEC_FAST
 #endif
-
-#if __CUDA_ARCH__ >= 800
-template <int MODE, int FT>
-__device__ __forceinline__ void copy_tile_async(float* S, int stride, const TileCursor<MODE, FT>& cur,
-                                                const float* base, int k0, int K) {
-    typedef TileMap<MODE, FT> Map;
-    static_assert(MODE != LOAD_VEC_K, "cp.async cannot transpose a 16-byte vector");
-#pragma unroll
-    for (int p = 0; p < Map::PER_THREAD; ++p) {
-        const bool ok = cur.ok(p, k0, K);
-        // An invalid copy reads nothing (src-size 0) but still gets a mapped address: the base.
-        const float* src = ok ? cur.at(p, k0) : base;
-        float* dst = &S[cur.k_of(p) * stride + cur.f_of(p)];
-        if (Map::UNIT == 4) cp_async_16(dst, src, ok);
-        else cp_async_4(dst, src, ok);
-    }
-}
+// Blocks per SM the registers must allow. Left free, ptxas hoists a whole k-tile of fragment
+// loads for the 8 x 8 thread tile (up to 255 registers), which costs the small tiles a third of
+// their resident warps; 12 warps per SM (168 registers) is what they had, without spills.
+#ifndef CP_MIN_BLOCKS
+#define CP_MIN_BLOCKS ((THREAD_M == 8 && BK == 8) ? 384 / THREADS : MIN_BLOCKS)
 #endif
 
-extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) fastmm_simt_cp_async(FASTMM_PARAMS) {
+#if __CUDA_ARCH__ >= 800
+// cp.async on a 32-bit shared address; valid = false reads nothing and zero-fills the destination.
+template <int BYTES>
+__device__ __forceinline__ void cp_async_to(unsigned dst, const float* src, bool valid) {
+    if (BYTES == 16)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+                     :: "r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
+    else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n"
+                     :: "r"(dst), "l"(src), "r"(valid ? 4 : 0) : "memory");
+}
+
+// p + bytes, opaque to the compiler: the pointer stays one 64-bit value (one add per copy)
+// instead of being re-derived from its parts.
+__device__ __forceinline__ const float* add_bytes(const float* p, i64 bytes) {
+    const float* r;
+    asm("add.s64 %0, %1, %2;\n" : "=l"(r) : "l"(p), "l"(bytes));
+    return r;
+}
+
+// 16-byte shared load from a 32-bit shared address. volatile: stays after the barrier.
+__device__ __forceinline__ void lds128(float* v, unsigned addr) {
+    asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=f"(v[0]), "=f"(v[1]), "=f"(v[2]), "=f"(v[3]) : "r"(addr));
+}
+
+// A thread's A and B values for one k-step of a stage whose thread fragments start at shared
+// addresses a_addr, b_addr.
+struct Frag {
+    float a[THREAD_M], b[THREAD_N];
+    __device__ __forceinline__ void load(unsigned a_addr, unsigned b_addr, int k) {
+#pragma unroll
+        for (int g = 0; g < THREAD_M / 4; ++g) lds128(&a[4 * g], a_addr + (k * A_STRIDE + g * A_GROUP_STRIDE) * 4);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) lds128(&b[4 * h], b_addr + (k * B_STRIDE + h * B_GROUP_STRIDE) * 4);
+    }
+};
+
+// One k-tile from shared memory, with `copies` (the next tile's cp.async) issued after the
+// first k-step's FFMAs. The loads of step k + 1 are issued before the FFMAs of step k (in
+// program order; the volatile loads also stay in that order around the copies), so step 1's
+// loads are in flight while step 0 and the copies issue, instead of waiting behind the copies.
+template <class Copies>
+__device__ __forceinline__ void compute_tile_at(unsigned a_addr, unsigned b_addr, float acc[THREAD_M][THREAD_N],
+                                                const Copies& copies) {
+    Frag f[2];
+    f[0].load(a_addr, b_addr, 0);
+#pragma unroll
+    for (int k = 0; k < BK; ++k) {
+        if (k + 1 < BK) f[(k + 1) & 1].load(a_addr, b_addr, k + 1);
+        outer_product(f[k & 1].a, f[k & 1].b, acc);
+        if (k == 0) copies();
+    }
+}
+
+// A thread's copy units of one operand (geometry: TileMap): per unit a pointer at k0 = 0, plus
+// a byte offset along k per tile. A unit whose row / column lies outside the operand (f >= F)
+// points at the tile's first row / column (f0 < F) instead, and copies with src-size 0 (zero
+// fill): its address stays mapped for every k-tile inside K, so interior copies need no select.
+template <int MODE, int FT>
+struct AsyncTile {
+    typedef TileMap<MODE, FT> Map;
+    static constexpr int P = Map::PER_THREAD;
+    static constexpr int BYTES = Map::UNIT * 4;
+    const float* src[P];  // unit p at k0 = 0 (row / column clamped into the operand, see above)
+    i64 kstep;            // BK * sK * 4: bytes from one k-tile to the next
+    i64 dk;               // DK * sK * 4: bytes from unit p to unit p + 1 when they share a row
+    unsigned dst;         // shared byte address of unit 0 in stage 0
+    unsigned f_ok;        // bit p: unit p's row / column exists
+    int k_t;
+
+    // S: stage 0 of this operand's shared buffer.
+    __device__ __forceinline__ void init(const float* base, int F, i64 sF, i64 sK, int f0,
+                                         const float* S, int stride) {
+        const int r = threadIdx.x / Map::ROW_UNITS, c = (threadIdx.x % Map::ROW_UNITS) * Map::UNIT;
+        k_t = Map::ROWS_ARE_K ? r : c;
+        const int f_t = Map::ROWS_ARE_K ? c : r;
+        kstep = (i64)BK * sK * 4;
+        dk = (i64)Map::DK * sK * 4;
+        f_ok = 0;
+#pragma unroll
+        for (int p = 0; p < P; ++p) {
+            const int f = f0 + f_t + p * Map::DF;
+            const bool ok = f < F;
+            f_ok |= (unsigned)ok << p;
+            src[p] = base + (i64)(ok ? f : f0) * sF + (i64)(k_t + p * Map::DK) * sK;
+        }
+        dst = smem_addr(S + k_t * stride + f_t);
+    }
+    // Destination of unit p within a stage: a constant offset from unit 0.
+    static __device__ __forceinline__ unsigned dst_off(int p, int stride) {
+        return (unsigned)(p * (Map::DK * stride + Map::DF)) * 4u;
+    }
+    // Source of unit p for the k-tile koff bytes along k from k0 = 0. Units that share their row
+    // (DF == 0) and are many are reached from unit 0 by steps of dk: one live pointer instead of
+    // one per unit (registers), for two more adds per tile.
+    static constexpr bool CHAIN = Map::DF == 0 && P > 2;
+    __device__ __forceinline__ const float* unit_src(int p, i64 koff, const float* prev) const {
+        return CHAIN && p > 0 ? add_bytes(prev, dk) : add_bytes(src[p], koff);
+    }
+    // Copy the k-tile koff = k0 * sK * 4 bytes along k into the stage at byte offset `stage` from
+    // stage 0; every unit lies inside K.
+    __device__ __forceinline__ void copy_interior(unsigned stage, int stride, i64 koff) const {
+        const float* s = nullptr;
+#pragma unroll
+        for (int p = 0; p < P; ++p) {
+            s = unit_src(p, koff, s);
+            cp_async_to<BYTES>(dst + stage + dst_off(p, stride), s, (f_ok >> p) & 1u);
+        }
+    }
+    // The same for the k-tile at k0, which may reach past K: units at k >= K read nothing (the
+    // operand's base stands in as their mapped address) and are zero-filled.
+    __device__ __forceinline__ void copy_checked(unsigned stage, int stride, int k0, int K, const float* base,
+                                                 i64 koff) const {
+        const float* s = nullptr;
+#pragma unroll
+        for (int p = 0; p < P; ++p) {
+            s = unit_src(p, koff, s);
+            const bool k_in = k0 + k_t + p * Map::DK < K;
+            cp_async_to<BYTES>(dst + stage + dst_off(p, stride), k_in ? s : base, k_in && ((f_ok >> p) & 1u));
+        }
+    }
+};
+#endif
+
+extern "C" __global__ void __launch_bounds__(THREADS, CP_MIN_BLOCKS) fastmm_simt_cp_async(FASTMM_PARAMS) {
     FASTMM_UNPACK
 #if __CUDA_ARCH__ >= 800
     extern __shared__ __align__(16) float smem[];
@@ -42,6 +161,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) fastmm_simt_cp
     const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
     int kt_begin, kt_end;
     split_range(K, BK, kt_begin, kt_end);
+    // k-tiles below kt_full lie wholly inside K; only kt_full itself may be partial.
+    const int kt_full = min(kt_end, K / BK);
     int am, bn;
     thread_origin(am, bn);
 
@@ -51,10 +172,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) fastmm_simt_cp
             int tm, tn;
             tile_coords<8>(tile, tiles_m, tiles_n, tm, tn);
             const int m0 = tm * BM, n0 = tn * BN;
-            TileCursor<A_MODE, BM> ca;
-            TileCursor<B_MODE, BN> cb;
-            ca.init(Ab, M, sAm, sAk, m0);
-            cb.init(Bb, N, sBn, sBk, n0);
+            AsyncTile<A_MODE, BM> ca;
+            AsyncTile<B_MODE, BN> cb;
+            ca.init(Ab, M, sAm, sAk, m0, As, A_STRIDE);
+            cb.init(Bb, N, sBn, sBk, n0, Bs, B_STRIDE);
             float acc[THREAD_M][THREAD_N];
             zero_tile(acc);
 
@@ -62,30 +183,64 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) fastmm_simt_cp
             // empty one, so the wait counts below stay uniform.
 #pragma unroll
             for (int s = 0; s < STAGES - 1; ++s) {
-                if (kt_begin + s < kt_end) {
-                    copy_tile_async(As + s * A_TILE_FLOATS, A_STRIDE, ca, Ab, (kt_begin + s) * BK, K);
-                    copy_tile_async(Bs + s * B_TILE_FLOATS, B_STRIDE, cb, Bb, (kt_begin + s) * BK, K);
+                const int kt = kt_begin + s;
+                if (kt < kt_end) {
+                    ca.copy_checked(s * A_TILE_FLOATS * 4, A_STRIDE, kt * BK, K, Ab, (i64)kt * ca.kstep);
+                    cb.copy_checked(s * B_TILE_FLOATS * 4, B_STRIDE, kt * BK, K, Bb, (i64)kt * cb.kstep);
                 }
                 cp_async_commit();
             }
-            // Stage of k-tile kt is (kt - kt_begin) % STAGES.
-            for (int kt = kt_begin; kt < kt_end; ++kt) {
+            // Tile kt (stage (kt - kt_begin) % STAGES) is read at shared addresses at / bt (this
+            // thread's fragments); tile kt + STAGES - 1 is copied to a_wr / b_wr (unit 0) in the
+            // stage tile kt - 1 was read from, free once every warp passed this iteration's
+            // barrier. All stepped, not recomputed: the stage index itself is never formed.
+            const unsigned a_rd = smem_addr(As + am), b_rd = smem_addr(Bs + bn);
+            const unsigned a_last = a_rd + (STAGES - 1) * (A_TILE_FLOATS * 4);
+            unsigned at = a_rd, bt = b_rd;
+            unsigned a_wr = ca.dst + (STAGES - 1) * (A_TILE_FLOATS * 4);
+            unsigned b_wr = cb.dst + (STAGES - 1) * (B_TILE_FLOATS * 4);
+            // Main loop: tiles kt_begin .. kt_begin + n_main - 1, whose copy (tile kt + STAGES - 1)
+            // lies wholly inside K: no k check, one 64-bit add per unit.
+            const int n_main = max(0, kt_full - (STAGES - 1) - kt_begin);
+            i64 a_koff = (i64)(kt_begin + STAGES - 1) * ca.kstep;  // the first tile it copies
+            i64 b_koff = (i64)(kt_begin + STAGES - 1) * cb.kstep;
+            for (int n = n_main; n > 0; --n) {
                 cp_async_wait<STAGES - 2>();   // tile kt has landed (for this thread's copies)
-                __syncthreads();               // ... and for everyone's; stage kt-1 is free again
-                const int cur = (kt - kt_begin) % STAGES;
-                const float* At = As + cur * A_TILE_FLOATS;
-                const float* Bt = Bs + cur * B_TILE_FLOATS;
-                // The first k-step goes before the copies for tile kt+STAGES-1, so their address
-                // arithmetic overlaps FFMAs instead of stalling every warp right after the barrier.
-                compute_steps<0, 1>(At, Bt, am, bn, acc);
-                const int next = kt + STAGES - 1;
-                if (next < kt_end) {
-                    const int s = (next - kt_begin) % STAGES;
-                    copy_tile_async(As + s * A_TILE_FLOATS, A_STRIDE, ca, Ab, next * BK, K);
-                    copy_tile_async(Bs + s * B_TILE_FLOATS, B_STRIDE, cb, Bb, next * BK, K);
-                }
-                cp_async_commit();
-                compute_steps<1, BK>(At, Bt, am, bn, acc);
+                __syncthreads();               // ... and for everyone's; stage a_wr is free again
+                // The copies go after the first k-step, so their address arithmetic overlaps
+                // FFMAs instead of stalling every warp right after the barrier.
+                compute_tile_at(at, bt, acc, [&] {
+                    ca.copy_interior(a_wr - ca.dst, A_STRIDE, a_koff);
+                    cb.copy_interior(b_wr - cb.dst, B_STRIDE, b_koff);
+                    cp_async_commit();
+                });
+                a_koff += ca.kstep;
+                b_koff += cb.kstep;
+                a_wr = at + (ca.dst - a_rd);
+                b_wr = bt + (cb.dst - b_rd);
+                const bool wrap = at == a_last;
+                at = wrap ? a_rd : at + A_TILE_FLOATS * 4;
+                bt = wrap ? b_rd : bt + B_TILE_FLOATS * 4;
+            }
+            // Tail: the last tiles (at most STAGES); its copies, if any, are the last tile, which
+            // is partial when K % BK != 0 (or, when the main loop ran no iteration, all tiles
+            // after the prologue's): checked copies.
+            for (int kt = kt_begin + n_main; kt < kt_end; ++kt) {
+                cp_async_wait<STAGES - 2>();
+                __syncthreads();
+                compute_tile_at(at, bt, acc, [&] {
+                    const int next = kt + STAGES - 1;
+                    if (next < kt_end) {
+                        ca.copy_checked(a_wr - ca.dst, A_STRIDE, next * BK, K, Ab, (i64)next * ca.kstep);
+                        cb.copy_checked(b_wr - cb.dst, B_STRIDE, next * BK, K, Bb, (i64)next * cb.kstep);
+                    }
+                    cp_async_commit();
+                });
+                a_wr = at + (ca.dst - a_rd);
+                b_wr = bt + (cb.dst - b_rd);
+                const bool wrap = at == a_last;
+                at = wrap ? a_rd : at + A_TILE_FLOATS * 4;
+                bt = wrap ? b_rd : bt + B_TILE_FLOATS * 4;
             }
             cp_async_wait<0>();
             __syncthreads();  // all reads of shared memory done before the next tile's prologue

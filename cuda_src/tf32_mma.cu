@@ -37,8 +37,6 @@
 #endif
 #define WARP_M 64
 #define BK 32
-#define MI (WARP_M / 16)
-#define NI (WARP_N / 8)
 #define THREADS (WARPS_M * WARPS_N * 32)
 #define BM (WARPS_M * WARP_M)
 #define BN (WARPS_N * WARP_N)
@@ -112,18 +110,95 @@ __device__ __forceinline__ void load_tiles(float* As, float* Bs, const float* Ab
 #endif
 }
 
-__device__ __forceinline__ float a_at(const float* As, int m, int k) {
-#if A_SMEM_MK
-    return As[m * A_LD + k];
+// Fragments. An m16n8k8 mma multiplies a 16 x 8 "A role" fragment (4 registers per lane) by an
+// 8 x 8 "B role" fragment (2 registers, which must be an aligned register pair, as must the A
+// role's 4). Which operand takes which role is chosen so that fragments load straight into their
+// registers with few instructions (ROLE_SWAP, below); the k order is the natural one throughout
+// (a0/a1 and b0 at k = kk + t, a2/a3 and b1 at kk + t + 4; lane = 4 g + t).
+//   A role from an operand whose shared rows run along k (X[r][k], "ALONG_K"): ldmatrix x4, one
+//     16 x 8 fragment per instruction, fragment row g + 8 h is tile row 16 i + 8 h + g.
+//   A role from an operand stored X[k][r]: fragment rows g and g + 8 are made tile rows 2 g and
+//     2 g + 1 (16 i + 2 g + h), so (a0, a1) and (a2, a3) are 8-byte loads of rows kk + t and
+//     kk + t + 4. The pitch (rows padded by 8 floats: 8 banks mod 32) spreads the 16 lanes of a
+//     half warp over 32 distinct banks.
+//   B role from X[c][k]: ldmatrix x4 (two 8-column fragments per instruction), natural columns.
+//   B role from X[k][c]: two 4-byte loads (rows kk + t, kk + t + 4; banks 8 t + g: distinct).
+// (Tried first: 16-byte loads of 4 columns per lane for a row-major B in the B role; its b0 and
+// b1 come from different rows, so SASS needed ~3 register moves per mma.) Loads per k-step of a
+// 64 x 64 warp tile: 12 (row-major A and B, roles swapped) to 24, against 32 4-byte loads before
+// (NOTES.md run 11).
+#if B_SMEM_KN
+#define ROLE_SWAP 1  // B takes the A role: the product is computed as C^T = B^T A^T per fragment
 #else
-    return As[k * A_LD + m];
+#define ROLE_SWAP 0
+#endif
+#if ROLE_SWAP
+#define RA (WARP_N / 16)  // A-role fragments per warp tile (along n)
+#define RB (WARP_M / 8)   // B-role fragments (along m)
+#define RA_ALONG_K 0      // B stored [k][n]: its rows run along n
+#define RB_ALONG_K A_SMEM_MK
+#define RA_LD B_LD
+#define RB_LD A_LD
+#else
+#define RA (WARP_M / 16)
+#define RB (WARP_N / 8)
+#define RA_ALONG_K A_SMEM_MK
+#define RB_ALONG_K 1      // B stored [n][k] here
+#define RA_LD A_LD
+#define RB_LD B_LD
+#endif
+
+__device__ __forceinline__ void ldmatrix_x4(unsigned r[4], const float* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
+}
+
+// Raw (unrounded) A-role fragment i at k-step kk; X = the A-role tile, r0 = the warp's first row.
+__device__ __forceinline__ void load_arole(const float* X, int r0, int kk, int lane, int i, float v[4]) {
+#if RA_ALONG_K
+    // matrix q = lane / 8: rows 16 i + 8 (q % 2) .. + 7, k from kk + 4 (q / 2): a0 .. a3
+    unsigned r[4];
+    ldmatrix_x4(r, X + (r0 + 16 * i + (lane % 8) + 8 * ((lane / 8) % 2)) * RA_LD + kk + 4 * (lane / 16));
+#pragma unroll
+    for (int q = 0; q < 4; ++q) v[q] = __uint_as_float(r[q]);
+#else
+    const int g = lane / 4, t = lane % 4;
+    const float2 lo = *(const float2*)(X + (kk + t) * RA_LD + r0 + 16 * i + 2 * g);
+    const float2 hi = *(const float2*)(X + (kk + t + 4) * RA_LD + r0 + 16 * i + 2 * g);
+    v[0] = lo.x; v[1] = lo.y; v[2] = hi.x; v[3] = hi.y;
 #endif
 }
-__device__ __forceinline__ float b_at(const float* Bs, int k, int n) {
-#if B_SMEM_KN
-    return Bs[k * B_LD + n];
+
+// Tile row of A-role fragment i's row g + 8 h (relative to the warp's first row).
+__device__ __forceinline__ int arole_row(int i, int h, int g) {
+#if RA_ALONG_K
+    return 16 * i + 8 * h + g;
 #else
-    return Bs[n * B_LD + k];
+    return 16 * i + 2 * g + h;
+#endif
+}
+
+// Raw B-role fragments j = 0 .. RB - 1 at k-step kk; X = the B-role tile, c0 = the warp's first
+// column (B-role columns are always in natural order: fragment column c of j is 8 j + c).
+__device__ __forceinline__ void load_brole(const float* X, int c0, int kk, int lane, float v[RB][2]) {
+#if RB_ALONG_K
+    // one x4 covers fragments j and j + 1: matrix q = lane / 8 is j + q / 2, k from kk + 4 (q % 2)
+    static_assert(RB % 2 == 0, "ldmatrix x4 loads two 8-column fragments");
+    const float* p = X + (c0 + (lane % 8) + 8 * (lane / 16)) * RB_LD + kk + 4 * ((lane / 8) % 2);
+#pragma unroll
+    for (int j = 0; j < RB; j += 2) {
+        unsigned r[4];
+        ldmatrix_x4(r, p + j * 8 * RB_LD);
+        v[j][0] = __uint_as_float(r[0]); v[j][1] = __uint_as_float(r[1]);
+        v[j + 1][0] = __uint_as_float(r[2]); v[j + 1][1] = __uint_as_float(r[3]);
+    }
+#else
+    const int g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int j = 0; j < RB; ++j) {
+        v[j][0] = X[(kk + t) * RB_LD + c0 + 8 * j + g];
+        v[j][1] = X[(kk + t + 4) * RB_LD + c0 + 8 * j + g];
+    }
 #endif
 }
 
@@ -133,6 +208,31 @@ __device__ __forceinline__ float b_at(const float* Bs, int k, int n) {
 __device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
     big = to_tf32(x);
     small = to_tf32(x - __uint_as_float(big));
+}
+#if PRECISION_X3
+#define ACC_SMALL acc_small
+// Where the big products already overflowed or met Inf/NaN, that is the fp32 answer; the cross
+// terms (Inf * 0 = NaN there) must not change it.
+__device__ __forceinline__ float result(const float (&acc)[RA][RB][4], const float (&small)[RA][RB][4], int i, int j, int q) {
+    const float big = acc[i][j][q];
+    return isfinite(big) ? big + small[i][j][q] : big;
+}
+#else
+#define ACC_SMALL 0
+__device__ __forceinline__ float result(const float (&acc)[RA][RB][4], int, int i, int j, int q) {
+    return acc[i][j][q];
+}
+#endif
+
+// C[m][n], C[m][n + 1] where they exist. C_VEC: C rows contiguous, N even, 8-byte aligned, n
+// even: the pair is in or out whole.
+__device__ __forceinline__ void store_pair(float* Cb, int M, int N, i64 sCm, i64 sCn, int m, int n, float c0, float c1) {
+#if C_VEC
+    if (n < N) *(float2*)&Cb[(i64)m * sCm + n] = make_float2(c0, c1);
+#else
+    if (n < N) Cb[(i64)m * sCm + (i64)n * sCn] = c0;
+    if (n + 1 < N) Cb[(i64)m * sCm + (i64)(n + 1) * sCn] = c1;
+#endif
 }
 #endif
 
@@ -155,14 +255,14 @@ extern "C" __global__ void __launch_bounds__(THREADS) fastmm_tf32_mma(FASTMM_PAR
             int tm, tn;
             tile_coords<8>(tile, tiles_m, tiles_n, tm, tn);
             const int m0 = tm * BM, n0 = tn * BN;
-            float acc[MI][NI][4];
+            float acc[RA][RB][4];  // [A-role fragment][B-role fragment]
 #if PRECISION_X3
-            float acc_small[MI][NI][4];
+            float acc_small[RA][RB][4];
 #endif
 #pragma unroll
-            for (int i = 0; i < MI; ++i)
+            for (int i = 0; i < RA; ++i)
 #pragma unroll
-                for (int j = 0; j < NI; ++j)
+                for (int j = 0; j < RB; ++j)
 #pragma unroll
                     for (int q = 0; q < 4; ++q) {
                         acc[i][j][q] = 0.f;
@@ -196,48 +296,59 @@ extern "C" __global__ void __launch_bounds__(THREADS) fastmm_tf32_mma(FASTMM_PAR
                         }
                         cp_async_commit();
                     }
-                    unsigned a[MI][4], b[NI][2];
-#if PRECISION_X3
-                    unsigned as[MI][4], bs[NI][2];
-#endif
-#pragma unroll
-                    for (int i = 0; i < MI; ++i) {
-                        const int m = wm + i * 16 + g;
-                        const float v[4] = {a_at(At, m, kk + t), a_at(At, m + 8, kk + t),
-                                            a_at(At, m, kk + t + 4), a_at(At, m + 8, kk + t + 4)};
-#pragma unroll
-                        for (int q = 0; q < 4; ++q) {
-#if PRECISION_X3
-                            split_tf32(v[q], a[i][q], as[i][q]);
+#if ROLE_SWAP
+                    const float* Xa = Bt;  // A role: B (rows along n), from the warp's column wn
+                    const float* Xb = At;  // B role: A, from the warp's row wm
+                    const int ra0 = wn, rb0 = wm;
 #else
-                            a[i][q] = to_tf32(v[q]);
+                    const float* Xa = At;
+                    const float* Xb = Bt;
+                    const int ra0 = wm, rb0 = wn;
 #endif
-                        }
-                    }
+                    // B-role fragments rounded (or split) once per k-step; each A-role fragment
+                    // right before its mmas, so fewer rounded values are live at once (tf32x3
+                    // holds two accumulator sets).
+                    float vb[RB][2];
+                    load_brole(Xb, rb0, kk, lane, vb);
+                    unsigned b[RB][2];
+#if PRECISION_X3
+                    unsigned bs[RB][2];
+#endif
 #pragma unroll
-                    for (int j = 0; j < NI; ++j) {
-                        const int n = wn + j * 8 + g;
-                        const float v[2] = {b_at(Bt, kk + t, n), b_at(Bt, kk + t + 4, n)};
+                    for (int j = 0; j < RB; ++j)
 #pragma unroll
                         for (int q = 0; q < 2; ++q) {
 #if PRECISION_X3
-                            split_tf32(v[q], b[j][q], bs[j][q]);
+                            split_tf32(vb[j][q], b[j][q], bs[j][q]);
 #else
-                            b[j][q] = to_tf32(v[q]);
+                            b[j][q] = to_tf32(vb[j][q]);
 #endif
                         }
-                    }
 #pragma unroll
-                    for (int i = 0; i < MI; ++i)
-#pragma unroll
-                        for (int j = 0; j < NI; ++j) {
+                    for (int i = 0; i < RA; ++i) {
+                        float va[4];
+                        load_arole(Xa, ra0, kk, lane, i, va);
+                        unsigned a[4];
 #if PRECISION_X3
-                            mma_tf32_16x8x8(acc_small[i][j], as[i], b[j]);
-                            mma_tf32_16x8x8(acc_small[i][j], a[i], bs[j]);
+                        unsigned as[4];
+#endif
+#pragma unroll
+                        for (int q = 0; q < 4; ++q) {
+#if PRECISION_X3
+                            split_tf32(va[q], a[q], as[q]);
+#else
+                            a[q] = to_tf32(va[q]);
+#endif
+                        }
+#pragma unroll
+                        for (int j = 0; j < RB; ++j) {
+#if PRECISION_X3
+                            mma_tf32_16x8x8(acc_small[i][j], as, b[j]);
+                            mma_tf32_16x8x8(acc_small[i][j], a, bs[j]);
 #endif
 #if PROMOTE
                             float part[4] = {0.f, 0.f, 0.f, 0.f};
-                            mma_tf32_16x8x8(part, a[i], b[j]);
+                            mma_tf32_16x8x8(part, a, b[j]);
 #pragma unroll
                             for (int q = 0; q < 4; ++q) {
 #if PRECISION_X3
@@ -247,39 +358,36 @@ extern "C" __global__ void __launch_bounds__(THREADS) fastmm_tf32_mma(FASTMM_PAR
 #endif
                             }
 #else
-                            mma_tf32_16x8x8(acc[i][j], a[i], b[j]);
+                            mma_tf32_16x8x8(acc[i][j], a, b[j]);
 #endif
                         }
+                    }
                 }
             }
             cp_async_wait<0>();
             __syncthreads();
 
-            // Epilogue: lane holds (g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1) of each 16x8 piece.
+            // Epilogue: acc[i][j][2 h + e] is A-role row arole_row(i, h, g), B-role column
+            // 8 j + 2 t + e. Without the swap that is (m, n), stored as pairs along n (e); with it
+            // (n, m), and the A-role rows 2 g, 2 g + 1 (h) are the adjacent pair along n.
 #pragma unroll
-            for (int i = 0; i < MI; ++i)
+            for (int i = 0; i < RA; ++i)
 #pragma unroll
-                for (int j = 0; j < NI; ++j)
+                for (int j = 0; j < RB; ++j)
 #pragma unroll
-                    for (int h = 0; h < 2; ++h) {
-                        const int m = m0 + wm + i * 16 + g + h * 8;
-                        const int n = n0 + wn + j * 8 + 2 * t;
-                        if (m >= M) continue;
-#if PRECISION_X3
-                        // Where the big products already overflowed or met Inf/NaN, that is the
-                        // fp32 answer; the cross terms (Inf * 0 = NaN there) must not change it.
-                        const float b0 = acc[i][j][2 * h], b1 = acc[i][j][2 * h + 1];
-                        const float c0 = isfinite(b0) ? b0 + acc_small[i][j][2 * h] : b0;
-                        const float c1 = isfinite(b1) ? b1 + acc_small[i][j][2 * h + 1] : b1;
+                    for (int u = 0; u < 2; ++u) {
+#if ROLE_SWAP
+                        const int m = m0 + wm + 8 * j + 2 * t + u;
+                        const int n = n0 + wn + arole_row(i, 0, g);
+                        if (m < M)
+                            store_pair(Cb, M, N, sCm, sCn, m, n, result(acc, ACC_SMALL, i, j, u),
+                                       result(acc, ACC_SMALL, i, j, 2 + u));
 #else
-                        const float c0 = acc[i][j][2 * h], c1 = acc[i][j][2 * h + 1];
-#endif
-#if C_VEC
-                        // C rows contiguous, N even, 8-byte aligned: the pair is in or out whole.
-                        if (n < N) *(float2*)&Cb[(i64)m * sCm + n] = make_float2(c0, c1);
-#else
-                        if (n < N) Cb[(i64)m * sCm + (i64)n * sCn] = c0;
-                        if (n + 1 < N) Cb[(i64)m * sCm + (i64)(n + 1) * sCn] = c1;
+                        const int m = m0 + wm + arole_row(i, u, g);
+                        const int n = n0 + wn + 8 * j + 2 * t;
+                        if (m < M)
+                            store_pair(Cb, M, N, sCm, sCn, m, n, result(acc, ACC_SMALL, i, j, 2 * u),
+                                       result(acc, ACC_SMALL, i, j, 2 * u + 1));
 #endif
                     }
         }

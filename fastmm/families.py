@@ -225,6 +225,19 @@ class _Simt(Family):
         return ()
 
     can_split = False
+    #: Least K per slice for the largest tile to be split instead of taking a smaller tile.
+    big_tile_min_k_per_split = 512
+
+    def _big_tile_split_fills(self, p: Problem, dev: DeviceFacts) -> bool:
+        """Whether the largest tile, split along K, fills (90% of) a wave with slices of at least
+        ``big_tile_min_k_per_split``: its 16x8 thread tiles run ~15% faster than the 8x8 ones of
+        the smaller tiles (8192x4096x6144: 49.7 against 43.2 TFLOP/s, NOTES run 11), which beats
+        the reduction pass when K is long (decode128: 128 x 11008 x 4096 took 128 x 64 tiles
+        and ran at 0.77x cuBLAS)."""
+        bm, bn = self.tile_of(self.tile_options[0])
+        tiles = _tiles(p, bm, bn)
+        split = split_k_for(p, dev, tiles, self.bk)
+        return split > 1 and tiles * split >= 0.9 * dev.sm_count and p.K // split >= self.big_tile_min_k_per_split
 
     def options(self, p, dev):
         """Every tile; for a family that splits K, each with split-K allowed or not."""
@@ -237,6 +250,8 @@ class _Simt(Family):
             opt, may_split = self.tile_options[1], True  # 128x128: splits supply the parallelism
         else:
             opt, may_split = _pick_tile(p, dev, self.tile_options, self.tile_of), self.can_split
+            if may_split and opt != self.tile_options[0] and self._big_tile_split_fills(p, dev):
+                opt = self.tile_options[0]
         wm, wn, tm = opt
         bm, bn = self.tile_of(opt)
         split = split_k_for(p, dev, _tiles(p, bm, bn), self.bk, 2 if wm * wn <= 4 else 1) if may_split else 1
@@ -292,25 +307,42 @@ class Tf32Mma(Family):
     bk = 32
     max_stages = 3  # 3 x 35 KiB: two 128x128 blocks fit in an H100/H200 SM
 
-    @staticmethod
-    def tile_options(x3: bool):
-        """(WARPS_M, WARPS_N, WARP_N), largest tile first. Warps are 64 x 64 for tf32; 64 x 32
-        for tf32x3, which holds three accumulator sets."""
-        if x3:
-            return ((2, 4, 32), (2, 2, 32), (1, 2, 32))
-        return ((2, 2, 64), (1, 2, 64), (1, 1, 64))
+    #: The tile of split-K plans (k_dominant problems): measured there (largeK, NOTES run 10).
+    k_dominant_tile = (2, 2, 64)
+
+    def tile_options(self, x3: bool, dev: DeviceFacts | None = None):
+        """(WARPS_M, WARPS_N, WARP_N), largest tile first, those whose two stages fit the device's
+        shared memory in any layout. Warps are 64 x 64 for tf32 (128 x 256 blocks: 150.8 TFLOP/s
+        against 142.9 for 128 x 128 at 8192x4096x6144 on the H200, NOTES run 11); 64 x 32 for
+        tf32x3, which holds three accumulator sets."""
+        opts = ((2, 4, 32), (2, 2, 32), (1, 2, 32)) if x3 else ((2, 4, 64), (2, 2, 64), (1, 2, 64), (1, 1, 64))
+        if dev is None:
+            return opts
+        return tuple(o for o in opts if 2 * self.stage_bytes_max(o[0] * 64, o[1] * o[2]) <= dev.smem_per_block_optin)
+
+    def stage_bytes(self, bm: int, bn: int, a_mk: bool, b_kn: bool) -> int:
+        """One stage of the A and B tiles in tf32_mma.cu's padded layouts."""
+        a_floats = bm * (self.bk + 4) if a_mk else self.bk * (bm + 8)
+        b_floats = self.bk * (bn + 8) if b_kn else bn * (self.bk + 4)
+        return (a_floats + b_floats) * 4
+
+    def stage_bytes_max(self, bm: int, bn: int) -> int:
+        return max(self.stage_bytes(bm, bn, a_mk, b_kn) for a_mk in (True, False) for b_kn in (True, False))
 
     def options(self, p, dev):
-        """Every tile of p's precision, each with split-K allowed or not."""
-        return _with_split_flags(self.tile_options(p.precision == "tf32x3"))
+        """Every tile of p's precision that fits the device, each with split-K allowed or not."""
+        return _with_split_flags(self.tile_options(p.precision == "tf32x3", dev))
 
     def configure(self, p, dev, option=None):
         x3 = p.precision == "tf32x3"
-        options = self.tile_options(x3)
+        options = self.tile_options(x3, dev)
         if option is not None:
             opt, may_split = tuple(option[:3]), bool(option[3])
+        elif k_dominant(p):
+            preferred = options[0] if x3 else self.k_dominant_tile
+            opt, may_split = (preferred if preferred in options else options[-1]), True
         else:
-            opt = options[0] if k_dominant(p) else _pick_tile(p, dev, options, lambda o: (o[0] * 64, o[1] * o[2]))
+            opt = _pick_tile(p, dev, options, lambda o: (o[0] * 64, o[1] * o[2]))
             may_split = True
         wm, wn, warp_n = opt
         bm, bn = wm * 64, wn * warp_n
@@ -328,9 +360,7 @@ class Tf32Mma(Family):
                  and all(s % 2 == 0 for s in p.c_batch_strides))
         if split > 1:
             c_vec = p.N % 2 == 0  # partials go to a fresh contiguous workspace
-        a_floats = bm * (self.bk + 4) if a_mk else self.bk * (bm + 8)
-        b_floats = self.bk * (bn + 8) if b_kn else bn * (self.bk + 4)
-        per_stage = (a_floats + b_floats) * 4
+        per_stage = self.stage_bytes(bm, bn, a_mk, b_kn)
         stages = max(2, min(self.max_stages, dev.smem_per_block_optin // per_stage))
         macros = (("WARPS_M", wm), ("WARPS_N", wn), ("WARP_N", warp_n), ("STAGES", stages), ("A_SMEM_MK", int(a_mk)),
                   ("A_VEC", int(a_vec)), ("B_SMEM_KN", int(b_kn)), ("B_VEC", int(b_vec)),
@@ -340,6 +370,8 @@ class Tf32Mma(Family):
             ("A in smem", "[m][k]" if a_mk else "[k][m]"), ("A loads", "16-byte cp.async" if a_vec else "4-byte cp.async"),
             ("B in smem", "[k][n]" if b_kn else "[n][k]"), ("B loads", "16-byte cp.async" if b_vec else "4-byte cp.async"),
             ("C stores", "float2" if c_vec else "single floats"),
+            ("fragments", ("B^T in the mma's A role (8-byte loads), A by " + ("ldmatrix" if a_mk else "4-byte loads"))
+             if b_kn else ("A by " + ("ldmatrix" if a_mk else "8-byte loads") + ", B by ldmatrix")),
             ("math", "3xTF32 mma.sync (big*big + separate small cross terms)" if x3 else
              "TF32 mma.sync m16n8k8, inputs rounded with cvt.rna, fp32 accumulate"))
         if split > 1:

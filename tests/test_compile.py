@@ -195,7 +195,7 @@ def test_configs_cover_every_family_arch_and_macro_value():
         for x3 in (False, True):
             tiles = {tuple(v for k, v in m if k in ("WARPS_M", "WARPS_N", "WARP_N"))
                      for m in seen[(arch, "tf32_mma")] if dict(m)["PRECISION_X3"] == int(x3)}
-            assert tiles >= set(FAMILIES["tf32_mma"].tile_options(x3)), (arch, x3, tiles)
+            assert tiles >= set(FAMILIES["tf32_mma"].tile_options(x3, DeviceFacts.simulated_device(arch))), (arch, x3, tiles)
 
 
 def test_wgmma_configs_cover_both_tiles_and_store_modes():

@@ -1,0 +1,76 @@
+"""tf32_mma (mma.sync) on the current GPU: correctness of the forced family on awkward shapes and
+every operand layout, then the headline shape timed for a few tile / stage variants.
+    python benchmarks/tf32_mma_variants.py            (NOTES.md run 11)"""
+from __future__ import annotations
+
+import sys
+import warnings
+
+import torch
+
+sys.path.insert(0, ".")
+sys.path.insert(0, "benchmarks")
+from fastmm import api  # noqa: E402
+from variants import check_and_time, rel_err, time_ms, with_macros  # noqa: E402
+
+SHAPES = [(1, 1, 1), (3, 5, 4), (17, 19, 23), (129, 96, 132), (257, 129, 193), (1000, 1000, 1000), (4097, 4095, 4093)]
+LAYOUTS = ("nn", "tn", "nt", "tt", "off")
+W24 = dict(WARPS_M=2, WARPS_N=4, WARP_N=64)
+VARIANTS = [dict(), dict(W24, STAGES=4), dict(WARPS_M=2, WARPS_N=2, WARP_N=64, STAGES=3),
+            dict(WARPS_M=4, WARPS_N=2, WARP_N=64, STAGES=3), dict(STAGES=2)]
+
+
+def operands(M, N, K, layout):
+    a = torch.randn(K, M, device="cuda").t() if layout[0] == "t" else torch.randn(M, K, device="cuda")
+    b = torch.randn(N, K, device="cuda").t() if layout[1:2] == "t" else torch.randn(K, N, device="cuda")
+    if layout == "off":
+        a = torch.randn(M * K + 1, device="cuda")[1:].view(M, K)
+        b = torch.randn(K * N + 3, device="cuda")[3:].view(K, N)
+    return a, b
+
+
+def main():
+    fails = 0
+    for prec, tol in (("tf32", 1e-3), ("tf32x3", 1e-6)):
+        for (M, N, K) in SHAPES:
+            for layout in LAYOUTS:
+                a, b = operands(M, N, K, layout)
+                c = torch.full((M, N), float("nan"), device="cuda")
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    _, plan, _ = api.matmul_fastmm(a, b, c, prec, force="tf32_mma")
+                    torch.cuda.synchronize()
+                if caught:  # e.g. a kernel that failed to build: torch served the call
+                    fails += 1
+                    print(f"WARNING {prec} {M}x{N}x{K} {layout}: {caught[0].message}"[:300])
+                err = rel_err(c, a, b)
+                if not err <= tol:
+                    fails += 1
+                    print(f"FAIL {prec} {M}x{N}x{K} {layout} err={err:.2e} {dict(plan.kernel.macros)}")
+        print(f"checked tf32_mma {prec}", flush=True)
+    print(f"correctness failures: {fails}", flush=True)
+
+    M, N, K = 8192, 4096, 6144
+    flops = 2 * M * N * K
+    rows = []
+    for layout in ("nn", "tn", "nt"):
+        a, b = operands(M, N, K, layout)
+        c = torch.empty(M, N, device="cuda")
+        torch.backends.cuda.matmul.allow_tf32 = True
+        t = time_ms(lambda: torch.matmul(a, b, out=c))
+        rows.append((f"torch tf32 {layout}", t, flops / t / 1e9, 0.0))
+        s = api.analyse(a, b)
+        for prec, variants in (("tf32", VARIANTS if layout == "nn" else VARIANTS[:1]), ("tf32x3", [dict()])):
+            p, _ = api.build_problem(s, c, prec)
+            plan = api.plan_for(p, 0, "tf32_mma")
+            for v in variants:
+                t, err = check_and_time(with_macros(plan.kernel, M, N, **v), plan, a, b, c)
+                rows.append((f"tf32_mma {prec} {layout} {v or 'planner'}", t, flops / t / 1e9, err))
+    print(f"\n{M}x{N}x{K}: variant | ms | TFLOP/s | rel err (first 256 rows)")
+    for r in rows:
+        print(f"{r[0]:70s} {r[1]:8.3f} {r[2]:8.1f} {r[3]:.1e}")
+    return 1 if fails else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

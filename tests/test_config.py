@@ -1,0 +1,32 @@
+"""fastmm.config: the environment switches read on every call follow os.environ at run time."""
+from __future__ import annotations
+
+import os
+
+from fastmm import config
+
+
+def test_switches_follow_os_environ_changes_at_run_time(monkeypatch):
+    monkeypatch.delenv("FASTMM_DISABLE", raising=False)
+    monkeypatch.delenv("FASTMM_KERNEL", raising=False)
+    assert config.disabled() is False and config.forced_kernel() is None
+    for value, on in ((" Yes ", True), ("1", True), ("on", True), ("0", False), ("", False), ("no", False)):
+        monkeypatch.setenv("FASTMM_DISABLE", value)
+        assert config.disabled() is on, value
+    monkeypatch.setenv("FASTMM_KERNEL", " skinny ")
+    assert config.forced_kernel() == "skinny"
+    os.environ["FASTMM_KERNEL"] = "scalar"  # plain assignment, not only monkeypatch
+    assert config.forced_kernel() == "scalar"
+    monkeypatch.setenv("FASTMM_KERNEL", "   ")
+    assert config.forced_kernel() is None
+    monkeypatch.delenv("FASTMM_KERNEL")
+    monkeypatch.delenv("FASTMM_DISABLE")
+    assert config.disabled() is False and config.forced_kernel() is None
+
+
+def test_switch_reads_agree_with_os_environ_get(monkeypatch):
+    for name, read in ((config.DISABLE_ENV, config._read_disable), (config.FORCE_KERNEL_ENV, config._read_force)):
+        monkeypatch.setenv(name, "x\u00e9y")  # non-ASCII survives the decode
+        assert read() == os.environ.get(name)
+        monkeypatch.delenv(name)
+        assert read() is None
