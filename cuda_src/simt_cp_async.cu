@@ -89,6 +89,7 @@ __device__ __forceinline__ void compute_tile_at(unsigned a_addr, unsigned b_addr
 template <int MODE, int FT>
 struct AsyncTile {
     typedef TileMap<MODE, FT> Map;
+    static_assert(MODE != LOAD_VEC_K, "cp.async cannot transpose a 16-byte vector");
     static constexpr int P = Map::PER_THREAD;
     static constexpr int BYTES = Map::UNIT * 4;
     const float* src[P];  // unit p at k0 = 0 (row / column clamped into the operand, see above)

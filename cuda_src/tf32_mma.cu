@@ -12,8 +12,8 @@
 //
 // Each operand keeps the layout it has in global memory: As[m][k] when A is k-contiguous
 // (row-major) else As[k][m]; Bs[k][n] when B is n-contiguous else Bs[n][k]. The row pads
-// (4 floats on 32-wide rows, 8 on 64/128-wide rows) make every fragment read below hit 32
-// distinct banks. A_VEC / B_VEC: 16-byte copies (contiguous, aligned); else 4-byte copies,
+// (4 floats on 32-wide rows, 8 on the 64- to 256-wide ones) keep every fragment read below free
+// of bank conflicts (see "Fragments"). A_VEC / B_VEC: 16-byte copies (contiguous, aligned); else 4-byte copies,
 // which also serve operands with no unit stride at all.
 #include "common.cuh"
 
@@ -119,18 +119,20 @@ __device__ __forceinline__ void load_tiles(float* As, float* Bs, const float* Ab
 //     16 x 8 fragment per instruction, fragment row g + 8 h is tile row 16 i + 8 h + g.
 //   A role from an operand stored X[k][r]: fragment rows g and g + 8 are made tile rows 2 g and
 //     2 g + 1 (16 i + 2 g + h), so (a0, a1) and (a2, a3) are 8-byte loads of rows kk + t and
-//     kk + t + 4. The pitch (rows padded by 8 floats: 8 banks mod 32) spreads the 16 lanes of a
-//     half warp over 32 distinct banks.
+//     kk + t + 4. The pitch (rows padded by 8 floats: 8 banks mod 32) spreads each half warp's
+//     16 lanes over 32 distinct banks.
 //   B role from X[c][k]: ldmatrix x4 (two 8-column fragments per instruction), natural columns.
 //   B role from X[k][c]: two 4-byte loads (rows kk + t, kk + t + 4; banks 8 t + g: distinct).
 // (Tried first: 16-byte loads of 4 columns per lane for a row-major B in the B role; its b0 and
 // b1 come from different rows, so SASS needed ~3 register moves per mma.) Loads per k-step of a
-// 64 x 64 warp tile: 12 (row-major A and B, roles swapped) to 24, against 32 4-byte loads before
-// (NOTES.md run 11).
-#if B_SMEM_KN
+// 64 x 64 warp tile: 8 (A [m][k], B [n][k]) to 24, 12 for row-major A and B (roles swapped),
+// against 32 4-byte loads before (NOTES.md run 11). tf32x3 keeps B in the B role and reads
+// k-contiguous tiles with 4-byte loads: its split values then fit the registers (no spills).
+#if B_SMEM_KN && !PRECISION_X3
 #define ROLE_SWAP 1  // B takes the A role: the product is computed as C^T = B^T A^T per fragment
 #else
-#define ROLE_SWAP 0
+#define ROLE_SWAP 0  // (tf32x3 keeps B in the B role: its 64 x 32 warp tile then holds 4 B-role
+                     // fragments and their small parts instead of 8, which spilled)
 #endif
 #if ROLE_SWAP
 #define RA (WARP_N / 16)  // A-role fragments per warp tile (along n)
@@ -143,7 +145,7 @@ __device__ __forceinline__ void load_tiles(float* As, float* Bs, const float* Ab
 #define RA (WARP_M / 16)
 #define RB (WARP_N / 8)
 #define RA_ALONG_K A_SMEM_MK
-#define RB_ALONG_K 1      // B stored [n][k] here
+#define RB_ALONG_K (!B_SMEM_KN)
 #define RA_LD A_LD
 #define RB_LD B_LD
 #endif
@@ -155,7 +157,12 @@ __device__ __forceinline__ void ldmatrix_x4(unsigned r[4], const float* p) {
 
 // Raw (unrounded) A-role fragment i at k-step kk; X = the A-role tile, r0 = the warp's first row.
 __device__ __forceinline__ void load_arole(const float* X, int r0, int kk, int lane, int i, float v[4]) {
-#if RA_ALONG_K
+#if RA_ALONG_K && PRECISION_X3
+    // tf32x3: 4-byte loads, as for its B role below
+    const int g = lane / 4, t = lane % 4;
+    const float* row = X + (r0 + 16 * i + g) * RA_LD + kk + t;
+    v[0] = row[0]; v[1] = row[8 * RA_LD]; v[2] = row[4]; v[3] = row[8 * RA_LD + 4];
+#elif RA_ALONG_K
     // matrix q = lane / 8: rows 16 i + 8 (q % 2) .. + 7, k from kk + 4 (q / 2): a0 .. a3
     unsigned r[4];
     ldmatrix_x4(r, X + (r0 + 16 * i + (lane % 8) + 8 * ((lane / 8) % 2)) * RA_LD + kk + 4 * (lane / 16));
@@ -181,7 +188,15 @@ __device__ __forceinline__ int arole_row(int i, int h, int g) {
 // Raw B-role fragments j = 0 .. RB - 1 at k-step kk; X = the B-role tile, c0 = the warp's first
 // column (B-role columns are always in natural order: fragment column c of j is 8 j + c).
 __device__ __forceinline__ void load_brole(const float* X, int c0, int kk, int lane, float v[RB][2]) {
-#if RB_ALONG_K
+#if RB_ALONG_K && PRECISION_X3
+    // tf32x3: 4-byte loads (with ldmatrix, ptxas kept more of its split values live and spilled)
+    const int g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int j = 0; j < RB; ++j) {
+        v[j][0] = X[(c0 + 8 * j + g) * RB_LD + kk + t];
+        v[j][1] = X[(c0 + 8 * j + g) * RB_LD + kk + t + 4];
+    }
+#elif RB_ALONG_K
     // one x4 covers fragments j and j + 1: matrix q = lane / 8 is j + q / 2, k from kk + 4 (q % 2)
     static_assert(RB % 2 == 0, "ldmatrix x4 loads two 8-column fragments");
     const float* p = X + (c0 + (lane % 8) + 8 * (lane / 16)) * RB_LD + kk + 4 * ((lane / 8) % 2);

@@ -31,8 +31,11 @@ def _reader(name: str):
     if not isinstance(data, dict) or encodekey is None or decodevalue is None:
         return lambda: os.environ.get(name)
     key = encodekey(name)
+    environ = os.environ
 
     def read():
+        if os.environ is not environ:  # replaced wholesale (e.g. mock.patch.object(os, "environ", ...))
+            return os.environ.get(name)
         raw = data.get(key)
         return None if raw is None else decodevalue(raw)
 

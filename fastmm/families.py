@@ -225,15 +225,20 @@ class _Simt(Family):
         return ()
 
     can_split = False
-    #: Least K per slice for the largest tile to be split instead of taking a smaller tile.
+    #: Least K per slice, and least M, for the largest tile to be split instead of taking a tile
+    #: with 8x8 outputs per thread (the range measured: M 96 .. 256, slices 512 .. 1365).
     big_tile_min_k_per_split = 512
+    big_tile_min_m = 96
 
     def _big_tile_split_fills(self, p: Problem, dev: DeviceFacts) -> bool:
         """Whether the largest tile, split along K, fills (90% of) a wave with slices of at least
         ``big_tile_min_k_per_split``: its 16x8 thread tiles run ~15% faster than the 8x8 ones of
         the smaller tiles (8192x4096x6144: 49.7 against 43.2 TFLOP/s, NOTES run 11), which beats
         the reduction pass when K is long (decode128: 128 x 11008 x 4096 took 128 x 64 tiles
-        and ran at 0.77x cuBLAS)."""
+        and ran at 0.77x cuBLAS, 1.12x so). Below M = 96 most of a 128-row tile would be
+        padding: not measured, so not taken."""
+        if p.M < self.big_tile_min_m:
+            return False
         bm, bn = self.tile_of(self.tile_options[0])
         tiles = _tiles(p, bm, bn)
         split = split_k_for(p, dev, tiles, self.bk)
@@ -250,7 +255,7 @@ class _Simt(Family):
             opt, may_split = self.tile_options[1], True  # 128x128: splits supply the parallelism
         else:
             opt, may_split = _pick_tile(p, dev, self.tile_options, self.tile_of), self.can_split
-            if may_split and opt != self.tile_options[0] and self._big_tile_split_fills(p, dev):
+            if may_split and opt[2] == 8 and self._big_tile_split_fills(p, dev):
                 opt = self.tile_options[0]
         wm, wn, tm = opt
         bm, bn = self.tile_of(opt)
@@ -307,8 +312,15 @@ class Tf32Mma(Family):
     bk = 32
     max_stages = 3  # 3 x 35 KiB: two 128x128 blocks fit in an H100/H200 SM
 
-    #: The tile of split-K plans (k_dominant problems): measured there (largeK, NOTES run 10).
+    #: The tf32 tile of split-K plans (k_dominant problems; tf32x3 takes its largest): measured
+    #: there (largeK, NOTES run 10).
     k_dominant_tile = (2, 2, 64)
+
+    def reject(self, p, dev):
+        reason = super().reject(p, dev)
+        if reason is None and not self.tile_options(p.precision == "tf32x3", dev):
+            reason = f"no tile fits {dev.smem_per_block_optin // 1024} KiB of shared memory per block"
+        return reason
 
     def tile_options(self, x3: bool, dev: DeviceFacts | None = None):
         """(WARPS_M, WARPS_N, WARP_N), largest tile first, those whose two stages fit the device's
@@ -340,7 +352,9 @@ class Tf32Mma(Family):
             opt, may_split = tuple(option[:3]), bool(option[3])
         elif k_dominant(p):
             preferred = options[0] if x3 else self.k_dominant_tile
-            opt, may_split = (preferred if preferred in options else options[-1]), True
+            # the preferred tile, or the largest that fits and is no larger
+            fits = [o for o in options if o[0] * o[1] * o[2] <= preferred[0] * preferred[1] * preferred[2]]
+            opt, may_split = (fits[0] if fits else options[-1]), True
         else:
             opt = _pick_tile(p, dev, options, lambda o: (o[0] * 64, o[1] * o[2]))
             may_split = True

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+from unittest import mock
 
 from fastmm import config
 
@@ -30,3 +31,10 @@ def test_switch_reads_agree_with_os_environ_get(monkeypatch):
         assert read() == os.environ.get(name)
         monkeypatch.delenv(name)
         assert read() is None
+
+
+def test_switches_follow_an_os_environ_replaced_wholesale(monkeypatch):
+    monkeypatch.setenv("FASTMM_KERNEL", "scalar")
+    with mock.patch.object(os, "environ", {"FASTMM_KERNEL": "skinny", "FASTMM_DISABLE": "1"}):
+        assert config.forced_kernel() == "skinny" and config.disabled() is True
+    assert config.forced_kernel() == "scalar" and config.disabled() is False

@@ -714,6 +714,38 @@ def test_simt_takes_its_largest_tile_split_along_k_where_that_fills_a_wave():
     assert full_wave.kernel.tile[:2] == (128, 256) and full_wave.kernel.split_k == 1
 
 
+@pytest.mark.parametrize("M,N,K,tile", [
+    (64, 4096, 4096, (64, 64)),     # M < 96: a 128-row tile would be half padding (not measured)
+    (40, 4096, 4096, (64, 64)),
+    (128, 16384, 4096, (128, 128)),  # already 16x8 outputs per thread: the rule does not apply
+    (128, 2048, 1024, (64, 64)),    # 128 x 256 slices would be shorter than 512
+])
+def test_simt_split_rule_leaves_what_it_was_not_measured_on(M, N, K, tile):
+    plan = forced(Problem.dense(M, N, K), "sm_90", "simt_cp_async")
+    assert plan.kernel.tile[:2] == tile
+    check_geometry(plan)
+
+
+def test_tf32_mma_tiles_fit_each_device_and_a_device_too_small_is_refused_with_the_reason():
+    fam = FAMILIES["tf32_mma"]
+    for arch in SM80_PLUS:
+        dev = DEV[arch]
+        for x3 in (False, True):
+            options = fam.tile_options(x3, dev)
+            assert options and all(2 * fam.stage_bytes_max(o[0] * 64, o[1] * o[2]) <= dev.smem_per_block_optin
+                                   for o in options), (arch, x3)
+    assert (2, 4, 64) in fam.tile_options(False, DEV["sm_90"]) and (2, 4, 64) not in fam.tile_options(False, DEV["sm_86"])
+    tiny = dataclasses.replace(DEV["sm_90"], smem_per_block_optin=32 * 1024)
+    plan = select(Problem.dense(1024, 1024, 1024, precision="tf32"), tiny)
+    assert rejected(plan)["tf32_mma"] == "no tile fits 32 KiB of shared memory per block"
+    # split-K (k_dominant) prefers 128 x 128; where that does not fit, the largest that does
+    small = dataclasses.replace(DEV["sm_80"], smem_per_block_optin=64 * 1024)
+    m = macros(select(Problem.dense(256, 256, 65536, precision="tf32"), small, force="tf32_mma"))
+    assert (m["WARPS_M"], m["WARPS_N"], m["WARP_N"]) == (1, 2, 64)
+    m = macros(forced(Problem.dense(256, 256, 65536, precision="tf32"), "sm_90", "tf32_mma"))
+    assert (m["WARPS_M"], m["WARPS_N"], m["WARP_N"]) == (2, 2, 64)
+
+
 @pytest.mark.parametrize("arch", SM80_PLUS)
 @pytest.mark.parametrize("precision", PRECISIONS)
 def test_long_k_with_a_small_output_splits_on_every_sm80_plus_arch(arch, precision):
