@@ -410,15 +410,10 @@ def _launch_plan(plan, loaded, reduce, s: Shapes, c: torch.Tensor, problem: Prob
             pa = buf.data_ptr()
         else:
             pb = buf.data_ptr()
-    if reduce is not None:
-        # Split-K: partial products into S contiguous M x N slices (split stride passed as the C
-        # batch stride, batch of 1), then one fixed-order sum into C.
-        split = plan.kernel.split_k
-        work = torch.empty(split * p.M * p.N, dtype=_FLOAT32, device=c.device)
-        launcher.launch(loaded, stream, (
-            pa, pb, work.data_ptr(), p.M, p.N, p.K, *p.a_strides, *p.b_strides, p.N, 1,
-            1, 1, *p.a_batch_strides, *p.b_batch_strides, p.M * p.N, 0))
-        launcher.launch(reduce, stream, (work.data_ptr(), pc, p.M, p.N, split, *p.c_strides))
+    if reduce is not None:  # split-K: the GEMM into a workspace, then the fixed-order reduce
+        from .runtime import runners
+
+        runners.split_runner(loaded, reduce, plan.kernel.split_k, p, c.device)(pa, pb, pc, stream)
         return
     for oa, ob, oc in offsets:
         launcher.launch(loaded, stream, (
@@ -652,13 +647,8 @@ def _remember_fast(key: tuple, a: torch.Tensor, b: torch.Tensor, out: torch.Tens
     elif reduce is None:
         tail = (p.M, p.N, p.K, *p.a_strides, *p.b_strides, *p.c_strides, p.batch_inner, p.batch_total,
                 *p.a_batch_strides, *p.b_batch_strides, *p.c_batch_strides)
-    else:  # the arguments _launch_plan passes: S slices of M x N in the workspace, then the reduce
-        slices = plan.kernel.split_k
-        tail = (p.M, p.N, p.K, *p.a_strides, *p.b_strides, p.N, 1,
-                1, 1, *p.a_batch_strides, *p.b_batch_strides, p.M * p.N, 0)
-        runner = runners.split_runner(loaded, tail, reduce, slices * p.M * p.N, (p.M, p.N, slices, *p.c_strides),
-                                      a.device)
-        tail = ()
+    else:  # the same runner as _launch_plan's
+        tail, runner = (), runners.split_runner(loaded, reduce, plan.kernel.split_k, p, a.device)
     extents = (_extent(a), _extent(b), _extent(out)) if out is not None else None
     if len(_fast) >= MAX_CACHED_SHAPES:
         _fast.clear()

@@ -18,9 +18,16 @@ from ..problem import Problem
 from . import launcher, tensor_map
 
 
-def split_runner(loaded, tail: tuple, reduce, work_floats: int, reduce_tail: tuple, device):
-    """Split-K: partial slices into a workspace, then the fixed-order sum into C. The workspace
-    may be dropped on return: the caching allocator is stream-ordered."""
+def split_runner(loaded, reduce, split: int, p: Problem, device):
+    """Split-K over ``split`` slices of K for launch problem ``p`` (a batch of 1): the partial
+    products go into ``split`` contiguous M x N slices of a workspace (the slice stride passed as
+    C's batch stride), then the reduce pass sums them into C in a fixed order. The workspace may
+    be dropped on return: the caching allocator is stream-ordered."""
+    tail = (p.M, p.N, p.K, *p.a_strides, *p.b_strides, p.N, 1,
+            1, 1, *p.a_batch_strides, *p.b_batch_strides, p.M * p.N, 0)
+    reduce_tail = (p.M, p.N, split, *p.c_strides)
+    work_floats = split * p.M * p.N
+
     def run(pa: int, pb: int, pc: int, stream: int) -> None:
         work = torch.empty(work_floats, dtype=torch.float32, device=device)
         launcher.launch(loaded, stream, (pa, pb, work.data_ptr()) + tail)
