@@ -1,6 +1,7 @@
 """tf32_mma (mma.sync) on the current GPU: correctness of the forced family on awkward shapes and
 every operand layout, then the headline shape timed for a few tile / stage variants.
-    python benchmarks/tf32_mma_variants.py            (NOTES.md run 11)"""
+    python benchmarks/tf32_mma_variants.py [--no-sweep] [--layouts nn,tn,nt]     (NOTES.md runs 11-12)
+--no-sweep skips the correctness sweep (each timed variant is still checked on its first rows)."""
 from __future__ import annotations
 
 import sys
@@ -16,8 +17,10 @@ from variants import check_and_time, rel_err, time_ms, with_macros  # noqa: E402
 SHAPES = [(1, 1, 1), (3, 5, 4), (17, 19, 23), (129, 96, 132), (257, 129, 193), (1000, 1000, 1000), (4097, 4095, 4093)]
 LAYOUTS = ("nn", "tn", "nt", "tt", "off")
 W24 = dict(WARPS_M=2, WARPS_N=4, WARP_N=64)
-VARIANTS = [dict(), dict(W24, STAGES=4), dict(WARPS_M=2, WARPS_N=2, WARP_N=64, STAGES=3),
-            dict(WARPS_M=4, WARPS_N=2, WARP_N=64, STAGES=3), dict(STAGES=2)]
+W22 = dict(WARPS_M=2, WARPS_N=2, WARP_N=64)
+# run 12: two fragment sets (FRAG_PIPE) against one, and the stage counts
+VARIANTS = [dict(), dict(W24, STAGES=3), dict(W24, FRAG_PIPE=0, STAGES=3), dict(W22, FRAG_PIPE=1, STAGES=3),
+            dict(W22, FRAG_PIPE=0, STAGES=3)]
 
 
 def operands(M, N, K, layout):
@@ -31,7 +34,8 @@ def operands(M, N, K, layout):
 
 def main():
     fails = 0
-    for prec, tol in (("tf32", 1e-3), ("tf32x3", 1e-6)):
+    layouts = sys.argv[sys.argv.index("--layouts") + 1].split(",") if "--layouts" in sys.argv else ["nn", "tn", "nt"]
+    for prec, tol in (("tf32", 1e-3), ("tf32x3", 1e-6)) if "--no-sweep" not in sys.argv else ():
         for (M, N, K) in SHAPES:
             for layout in LAYOUTS:
                 a, b = operands(M, N, K, layout)
@@ -53,7 +57,7 @@ def main():
     M, N, K = 8192, 4096, 6144
     flops = 2 * M * N * K
     rows = []
-    for layout in ("nn", "tn", "nt"):
+    for layout in layouts:
         a, b = operands(M, N, K, layout)
         c = torch.empty(M, N, device="cuda")
         torch.backends.cuda.matmul.allow_tf32 = True

@@ -24,6 +24,17 @@ __device__ __forceinline__ void cp_async_4(void* dst, const void* src, bool vali
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n"
                  :: "r"(smem_addr(dst)), "l"(src), "r"(n) : "memory");
 }
+// The same on a 32-bit shared address (kernels that step their shared addresses themselves).
+template <int BYTES>
+__device__ __forceinline__ void cp_async_to(unsigned dst, const void* src, bool valid) {
+    static_assert(BYTES == 16 || BYTES == 4, "cp.async copies 4 or 16 bytes here");
+    if (BYTES == 16)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+                     :: "r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
+    else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n"
+                     :: "r"(dst), "l"(src), "r"(valid ? 4 : 0) : "memory");
+}
 __device__ __forceinline__ void cp_async_commit() {
     asm volatile("cp.async.commit_group;\n" ::: "memory");
 }

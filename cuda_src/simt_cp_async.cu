@@ -28,17 +28,6 @@
 #endif
 
 #if __CUDA_ARCH__ >= 800
-// cp.async on a 32-bit shared address; valid = false reads nothing and zero-fills the destination.
-template <int BYTES>
-__device__ __forceinline__ void cp_async_to(unsigned dst, const float* src, bool valid) {
-    if (BYTES == 16)
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
-                     :: "r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
-    else
-        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n"
-                     :: "r"(dst), "l"(src), "r"(valid ? 4 : 0) : "memory");
-}
-
 // p + bytes, opaque to the compiler: the pointer stays one 64-bit value (one add per copy)
 // instead of being re-derived from its parts.
 __device__ __forceinline__ const float* add_bytes(const float* p, i64 bytes) {

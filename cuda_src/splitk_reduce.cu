@@ -1,13 +1,33 @@
 // Second pass of split-K: C[m][n] = sum over s of W[s][m][n], summed in order s = 0, 1, ... so
 // the result is the same bits on every run (no atomics). W is S contiguous M x N slices.
+// The slices were just written and sit in L2, read once: a thread issues its loads R at a time
+// (ld.global.cg, L2 only) before adding them, still in order. The plain loop kept 4 loads in
+// flight: 17.9 -> 13.3 us per launch for 66 slices of 256 x 256 on the H200 (NOTES.md run 12).
 #include "common.cuh"
+
+#define R 16
+
+__device__ __forceinline__ float ld_l2(const float* p) {
+    float v;
+    asm("ld.global.cg.f32 %0, [%1];\n" : "=f"(v) : "l"(p));
+    return v;
+}
 
 extern "C" __global__ void __launch_bounds__(256) fastmm_splitk_reduce(
     const float* __restrict__ W, float* __restrict__ C, i64 M, i64 N, i64 S, i64 sCm, i64 sCn) {
     const i64 slice = M * N;
     for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < slice; i += (i64)gridDim.x * blockDim.x) {
+        const float* w = W + i;
         float sum = 0.f;
-        for (i64 s = 0; s < S; ++s) sum += W[s * slice + i];
+        i64 s = 0;
+        for (; s + R <= S; s += R) {
+            float v[R];
+#pragma unroll
+            for (int u = 0; u < R; ++u) v[u] = ld_l2(w + (s + u) * slice);
+#pragma unroll
+            for (int u = 0; u < R; ++u) sum += v[u];
+        }
+        for (; s < S; ++s) sum += ld_l2(w + s * slice);
         C[(i / N) * sCm + (i % N) * sCn] = sum;
     }
 }

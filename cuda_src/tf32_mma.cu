@@ -14,7 +14,12 @@
 // (row-major) else As[k][m]; Bs[k][n] when B is n-contiguous else Bs[n][k]. The row pads
 // (4 floats on 32-wide rows, 8 on the 64- to 256-wide ones) keep every fragment read below free
 // of bank conflicts (see "Fragments"). A_VEC / B_VEC: 16-byte copies (contiguous, aligned); else 4-byte copies,
-// which also serve operands with no unit stride at all.
+// which also serve operands with no unit stride at all. Interior blocks copy through TileStream
+// (one pointer, an IMAD.WIDE per copy); edge blocks and a partial last k-tile through copy_tile.
+//
+// FRAG_PIPE = 1 (tf32 with 16-byte copies of both operands): two fragment register sets, so a
+// k-step's mmas overlap the next k-step's loads and roundings (8192x4096x6144 on the H200:
+// 147.8 -> 204.4 TFLOP/s with 128 x 256 blocks; NOTES.md run 12).
 #include "common.cuh"
 
 #ifndef WARPS_M
@@ -31,6 +36,12 @@
 #endif
 #ifndef PRECISION_X3
 #define PRECISION_X3 0
+#endif
+#ifndef FRAG_PIPE
+#define FRAG_PIPE 0
+#endif
+#if FRAG_PIPE && PRECISION_X3
+#error "FRAG_PIPE is for tf32 (tf32x3 has no registers for a second fragment set)"
 #endif
 #ifndef PROMOTE
 #define PROMOTE PRECISION_X3  // add each k-step's big products into fp32 registers (see above)
@@ -64,36 +75,94 @@
 #define B_TILE_FLOATS (B_ROWS * B_LD)
 
 #if __CUDA_ARCH__ >= 800
-// Copy a ROWS x COLS tile (COLS contiguous in shared memory) starting at (r0, c0). Element
-// (r, c) of the operand is at base + r * s_row + c * s_col, and exists while r < R, c < Cn.
+// How the block's threads cover a ROWS x COLS tile (COLS contiguous in shared memory) with
+// W-float units: TPR threads across a row, each taking CPT units of it (TPR * W apart) in each of
+// ROWS / DR passes (DR rows apart).
+template <int ROWS, int COLS, bool VEC>
+struct TileCover {
+    static constexpr int W = VEC ? 4 : 1;
+    static constexpr int ROW_UNITS = COLS / W;
+    static constexpr int TPR = ROW_UNITS < THREADS ? ROW_UNITS : THREADS;
+    static constexpr int CPT = ROW_UNITS / TPR;
+    static constexpr int DR = THREADS / TPR;
+    static constexpr int PASSES = ROWS / DR;
+    static_assert(ROW_UNITS % TPR == 0 && THREADS % TPR == 0 && ROWS % DR == 0, "tile must split evenly");
+    static __device__ __forceinline__ int row() { return threadIdx.x / TPR; }
+    static __device__ __forceinline__ int col() { return (threadIdx.x % TPR) * W; }
+    // Shared offset (floats) of unit (p, j) from the thread's first unit.
+    static __device__ __forceinline__ int dst_off(int p, int j, int LD) { return p * DR * LD + j * TPR * W; }
+};
+
+// Copy a ROWS x COLS tile starting at (r0, c0), checking every unit. Element (r, c) of the
+// operand is at base + r * s_row + c * s_col, and exists while r < R, c < Cn. Used for blocks at
+// the operand's edges and for a partial last k-tile; TileStream below serves the rest.
 template <int ROWS, int COLS, int LD, bool VEC>
 __device__ __forceinline__ void copy_tile(float* S, const float* base, int R, int Cn, i64 s_row,
                                           i64 s_col, int r0, int c0) {
-    constexpr int W = VEC ? 4 : 1;
-    constexpr int ROW_UNITS = COLS / W;
-    constexpr int TPR = ROW_UNITS < THREADS ? ROW_UNITS : THREADS;  // threads across one row
-    constexpr int CPT = ROW_UNITS / TPR;                            // units per thread per row
-    constexpr int DR = THREADS / TPR;                               // rows per pass of the block
-    static_assert(ROW_UNITS % TPR == 0 && THREADS % TPR == 0 && ROWS % DR == 0, "tile must split evenly");
-    // Thread's units: (r_t + p * DR, c_t + j * TPR * W); written without dividing a unit index so
-    // the address is one pointer stepped by loop-invariant strides.
-    const int r_t = threadIdx.x / TPR, c_t = (threadIdx.x % TPR) * W;
+    typedef TileCover<ROWS, COLS, VEC> T;
+    const int r_t = T::row(), c_t = T::col();
     const float* first = base + (i64)(r0 + r_t) * s_row + (i64)(c0 + c_t) * s_col;
-    const i64 step = (i64)DR * s_row;
+    const i64 step = (i64)T::DR * s_row;
+    const unsigned dst = smem_addr(S + r_t * LD + c_t);
 #pragma unroll
-    for (int j = 0; j < CPT; ++j) {
-        const bool c_ok = c0 + c_t + j * TPR * W < Cn;
-        const float* col = first + (i64)(j * TPR * W) * s_col;
+    for (int j = 0; j < T::CPT; ++j) {
+        const bool c_ok = c0 + c_t + j * T::TPR * T::W < Cn;
+        const float* col = first + (i64)(j * T::TPR * T::W) * s_col;
 #pragma unroll
-        for (int p = 0; p < ROWS / DR; ++p) {
-            const bool ok = c_ok && r0 + r_t + p * DR < R;
+        for (int p = 0; p < T::PASSES; ++p) {
+            const bool ok = c_ok && r0 + r_t + p * T::DR < R;
             const float* src = ok ? col + p * step : base;  // invalid: reads nothing, mapped address
-            float* dst = &S[(r_t + p * DR) * LD + c_t + j * TPR * W];
-            if (VEC) cp_async_16(dst, src, ok);
-            else cp_async_4(dst, src, ok);
+            cp_async_to<VEC ? 16 : 4>(dst + 4u * T::dst_off(p, j, LD), src, ok);
         }
     }
 }
+
+// p + bytes * n as one IMAD.WIDE (the compiler otherwise splits the 64-bit add).
+__device__ __forceinline__ const float* wide_add(const float* p, int bytes, int n) {
+    const float* r;
+    asm("mad.wide.s32 %0, %1, %2, %3;\n" : "=l"(r) : "r"(bytes), "r"(n), "l"(p));
+    return r;
+}
+
+// The unchecked copies of an interior block (all its rows and columns inside the operand) for the
+// k-tiles wholly inside K: one pointer, stepped a k-tile at a time, from which each unit is one
+// IMAD.WIDE away (byte offsets below 2^31: `fits`). copy_tile's checks and 64-bit address math
+// took ~280 of the main loop's 705 instructions per k-tile (SASS, NOTES run 12).
+template <int ROWS, int COLS, int LD, bool VEC>
+struct TileStream {
+    typedef TileCover<ROWS, COLS, VEC> T;
+    const float* src;  // this thread's first unit in the next k-tile to copy
+    i64 k_bytes;       // one k-tile along k
+    int pass_bytes;    // DR rows
+    int col_bytes;     // TPR units along a row (CPT > 1)
+    unsigned dst;      // the thread's first unit, shared byte offset within a stage
+
+    // (r0, c0): the tile's first element in the first k-tile; sK: the operand's k stride.
+    __device__ __forceinline__ void init(const float* base, i64 s_row, i64 s_col, i64 sK, int r0, int c0) {
+        src = base + (i64)(r0 + T::row()) * s_row + (i64)(c0 + T::col()) * s_col;
+        k_bytes = (i64)BK * sK * 4;
+        pass_bytes = (int)(T::DR * s_row * 4);
+        col_bytes = (int)(T::TPR * T::W * s_col * 4);
+        dst = (unsigned)(T::row() * LD + T::col()) * 4u;
+    }
+    // Whether every unit offset of a tile fits the 32-bit offsets above.
+    static __device__ __forceinline__ bool fits(i64 s_row, i64 s_col) {
+        return (i64)ROWS * s_row * 4 < (1ll << 31) && (i64)COLS * s_col * 4 < (1ll << 31);
+    }
+    __device__ __forceinline__ void copy(const float* S) const {
+        const unsigned d = smem_addr(S) + dst;
+#pragma unroll
+        for (int j = 0; j < T::CPT; ++j) {
+            const float* col = j == 0 ? src : wide_add(src, col_bytes, j);
+#pragma unroll
+            for (int p = 0; p < T::PASSES; ++p)
+                cp_async_to<VEC ? 16 : 4>(d + 4u * T::dst_off(p, j, LD), p == 0 ? col : wide_add(col, pass_bytes, p), true);
+        }
+    }
+    __device__ __forceinline__ void advance() {
+        asm("add.s64 %0, %0, %1;\n" : "+l"(src) : "l"(k_bytes));
+    }
+};
 
 __device__ __forceinline__ void load_tiles(float* As, float* Bs, const float* Ab, const float* Bb,
                                            int M, int N, int K, i64 sAm, i64 sAk, i64 sBk, i64 sBn,
@@ -251,6 +320,44 @@ __device__ __forceinline__ void store_pair(float* Cb, int M, int N, i64 sCm, i64
 }
 #endif
 
+#if FRAG_PIPE
+// tf32 with fragments in two register sets: k-step s + 1's fragments are loaded and rounded
+// while k-step s's mmas run, so the tensor pipe is not left idle while a warp loads and
+// rounds (ncu, NOTES run 12: the loop was 32 rounding pairs, then 32 mmas, with 2 warps per
+// scheduler to cover for each other).
+__device__ __forceinline__ void load_step(const float* At, const float* Bt, int wm, int wn, int kk, int lane,
+                                          unsigned (&a)[RA][4], unsigned (&b)[RB][2]) {
+#if ROLE_SWAP
+    const float* Xa = Bt; const float* Xb = At;
+    const int ra0 = wn, rb0 = wm;
+#else
+    const float* Xa = At; const float* Xb = Bt;
+    const int ra0 = wm, rb0 = wn;
+#endif
+    float vb[RB][2];
+    load_brole(Xb, rb0, kk, lane, vb);
+#pragma unroll
+    for (int j = 0; j < RB; ++j) {
+        b[j][0] = to_tf32(vb[j][0]);
+        b[j][1] = to_tf32(vb[j][1]);
+    }
+#pragma unroll
+    for (int i = 0; i < RA; ++i) {
+        float va[4];
+        load_arole(Xa, ra0, kk, lane, i, va);
+#pragma unroll
+        for (int q = 0; q < 4; ++q) a[i][q] = to_tf32(va[q]);
+    }
+}
+
+__device__ __forceinline__ void mma_step(float (&acc)[RA][RB][4], const unsigned (&a)[RA][4], const unsigned (&b)[RB][2]) {
+#pragma unroll
+    for (int i = 0; i < RA; ++i)
+#pragma unroll
+        for (int j = 0; j < RB; ++j) mma_tf32_16x8x8(acc[i][j], a[i], b[j]);
+}
+#endif
+
 extern "C" __global__ void __launch_bounds__(THREADS) fastmm_tf32_mma(FASTMM_PARAMS) {
     FASTMM_UNPACK
 #if __CUDA_ARCH__ >= 800
@@ -286,29 +393,92 @@ extern "C" __global__ void __launch_bounds__(THREADS) fastmm_tf32_mma(FASTMM_PAR
 #endif
                     }
 
+            // Copies: the unchecked streams where the block is interior and the k-tile lies
+            // inside K (kt < fast_end), copy_tile's checked units elsewhere.
+#if A_SMEM_MK
+            TileStream<A_ROWS, A_COLS, A_LD, A_VEC> a_copy;
+            a_copy.init(Ab, sAm, sAk, sAk, m0, kt_begin * BK);
+            const bool a_fits = a_copy.fits(sAm, sAk);
+#else
+            TileStream<A_ROWS, A_COLS, A_LD, A_VEC> a_copy;
+            a_copy.init(Ab, sAk, sAm, sAk, kt_begin * BK, m0);
+            const bool a_fits = a_copy.fits(sAk, sAm);
+#endif
+#if B_SMEM_KN
+            TileStream<B_ROWS, B_COLS, B_LD, B_VEC> b_copy;
+            b_copy.init(Bb, sBk, sBn, sBk, kt_begin * BK, n0);
+            const bool b_fits = b_copy.fits(sBk, sBn);
+#else
+            TileStream<B_ROWS, B_COLS, B_LD, B_VEC> b_copy;
+            b_copy.init(Bb, sBn, sBk, sBk, n0, kt_begin * BK);
+            const bool b_fits = b_copy.fits(sBn, sBk);
+#endif
+            const bool interior = m0 + BM <= M && n0 + BN <= N && a_fits && b_fits;
+            const int fast_end = interior ? min(kt_end, K / BK) : kt_begin;
+            // k-tile kt (issued in order) into stage s.
+            auto issue = [&](int kt, int s) {
+                if (kt < fast_end) {
+                    a_copy.copy(As + s * A_TILE_FLOATS);
+                    b_copy.copy(Bs + s * B_TILE_FLOATS);
+                } else if (kt < kt_end) {
+                    load_tiles(As + s * A_TILE_FLOATS, Bs + s * B_TILE_FLOATS, Ab, Bb, M, N, K,
+                               sAm, sAk, sBk, sBn, m0, n0, kt * BK);
+                }
+                a_copy.advance();
+                b_copy.advance();
+            };
 #pragma unroll
             for (int s = 0; s < STAGES - 1; ++s) {
-                if (kt_begin + s < kt_end)
-                    load_tiles(As + s * A_TILE_FLOATS, Bs + s * B_TILE_FLOATS, Ab, Bb, M, N, K,
-                               sAm, sAk, sBk, sBn, m0, n0, (kt_begin + s) * BK);
+                issue(kt_begin + s, s);
                 cp_async_commit();
             }
-            // Stage of k-tile kt is (kt - kt_begin) % STAGES.
+            // k-tile kt is read from stage cur; kt + STAGES - 1 goes to the stage before it, which
+            // every warp has finished reading once it passed this iteration's barrier.
+            int cur = 0;
+#if FRAG_PIPE
+            // The barrier for k-tile kt + 1 comes before k-tile kt's last k-step, whose
+            // fragments are in registers by then; the copies of iteration kt + 1 (into the stage
+            // of kt) are issued after it, so no warp still reads that stage.
+            unsigned fa[2][RA][4], fb[2][RB][2];
+            if (kt_begin < kt_end) {
+                cp_async_wait<STAGES - 2>();
+                __syncthreads();
+                load_step(As, Bs, wm, wn, 0, lane, fa[0], fb[0]);
+            }
+            for (int kt = kt_begin; kt < kt_end; ++kt) {
+                const float* At = As + cur * A_TILE_FLOATS;
+                const float* Bt = Bs + cur * B_TILE_FLOATS;
+                const int wr = cur == 0 ? STAGES - 1 : cur - 1;
+                cur = cur == STAGES - 1 ? 0 : cur + 1;
+#pragma unroll
+                for (int step = 0; step < BK / 8; ++step) {
+                    if (step == 1) {
+                        issue(kt + STAGES - 1, wr);
+                        cp_async_commit();
+                    }
+                    const int p = step % 2;
+                    if (step + 1 < BK / 8) {
+                        load_step(At, Bt, wm, wn, 8 * (step + 1), lane, fa[p ^ 1], fb[p ^ 1]);
+                    } else {  // (after the last k-tile this loads a stale stage: unused, harmless)
+                        cp_async_wait<STAGES - 2>();
+                        __syncthreads();
+                        load_step(As + cur * A_TILE_FLOATS, Bs + cur * B_TILE_FLOATS, wm, wn, 0, lane, fa[p ^ 1], fb[p ^ 1]);
+                    }
+                    mma_step(acc, fa[p], fb[p]);
+                }
+            }
+#else
             for (int kt = kt_begin; kt < kt_end; ++kt) {
                 cp_async_wait<STAGES - 2>();
                 __syncthreads();
-                const int cur = (kt - kt_begin) % STAGES;
                 const float* At = As + cur * A_TILE_FLOATS;
                 const float* Bt = Bs + cur * B_TILE_FLOATS;
+                const int wr = cur == 0 ? STAGES - 1 : cur - 1;
+                cur = cur == STAGES - 1 ? 0 : cur + 1;
 #pragma unroll
                 for (int kk = 0; kk < BK; kk += 8) {
                     if (kk == 8) {  // copies for a later tile, issued between k-steps (see simt_cp_async.cu)
-                        const int next = kt + STAGES - 1;
-                        if (next < kt_end) {
-                            const int s = (next - kt_begin) % STAGES;
-                            load_tiles(As + s * A_TILE_FLOATS, Bs + s * B_TILE_FLOATS, Ab, Bb, M, N, K,
-                                       sAm, sAk, sBk, sBn, m0, n0, next * BK);
-                        }
+                        issue(kt + STAGES - 1, wr);
                         cp_async_commit();
                     }
 #if ROLE_SWAP
@@ -379,6 +549,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) fastmm_tf32_mma(FASTMM_PAR
                     }
                 }
             }
+#endif
             cp_async_wait<0>();
             __syncthreads();
 

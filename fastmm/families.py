@@ -81,6 +81,12 @@ MAX_SPLIT = 64
 SPLIT_COST = 0.02
 
 
+def split_cap(tiles: int, slots: int) -> int:
+    """Most K splits for ``tiles`` tiles on ``slots`` block slots: MAX_SPLIT, or as many as one
+    wave holds (largeK, 4 tiles on 264 slots: 66 splits fill all 132 SMs where 64 left 4 idle)."""
+    return max(MAX_SPLIT, slots // max(tiles, 1))
+
+
 def split_k_for(p: Problem, dev: DeviceFacts, tiles: int, bk: int, blocks_per_sm: int = 1) -> int:
     """How many ways to split K. Time is modelled as waves of blocks: ceil(tiles * S / slots) / S,
     times a small cost per extra split; S = 1 unless splitting fills the GPU better (skinny M or
@@ -91,7 +97,7 @@ def split_k_for(p: Problem, dev: DeviceFacts, tiles: int, bk: int, blocks_per_sm
     if p.batch_total != 1 or tiles >= 2 * slots:
         return 1
     k_tiles = -(-p.K // bk)
-    limit = max(1, min(MAX_SPLIT, k_tiles // MIN_KTILES_PER_SPLIT))
+    limit = max(1, min(split_cap(tiles, slots), k_tiles // MIN_KTILES_PER_SPLIT))
 
     def cost(split: int) -> float:
         return -(-tiles * split // slots) / split * (1 + SPLIT_COST * (split - 1))
@@ -252,7 +258,9 @@ class _Simt(Family):
         if option is not None:
             opt, may_split = tuple(option[:3]), self.can_split and bool(option[3])
         elif self.can_split and k_dominant(p):
-            opt, may_split = self.tile_options[1], True  # 128x128: splits supply the parallelism
+            # the largest tile; splits supply the parallelism (largeK 256x256x65536 on the H200:
+            # 128x256 x 66 splits 184.4 us, 128x128 x 66 186.9, NOTES run 12)
+            opt, may_split = self.tile_options[0], True
         else:
             opt, may_split = _pick_tile(p, dev, self.tile_options, self.tile_of), self.can_split
             if may_split and opt[2] == 8 and self._big_tile_split_fills(p, dev):
@@ -310,7 +318,15 @@ class Tf32Mma(Family):
     min_cc = (8, 0)
     precisions = ("tf32", "tf32x3")
     bk = 32
-    max_stages = 3  # 3 x 35 KiB: two 128x128 blocks fit in an H100/H200 SM
+    #: Stages where they fit: 4 for blocks of 8 warps (one per SM anyway; 128x256 at 8192x4096x6144
+    #: on the H200: 208.0 TFLOP/s against 204.4 with 3, NOTES run 12), 3 for smaller blocks
+    #: (3 x 35 KiB: two 128x128 blocks fit in an H100/H200 SM).
+    max_stages = 4
+    max_stages_small = 3
+
+    #: tf32 with 16-byte copies of both operands keeps two fragment sets (FRAG_PIPE in
+    #: tf32_mma.cu); with 4-byte copies ptxas spills (8-776 bytes), and tf32x3 has no room.
+    frag_pipe = True
 
     #: The tf32 tile of split-K plans (k_dominant problems; tf32x3 takes its largest): measured
     #: there (largeK, NOTES run 10).
@@ -324,9 +340,9 @@ class Tf32Mma(Family):
 
     def tile_options(self, x3: bool, dev: DeviceFacts | None = None):
         """(WARPS_M, WARPS_N, WARP_N), largest tile first, those whose two stages fit the device's
-        shared memory in any layout. Warps are 64 x 64 for tf32 (128 x 256 blocks: 150.8 TFLOP/s
-        against 142.9 for 128 x 128 at 8192x4096x6144 on the H200, NOTES run 11); 64 x 32 for
-        tf32x3, which holds three accumulator sets."""
+        shared memory in any layout. Warps are 64 x 64 for tf32 (with two fragment sets, 128 x 256
+        blocks: 204-208 TFLOP/s against 189-198 for 128 x 128 at 8192x4096x6144 on the H200,
+        NOTES run 12); 64 x 32 for tf32x3, which holds three accumulator sets."""
         opts = ((2, 4, 32), (2, 2, 32), (1, 2, 32)) if x3 else ((2, 4, 64), (2, 2, 64), (1, 2, 64), (1, 1, 64))
         if dev is None:
             return opts
@@ -375,10 +391,11 @@ class Tf32Mma(Family):
         if split > 1:
             c_vec = p.N % 2 == 0  # partials go to a fresh contiguous workspace
         per_stage = self.stage_bytes(bm, bn, a_mk, b_kn)
-        stages = max(2, min(self.max_stages, dev.smem_per_block_optin // per_stage))
+        stages = max(2, min(self.max_stages if wm * wn >= 8 else self.max_stages_small, dev.smem_per_block_optin // per_stage))
+        frag_pipe = self.frag_pipe and not x3 and a_vec and b_vec
         macros = (("WARPS_M", wm), ("WARPS_N", wn), ("WARP_N", warp_n), ("STAGES", stages), ("A_SMEM_MK", int(a_mk)),
                   ("A_VEC", int(a_vec)), ("B_SMEM_KN", int(b_kn)), ("B_VEC", int(b_vec)),
-                  ("C_VEC", int(c_vec)), ("PRECISION_X3", int(x3)))
+                  ("C_VEC", int(c_vec)), ("PRECISION_X3", int(x3)), ("FRAG_PIPE", int(frag_pipe)))
         threads = wm * wn * 32
         details = (
             ("A in smem", "[m][k]" if a_mk else "[k][m]"), ("A loads", "16-byte cp.async" if a_vec else "4-byte cp.async"),
@@ -386,6 +403,7 @@ class Tf32Mma(Family):
             ("C stores", "float2" if c_vec else "single floats"),
             ("fragments", ("B^T in the mma's A role (8-byte loads), A by " + ("ldmatrix" if a_mk else "4-byte loads"))
              if b_kn else ("A by " + ("ldmatrix" if a_mk else "8-byte loads") + ", B by ldmatrix")),
+            ("fragment registers", "two sets: k-step s + 1 loaded while k-step s multiplies" if frag_pipe else "one set"),
             ("math", "3xTF32 mma.sync (big*big + separate small cross terms)" if x3 else
              "TF32 mma.sync m16n8k8, inputs rounded with cvt.rna, fp32 accumulate"))
         if split > 1:

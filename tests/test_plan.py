@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fastmm.families import (FAMILIES, LOAD_ELEM_FAST, LOAD_ELEM_K, LOAD_NAMES, LOAD_VEC_FAST, LOAD_VEC_K,
-                             MAX_GRID_Z, MAX_SPLIT, MIN_KTILES_PER_SPLIT, SPLIT_COST, effective_split,
+                             MAX_GRID_Z, MAX_SPLIT, MIN_KTILES_PER_SPLIT, SPLIT_COST, effective_split, split_cap,
                              split_k_for)
 import fastmm.plan
 from fastmm.families import Skinny
@@ -129,7 +129,7 @@ def check_geometry(plan) -> None:
     else:
         assert cfg.family in ("simt_cp_async", "tf32_mma", "skinny") and p.batch_total == 1
         assert gy <= -(-p.K // cfg.tile[2]), "a split with no k-tile to compute"
-        assert gy <= MAX_SPLIT
+        assert gy <= max(MAX_SPLIT, 2 * dev.sm_count)  # families.split_cap: at most one wave's worth
         if cfg.family != "skinny":  # the tiled families keep >= MIN_KTILES_PER_SPLIT k-tiles per split
             assert gy <= -(-p.K // cfg.tile[2]) // MIN_KTILES_PER_SPLIT
         r = plan.reduce
@@ -657,9 +657,9 @@ def test_split_k_for_properties(K, batch, arch, tiles, bk, blocks_per_sm):
     p = Problem.dense(64, 64, K, batch=batch)
     split = split_k_for(p, dev, tiles, bk, blocks_per_sm)
     k_tiles = -(-K // bk)
-    limit = max(1, min(MAX_SPLIT, k_tiles // MIN_KTILES_PER_SPLIT))
-    assert 1 <= split <= limit  # never more than K-tiles / 16, never more than 64
     slots = dev.sm_count * blocks_per_sm
+    limit = max(1, min(max(MAX_SPLIT, slots // tiles), k_tiles // MIN_KTILES_PER_SPLIT))
+    assert 1 <= split <= limit  # never more than K-tiles / 16, nor than 64 or one wave's worth
     if tiles >= 2 * slots:
         assert split == 1  # two or more waves of tiles: the gain is a fraction of the last wave
     if split > 1:
@@ -683,7 +683,8 @@ def test_skinny_or_long_k_problems_split_k_on_the_tiled_families(arch, family, p
     for M, N, K in ((16, 4096, 4096), (256, 256, 65536)):
         plan = forced(Problem.dense(M, N, K, precision=precision), arch, family)
         bk = plan.kernel.tile[2]
-        assert 1 < plan.kernel.split_k <= min(MAX_SPLIT, -(-K // bk) // MIN_KTILES_PER_SPLIT), (M, N, K)
+        slots = 2 * DEV[arch].sm_count
+        assert 1 < plan.kernel.split_k <= min(max(MAX_SPLIT, slots), -(-K // bk) // MIN_KTILES_PER_SPLIT), (M, N, K)
         assert plan.reduce is not None and dict(plan.kernel.details)["split-K"].startswith(f"{plan.kernel.split_k} slices")
         check_geometry(plan)
         batched = forced(Problem.dense(M, N, K, precision=precision, batch=2), arch, family)
@@ -1219,3 +1220,34 @@ def test_staging_only_when_the_copy_is_cheap_and_the_layout_allows(arch):
     # families that are not staged
     assert select(Problem.dense(4097, 4095, 4093), dev, force="scalar").staging == ()
     assert select(Problem.dense(16, 4095, 4093), dev).staging == ()  # skinny reads B once in place
+
+
+def test_tf32_mma_keeps_two_fragment_sets_only_for_tf32_with_16_byte_copies_of_both_operands():
+    for arch in SM80_PLUS:
+        m = macros(forced(Problem.dense(4096, 4096, 4096, precision="tf32"), arch, "tf32_mma"))
+        assert m["A_VEC"] == m["B_VEC"] == 1 and m["FRAG_PIPE"] == 1, arch
+        m = macros(forced(Problem.dense(4096, 4096, 4096, precision="tf32x3"), arch, "tf32_mma"))
+        assert m["FRAG_PIPE"] == 0  # tf32x3: no registers for a second set
+    # 4-byte copies of B (N odd, too small to stage): ptxas spilled with two sets
+    m = macros(forced(Problem.dense(512, 511, 512, precision="tf32"), "sm_90", "tf32_mma"))
+    assert m["B_VEC"] == 0 and m["FRAG_PIPE"] == 0
+    plan = forced(Problem.dense(4096, 4096, 4096, precision="tf32"), "sm_90", "tf32_mma")
+    assert "fragment registers: two sets" in plan.describe()
+
+
+def test_tf32_mma_gives_8_warp_blocks_4_stages_and_smaller_blocks_3():
+    m = macros(forced(Problem.dense(8192, 4096, 6144, precision="tf32"), "sm_90", "tf32_mma"))
+    assert (m["WARPS_M"], m["WARPS_N"], m["WARP_N"], m["STAGES"]) == (2, 4, 64, 4)
+    m = macros(forced(Problem.dense(256, 256, 65536, precision="tf32"), "sm_90", "tf32_mma"))
+    assert (m["WARPS_M"] * m["WARPS_N"], m["STAGES"]) == (4, 3)  # two such blocks per H200 SM
+    m = macros(forced(Problem.dense(8192, 4096, 6144, precision="tf32"), "sm_80", "tf32_mma"))
+    assert m["STAGES"] == 3  # 4 stages of 128 x 256 do not fit the A100's 163 KiB
+
+
+def test_split_k_may_fill_a_whole_wave_beyond_max_split():
+    """largeK on the H200: 2 tiles of 128 x 256 split 66 ways fill all 132 SMs (64, the old cap,
+    left 4 idle); below one wave's worth, MAX_SPLIT still caps."""
+    plan = select(Problem.dense(256, 256, 65536), DEV["sm_90"])
+    assert plan.kernel.family == "simt_cp_async" and plan.kernel.tile[:2] == (128, 256)  # k-dominant: largest tile
+    assert plan.kernel.split_k == 66 and plan.kernel.grid[:2] == (2, 66)
+    assert split_cap(2, 132) == 66 and split_cap(4, 264) == 66 and split_cap(64, 132) == MAX_SPLIT
