@@ -1,5 +1,9 @@
 """Correctness smoke test of every kernel family and timing of kernel variants (macro overrides)
-on the current GPU. A tuning aid: `python benchmarks/variants.py` prints a table last."""
+on the current GPU. A tuning aid: `python benchmarks/variants.py` prints a table last.
+    python benchmarks/variants.py --simt-check NAME=VALUE ...   the planner's SIMT plans (split-K,
+        staging, batches) with these macros added, every layout and awkward shape, vs float64
+    python benchmarks/variants.py --simt-time NAME=VALUE ...    the headline shapes, the planner's
+        SIMT kernel with and without them, rounds alternating (NOTES.md run 12)"""
 from __future__ import annotations
 
 import dataclasses
@@ -69,7 +73,74 @@ def time_ms(fn, reps=20):
     return t[len(t) // 2]
 
 
+SHAPES = [(1, 1, 1), (3, 5, 4), (17, 19, 23), (129, 96, 132), (257, 129, 193), (4097, 4095, 4093), (1000, 1000, 1000)]
+
+
+def layout_operands(M, N, K, layout, batch=()):
+    a = torch.randn(*batch, M, K, device="cuda") if layout[0] != "t" else torch.randn(*batch, K, M, device="cuda").mT
+    b = torch.randn(*batch, K, N, device="cuda") if layout != "nt" else torch.randn(*batch, N, K, device="cuda").mT
+    if layout == "off":
+        a = torch.randn(M * K + 1, device="cuda")[1:].view(M, K)
+        b = torch.randn(K * N + 3, device="cuda")[3:].view(K, N)
+    return a, b
+
+
+def parse_macros(args):
+    return {k: int(v) for k, v in (a.split("=") for a in args if "=" in a)}
+
+
+def simt_with(extra):
+    """Make the SIMT cp.async family add ``extra`` to its macros (a process-wide patch)."""
+    fam = FAMILIES["simt_cp_async"]
+    base = type(fam).extra_macros
+    fam.extra_macros = lambda p, dev, bm, bn: base(fam, p, dev, bm, bn) + tuple(extra.items())
+
+
+def simt_check(extra):
+    simt_with(extra)
+    fails = 0
+    cases = [(s, lay, ()) for s in SHAPES + [(256, 256, 65536), (128, 11008, 4096), (2048, 1024, 4096)]
+             for lay in ("nn", "tn", "nt", "off")] + [((512, 384, 640), "nn", (3,)), ((512, 384, 640), "tn", (2, 2))]
+    for (M, N, K), layout, batch in cases:
+        a, b = layout_operands(M, N, K, layout, batch)
+        c = torch.full((*batch, M, N), float("nan"), device="cuda")
+        _, plan, _ = api.matmul_fastmm(a, b, c, "ieee", force="simt_cp_async")
+        torch.cuda.synchronize()
+        assert all(dict(plan.kernel.macros).get(k) == v for k, v in extra.items()), plan.kernel.macros
+        err = rel_err(c, a, b)
+        if not err <= 1e-5:
+            fails += 1
+            print(f"FAIL {extra} {M}x{N}x{K} {layout} batch {batch} err={err:.2e}")
+    print(f"simt_cp_async with {extra}: {len(cases)} cases, {fails} failures", flush=True)
+    return 1 if fails else 0
+
+
+def simt_time(extra):
+    torch.backends.cuda.matmul.allow_tf32 = False
+    for M, N, K in ((8192, 4096, 6144), (4096, 4096, 4096)):
+        a, b = layout_operands(M, N, K, "nn")
+        c = torch.empty(M, N, device="cuda")
+        flops = 2 * M * N * K
+        p, _ = api.build_problem(api.analyse(a, b), c, "ieee")
+        plan = api.plan_for(p, 0, "simt_cp_async")
+        times = {}
+        for _ in range(3):
+            times.setdefault("torch", []).append(time_ms(lambda: torch.matmul(a, b, out=c)))
+            for v in (dict(), extra):
+                t, err = check_and_time(with_macros(plan.kernel, M, N, **v), plan, a, b, c, rows=512)
+                assert err <= 1e-5, (v, err)
+                times.setdefault(str(v), []).append(t)
+        print(f"{M}x{N}x{K} ieee, TFLOP/s per round:")
+        for name, ts in times.items():
+            print(f"  {name:40s} " + " ".join(f"{flops / t / 1e9:7.2f}" for t in ts), flush=True)
+    return 0
+
+
 def main():
+    if "--simt-check" in sys.argv:
+        return simt_check(parse_macros(sys.argv))
+    if "--simt-time" in sys.argv:
+        return simt_time(parse_macros(sys.argv))
     torch.manual_seed(0)
     rows = []
     fails = 0

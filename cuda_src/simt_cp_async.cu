@@ -14,6 +14,14 @@
 #ifndef STAGES
 #define STAGES 3
 #endif
+// Fragment sets: shared loads run FRAG_DEPTH - 1 k-steps ahead of their FFMAs. ptxas places a
+// step's loads deep inside the previous step's FFMAs; a third set leaves them a whole step to land
+// (16 x 8 tiles: 207-228 registers, 8192x4096x6144 50.03 -> 50.11, 4096^3 49.36 -> 49.77 TFLOP/s on the
+// H200, NOTES.md run 12). The 8 x 8 tiles (capped at 168 registers) and a B copied in single
+// floats along k spill with three: they keep two.
+#ifndef FRAG_DEPTH
+#define FRAG_DEPTH ((THREAD_M == 16 && B_MODE != LOAD_ELEM_K) ? 3 : 2)
+#endif
 #ifndef A_MODE
 #define A_MODE LOAD_ELEM_K
 #endif
@@ -61,12 +69,14 @@ struct Frag {
 template <class Copies>
 __device__ __forceinline__ void compute_tile_at(unsigned a_addr, unsigned b_addr, float acc[THREAD_M][THREAD_N],
                                                 const Copies& copies) {
-    Frag f[2];
-    f[0].load(a_addr, b_addr, 0);
+    constexpr int D = FRAG_DEPTH;
+    Frag f[D];
+#pragma unroll
+    for (int d = 0; d + 1 < D; ++d) f[d].load(a_addr, b_addr, d);
 #pragma unroll
     for (int k = 0; k < BK; ++k) {
-        if (k + 1 < BK) f[(k + 1) & 1].load(a_addr, b_addr, k + 1);
-        outer_product(f[k & 1].a, f[k & 1].b, acc);
+        if (k + D - 1 < BK) f[(k + D - 1) % D].load(a_addr, b_addr, k + D - 1);
+        outer_product(f[k % D].a, f[k % D].b, acc);
         if (k == 0) copies();
     }
 }
