@@ -18,8 +18,8 @@
 // (one pointer, an IMAD.WIDE per copy); edge blocks and a partial last k-tile through copy_tile.
 //
 // FRAG_PIPE = 1 (tf32 with 16-byte copies of both operands): two fragment register sets, so a
-// k-step's mmas overlap the next k-step's loads and roundings (8192x4096x6144 on the H200:
-// 147.8 -> 204.4 TFLOP/s with 128 x 256 blocks; NOTES.md run 12).
+// k-step's mmas overlap the next k-step's loads and roundings (8192x4096x6144 on the H200, 128 x 256
+// blocks: 147.7 -> 204.4 TFLOP/s with 3 stages, 208.6 with 4; NOTES.md run 12).
 #include "common.cuh"
 
 #ifndef WARPS_M
@@ -48,6 +48,9 @@
 #endif
 #define WARP_M 64
 #define BK 32
+#if FRAG_PIPE && (BK / 8) % 2 != 0
+#error "FRAG_PIPE alternates two fragment sets: the next k-tile's first k-step must land in set 0"
+#endif
 #define THREADS (WARPS_M * WARPS_N * 32)
 #define BM (WARPS_M * WARP_M)
 #define BN (WARPS_N * WARP_N)

@@ -83,7 +83,8 @@ SPLIT_COST = 0.02
 
 def split_cap(tiles: int, slots: int) -> int:
     """Most K splits for ``tiles`` tiles on ``slots`` block slots: MAX_SPLIT, or as many as one
-    wave holds (largeK, 4 tiles on 264 slots: 66 splits fill all 132 SMs where 64 left 4 idle)."""
+    wave holds (largeK on the H200, 2 tiles of 128x256 on 132 slots: 66 splits fill all 132 SMs
+    where 64 left 4 idle)."""
     return max(MAX_SPLIT, slots // max(tiles, 1))
 
 
@@ -258,9 +259,13 @@ class _Simt(Family):
         if option is not None:
             opt, may_split = tuple(option[:3]), self.can_split and bool(option[3])
         elif self.can_split and k_dominant(p):
-            # the largest tile; splits supply the parallelism (largeK 256x256x65536 on the H200:
-            # 128x256 x 66 splits 184.4 us, 128x128 x 66 186.9, NOTES run 12)
-            opt, may_split = self.tile_options[0], True
+            # splits supply the parallelism; the largest tile where it pads N no more than the
+            # 128x128 one (largeK 256x256x65536 on the H200: 128x256 x 66 splits 184.4 us,
+            # 128x128 x 66 186.9, NOTES run 12), else 128x128 (N = 64: a 256-wide tile would do
+            # twice the FFMAs)
+            big, small = self.tile_of(self.tile_options[0])[1], self.tile_of(self.tile_options[1])[1]
+            opt = self.tile_options[0] if -(-p.N // big) * big <= -(-p.N // small) * small else self.tile_options[1]
+            may_split = True
         else:
             opt, may_split = _pick_tile(p, dev, self.tile_options, self.tile_of), self.can_split
             if may_split and opt[2] == 8 and self._big_tile_split_fills(p, dev):
@@ -318,14 +323,15 @@ class Tf32Mma(Family):
     min_cc = (8, 0)
     precisions = ("tf32", "tf32x3")
     bk = 32
-    #: Stages where they fit: 4 for blocks of 8 warps (one per SM anyway; 128x256 at 8192x4096x6144
-    #: on the H200: 208.0 TFLOP/s against 204.4 with 3, NOTES run 12), 3 for smaller blocks
-    #: (3 x 35 KiB: two 128x128 blocks fit in an H100/H200 SM).
+    #: Stages where they fit: 4 for tf32's blocks of 8 warps (one per SM anyway; 128x256 at
+    #: 8192x4096x6144 on the H200: 208.0 TFLOP/s against 204.4 with 3, NOTES run 12), 3 for the
+    #: others (3 x 35 KiB: two 128x128 blocks fit in an H100/H200 SM).
     max_stages = 4
     max_stages_small = 3
 
-    #: tf32 with 16-byte copies of both operands keeps two fragment sets (FRAG_PIPE in
-    #: tf32_mma.cu); with 4-byte copies ptxas spills (8-776 bytes), and tf32x3 has no room.
+    #: tf32 with 16-byte copies of both operands and at least 2 warps keeps two fragment sets
+    #: (FRAG_PIPE in tf32_mma.cu); with 4-byte copies ptxas spills (8-776 bytes), as it does for
+    #: the one-warp 64x64 block on sm_80/86/89 (12-28 bytes); tf32x3 has no room.
     frag_pipe = True
 
     #: The tf32 tile of split-K plans (k_dominant problems; tf32x3 takes its largest): measured
@@ -376,11 +382,18 @@ class Tf32Mma(Family):
             may_split = True
         wm, wn, warp_n = opt
         bm, bn = wm * 64, wn * warp_n
-        split = split_k_for(p, dev, _tiles(p, bm, bn), self.bk, 2 if wm * wn <= 4 else 1) if may_split else 1
         sAm, sAk = p.a_strides
         sBk, sBn = p.b_strides
         a_mk = sAk == 1 or sAm != 1
         b_kn = sBn == 1 or sBk != 1
+        per_stage = self.stage_bytes(bm, bn, a_mk, b_kn)
+        # 4 stages were measured for tf32's 8-warp block only
+        most = self.max_stages if wm * wn >= 8 and not x3 else self.max_stages_small
+        stages = max(2, min(most, dev.smem_per_block_optin // per_stage))
+        # two blocks per SM where registers (<= 4 warps) and shared memory allow (H100/H200: yes;
+        # an A100's 164 KiB hold one 128x128 block of 3 stages)
+        two_fit = wm * wn <= 4 and 2 * (per_stage * stages + 1024) <= dev.smem_per_sm
+        split = split_k_for(p, dev, _tiles(p, bm, bn), self.bk, 2 if two_fit else 1) if may_split else 1
         a_vec = (_vec_ok(_round4(p.K, p.a_padded), sAm, p.a_batch_strides, p.a_align) if a_mk and sAk == 1 else
                  (not a_mk) and _vec_ok(p.M, sAk, p.a_batch_strides, p.a_align))
         b_vec = (_vec_ok(_round4(p.N, p.b_padded), sBk, p.b_batch_strides, p.b_align) if b_kn and sBn == 1 else
@@ -390,9 +403,7 @@ class Tf32Mma(Family):
                  and all(s % 2 == 0 for s in p.c_batch_strides))
         if split > 1:
             c_vec = p.N % 2 == 0  # partials go to a fresh contiguous workspace
-        per_stage = self.stage_bytes(bm, bn, a_mk, b_kn)
-        stages = max(2, min(self.max_stages if wm * wn >= 8 else self.max_stages_small, dev.smem_per_block_optin // per_stage))
-        frag_pipe = self.frag_pipe and not x3 and a_vec and b_vec
+        frag_pipe = self.frag_pipe and not x3 and a_vec and b_vec and wm * wn >= 2
         macros = (("WARPS_M", wm), ("WARPS_N", wn), ("WARP_N", warp_n), ("STAGES", stages), ("A_SMEM_MK", int(a_mk)),
                   ("A_VEC", int(a_vec)), ("B_SMEM_KN", int(b_kn)), ("B_VEC", int(b_vec)),
                   ("C_VEC", int(c_vec)), ("PRECISION_X3", int(x3)), ("FRAG_PIPE", int(frag_pipe)))

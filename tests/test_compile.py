@@ -254,28 +254,42 @@ def test_a_kernel_that_does_not_compile_raises_compile_error_with_the_log():
     assert "split evenly" in text  # NVRTC's log names the failed static_assert
 
 
-@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-@pytest.mark.parametrize("a_t,b_t", [(False, False), (True, False), (False, True)])
-def test_tf32_mma_with_two_fragment_sets_builds_without_spills(arch, a_t, b_t):
-    """The second fragment set (FRAG_PIPE) takes ~30 registers on top of 128 accumulators: the
-    planner turns it on only where ptxas fits it (16-byte copies of both operands)."""
+def _ptxas_report(source: str, arch: str, macros) -> str:
     from io import StringIO
 
-    from fastmm.runtime.compiler import _cuda_core, nvrtc_unavailable_reason
+    from fastmm.runtime.compiler import _cuda_core
     from fastmm.runtime.sources import read_source
+
+    core = _cuda_core()
+    opts = core.ProgramOptions(name=source, arch=arch, std="c++17", include_path=[str(source_dir())],
+                               define_macro=[(k, str(v)) for k, v in macros], ptxas_options=["-v"])
+    log = StringIO()
+    core.Program(read_source(source), "c++", opts).compile("cubin", logs=log)
+    return log.getvalue()
+
+
+@pytest.mark.parametrize("arch", SM80_PLUS)
+def test_tf32_mma_with_two_fragment_sets_builds_without_spills(arch):
+    """The second fragment set (FRAG_PIPE) takes ~30 registers on top of the accumulators: every
+    tile option the planner may give it (heuristic or tuned), in every layout it serves with
+    16-byte copies, must still fit without spills (the one-warp 64x64 block did not on sm_80)."""
+    from fastmm.runtime.compiler import nvrtc_unavailable_reason
 
     if nvrtc_unavailable_reason():
         pytest.skip(nvrtc_unavailable_reason())
     dev = DeviceFacts.simulated_device(arch)
-    for shape in ((8192, 4096, 6144), (256, 256, 65536)):
-        cfg = select(Problem.dense(*shape, a_t=a_t, b_t=b_t, precision="tf32"), dev, force="tf32_mma").kernel
-        assert dict(cfg.macros)["FRAG_PIPE"] == 1
-        core = _cuda_core()
-        opts = core.ProgramOptions(name="tf32_mma.cu", arch=arch, std="c++17", include_path=[str(source_dir())],
-                                   define_macro=[(k, str(v)) for k, v in cfg.macros], ptxas_options=["-v"])
-        log = StringIO()
-        core.Program(read_source("tf32_mma.cu"), "c++", opts).compile("cubin", logs=log)
-        text = log.getvalue()
+    fam = FAMILIES["tf32_mma"]
+    configs = {}
+    for a_t, b_t in ((False, False), (True, False), (False, True)):
+        p = Problem.dense(2048, 2048, 2048, a_t=a_t, b_t=b_t, precision="tf32")
+        for option in fam.options(p, dev):
+            cfg = fam.configure(p, dev, option)
+            if dict(cfg.macros)["FRAG_PIPE"]:
+                configs[cfg.macros] = cfg
+    assert configs
+    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+        reports = list(pool.map(lambda m: _ptxas_report("tf32_mma.cu", arch, m), configs))
+    for macros, text in zip(configs, reports):
         if "registers" not in text:  # (cuda.core 1.2.0, on the GPU machine, hands back no ptxas log)
             pytest.skip("this cuda.core returns no ptxas report to read")
-        assert "0 bytes spill stores, 0 bytes spill loads" in text, (shape, text)
+        assert "0 bytes spill stores, 0 bytes spill loads" in text, (dict(macros), text)

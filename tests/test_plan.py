@@ -1251,3 +1251,32 @@ def test_split_k_may_fill_a_whole_wave_beyond_max_split():
     assert plan.kernel.family == "simt_cp_async" and plan.kernel.tile[:2] == (128, 256)  # k-dominant: largest tile
     assert plan.kernel.split_k == 66 and plan.kernel.grid[:2] == (2, 66)
     assert split_cap(2, 132) == 66 and split_cap(4, 264) == 66 and split_cap(64, 132) == MAX_SPLIT
+
+
+@pytest.mark.parametrize("N,tile_n", [(256, 256), (512, 256), (400, 256), (64, 128), (100, 128), (300, 128)])
+def test_simt_long_k_takes_the_largest_tile_only_where_it_pads_n_no_more(N, tile_n):
+    """k-dominant SIMT plans: 128x256 measured best at largeK; where a 256-wide tile would pad N
+    more than a 128-wide one (N = 64: twice the FFMAs), the 128x128 tile."""
+    plan = forced(Problem.dense(512, N, 65536), "sm_90", "simt_cp_async")
+    assert plan.kernel.tile[:2] == (128, tile_n) and plan.kernel.split_k > 1
+    check_geometry(plan)
+
+
+def test_tf32_mma_counts_two_blocks_per_sm_only_where_shared_memory_holds_them():
+    """A single long-K tile: on the H200 two 128x128 blocks fit an SM (264 slots); on an A100 one
+    (108 slots), so the split stops at one wave there instead of asking for 216 slices."""
+    p = Problem.dense(128, 128, 1 << 20, precision="tf32")
+    h200 = forced(p, "sm_90", "tf32_mma").kernel
+    a100 = forced(p, "sm_80", "tf32_mma").kernel
+    assert (h200.tile[:2], a100.tile[:2]) == ((128, 128), (128, 128))
+    assert DEV["sm_90"].sm_count < h200.split_k <= 2 * DEV["sm_90"].sm_count  # (effective_split: 263)
+    assert MAX_SPLIT < a100.split_k <= DEV["sm_80"].sm_count
+
+
+def test_tf32x3_blocks_keep_3_stages_and_one_warp_blocks_one_fragment_set():
+    m = macros(forced(Problem.dense(8192, 4096, 6144, precision="tf32x3"), "sm_90", "tf32_mma"))
+    assert m["WARPS_M"] * m["WARPS_N"] == 8 and m["STAGES"] == 3  # 4 stages measured for tf32 only
+    fam = FAMILIES["tf32_mma"]
+    p = Problem.dense(2048, 2048, 2048, precision="tf32")
+    m = dict(fam.configure(p, DEV["sm_80"], (1, 1, 64, 0)).macros)
+    assert m["A_VEC"] == m["B_VEC"] == 1 and m["FRAG_PIPE"] == 0  # ptxas spilled 12-28 bytes on sm_80
