@@ -15,10 +15,10 @@
 #define STAGES 3
 #endif
 // Fragment sets: shared loads run FRAG_DEPTH - 1 k-steps ahead of their FFMAs. ptxas places a
-// step's loads deep inside the previous step's FFMAs; a third set leaves them a whole step to land
-// (16 x 8 tiles: 207-228 registers, 8192x4096x6144 50.03 -> 50.11, 4096^3 49.36 -> 49.77 TFLOP/s on the
-// H200, NOTES.md run 12). The 8 x 8 tiles (capped at 168 registers) and a B copied in single
-// floats along k spill with three: they keep two.
+// step's loads deep inside the previous step's FFMAs; a third set leaves them a whole step to
+// land (16 x 8 tiles: 207-228 registers; 8192x4096x6144 50.03 -> 50.11, 4096^3 49.36 -> 49.77
+// TFLOP/s on the H200, NOTES.md run 12). The 8 x 8 tiles (capped at 168 registers) and a B
+// copied in single floats along k spill with three: they keep two.
 #ifndef FRAG_DEPTH
 #define FRAG_DEPTH ((THREAD_M == 16 && B_MODE != LOAD_ELEM_K) ? 3 : 2)
 #endif

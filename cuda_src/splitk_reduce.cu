@@ -1,11 +1,11 @@
 // Second pass of split-K: C[m][n] = sum over s of W[s][m][n], summed in order s = 0, 1, ... so
 // the result is the same bits on every run (no atomics). W is S contiguous M x N slices.
-// The slices were just written and sit in L2, read once: a thread issues its loads R at a time
+// The slices were just written and sit in L2, read once: a thread issues IN_FLIGHT loads
 // (ld.global.cg, L2 only) before adding them, still in order. The plain loop kept 4 loads in
 // flight: 17.9 -> 13.3 us per launch for 66 slices of 256 x 256 on the H200 (NOTES.md run 12).
 #include "common.cuh"
 
-#define R 16
+#define IN_FLIGHT 16  // loads a thread issues before adding them
 
 __device__ __forceinline__ float ld_l2(const float* p) {
     float v;
@@ -20,12 +20,12 @@ extern "C" __global__ void __launch_bounds__(256) fastmm_splitk_reduce(
         const float* w = W + i;
         float sum = 0.f;
         i64 s = 0;
-        for (; s + R <= S; s += R) {
-            float v[R];
+        for (; s + IN_FLIGHT <= S; s += IN_FLIGHT) {
+            float v[IN_FLIGHT];
 #pragma unroll
-            for (int u = 0; u < R; ++u) v[u] = ld_l2(w + (s + u) * slice);
+            for (int u = 0; u < IN_FLIGHT; ++u) v[u] = ld_l2(w + (s + u) * slice);
 #pragma unroll
-            for (int u = 0; u < R; ++u) sum += v[u];
+            for (int u = 0; u < IN_FLIGHT; ++u) sum += v[u];
         }
         for (; s < S; ++s) sum += ld_l2(w + s * slice);
         C[(i / N) * sCm + (i % N) * sCn] = sum;
