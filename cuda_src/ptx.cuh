@@ -11,20 +11,10 @@ __device__ __forceinline__ unsigned smem_addr(const void* p) {
 }
 
 #if __CUDA_ARCH__ >= 800
-// 16-byte global->shared copy that bypasses L1 (.cg); src_bytes = 0 zero-fills the destination,
-// which is how out-of-range vectors at tile edges become zeros without a branch in the copy.
-__device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
-    int n = valid ? 16 : 0;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
-                 :: "r"(smem_addr(dst)), "l"(src), "r"(n) : "memory");
-}
-// 4-byte copy: the unit for transposing, unaligned or arbitrarily strided operands.
-__device__ __forceinline__ void cp_async_4(void* dst, const void* src, bool valid) {
-    int n = valid ? 4 : 0;
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n"
-                 :: "r"(smem_addr(dst)), "l"(src), "r"(n) : "memory");
-}
-// The same on a 32-bit shared address (kernels that step their shared addresses themselves).
+// Global->shared copy of BYTES = 16 (bypasses L1: .cg) or 4 (the unit for transposing,
+// unaligned or arbitrarily strided operands) to a 32-bit shared address. valid = false gives
+// src-size 0: nothing is read and the destination is zero-filled, which is how out-of-range
+// units at tile edges become zeros without a branch in the copy.
 template <int BYTES>
 __device__ __forceinline__ void cp_async_to(unsigned dst, const void* src, bool valid) {
     static_assert(BYTES == 16 || BYTES == 4, "cp.async copies 4 or 16 bytes here");
@@ -34,6 +24,13 @@ __device__ __forceinline__ void cp_async_to(unsigned dst, const void* src, bool 
     else
         asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n"
                      :: "r"(dst), "l"(src), "r"(valid ? 4 : 0) : "memory");
+}
+// The same from a generic shared pointer.
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
+    cp_async_to<16>(smem_addr(dst), src, valid);
+}
+__device__ __forceinline__ void cp_async_4(void* dst, const void* src, bool valid) {
+    cp_async_to<4>(smem_addr(dst), src, valid);
 }
 __device__ __forceinline__ void cp_async_commit() {
     asm volatile("cp.async.commit_group;\n" ::: "memory");
