@@ -19,7 +19,8 @@ the splitk_reduce pass), over:
     K in {a, BK*(STAGES+1)-a}, alignment a in {1, 4};
   - transposed operands and output, storage offsets (4- and 8-byte aligned pointers), padded rows,
     batch 3 (also with a broadcast B), a batch past the grid.z limit, a partial last wave;
-  - split-K counts, including splits that get no k-tile at all (their slice must still be written).
+  - split-K counts, including splits that get no k-tile at all (their slice must still be written);
+  - stream-K plans (whole waves of tiles, the rest in pieces, then the fixup pass).
   - staged operands (copied by fastmm into a zero-padded, 16-byte aligned buffer before the launch).
 The driver itself runs no torch kernel on the GPU: operands and outputs are built on the CPU and
 copied over, references are computed on the CPU in float64. (fastmm's own staging copies are torch
@@ -347,6 +348,23 @@ def split_cases(dev: DeviceFacts, quick: bool) -> list[Case]:
     return out
 
 
+def stream_k_cases(dev: DeviceFacts, quick: bool) -> list[Case]:
+    """The dispatcher's stream-K plans (whole waves of 128x256 tiles, then the rest in pieces and
+    the fixup pass): a wave plus one tile, odd extents with transposed views and offsets, and
+    one and a half waves; only the shapes the planner does take stream-K for on ``dev``."""
+    rows, cols = _factor(dev.sm_count + 1)
+    half = (dev.sm_count * 3) // 2 + 1
+    shapes = [(128 * rows, 256 * cols, 136, {}),
+              (128 * rows - 3, 256 * cols - 5, 131, {"a_t": True, "c_t": True, "offsets": (1, 2, 3)}),
+              (128 * half, 256, 2048, {"b_t": True})]
+    out = []
+    for M, N, K, kw in shapes[:2] if quick else shapes:
+        case = Case("stream_k", None, "ieee", M, N, K, **kw)
+        if probe(dev, None, "ieee", M, N, K)[2].kernel.stream_k is not None:
+            out.append(case)
+    return out
+
+
 def dispatch_cases(quick: bool) -> list[Case]:
     """The dispatcher's own choice (what users get) on a few awkward shapes at every precision."""
     shapes = [(1, 1, 1), (3, 5, 4), (40, 24, 33), (67, 65, 63)] if quick else \
@@ -405,7 +423,7 @@ def build_cases(dev: DeviceFacts, quick: bool, families=None) -> list[Case]:
             continue  # e.g. cp.async / tensor cores on sm75
         cases += family_cases(dev, family, precision, quick)
     if not families:
-        cases += split_cases(dev, quick) + dispatch_cases(quick)
+        cases += split_cases(dev, quick) + stream_k_cases(dev, quick) + dispatch_cases(quick)
     return cases
 
 

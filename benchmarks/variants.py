@@ -28,8 +28,10 @@ def run_cfg(cfg, plan, a, b, c):
 
 
 def with_macros(cfg, M, N, **over):
-    """``cfg`` with some macros replaced; tile, block, grid and shared memory recomputed."""
+    """``cfg`` with some macros replaced; tile, block, grid and shared memory recomputed. Always
+    the plain kernel (one launch over every tile), also where the planner took stream-K."""
     m = dict(cfg.macros)
+    m.pop("STREAM_K", None)
     m.update(over)
     wm, wn = m.get("WARPS_M", 2), m.get("WARPS_N", 4)
     if cfg.family == "tf32_mma":
@@ -44,7 +46,8 @@ def with_macros(cfg, M, N, **over):
     threads = wm * wn * 32
     tiles = -(-M // bm) * -(-N // bn)
     return dataclasses.replace(cfg, macros=tuple(m.items()), smem=smem, tile=(bm, bn, bk), block=threads,
-                               block_dims=(threads, 1, 1), grid=(tiles, 1, cfg.grid[2]))
+                               block_dims=(threads, 1, 1), grid=(tiles, 1, cfg.grid[2]),
+                               entry=FAMILIES[cfg.family].entry, stream_k=None)
 
 
 def rel_err(c, a, b):

@@ -32,6 +32,13 @@ __device__ __forceinline__ void split_range(int K, int bk, int& kt_begin, int& k
     kt_end = min(total, kt_begin + per);
 }
 
+// Stream-K: the most tile pieces a stretch of `iters` consecutive k-tiles can touch, in a
+// sequence of tiles of k_tiles each (ceil(iters / k_tiles) whole ones, and one more where it
+// starts part-way): the workspace slots each block owns. The host computes the same number.
+__device__ __forceinline__ i64 stream_k_segments(i64 iters, i64 k_tiles) {
+    return (iters + k_tiles - 1) / k_tiles + 1;
+}
+
 // Move A, B and C to batch z.
 #define FASTMM_BATCH_OFFSETS(z)                                                   \
     const float* Ab = A + (i64)((z) / batch_inner) * sA0 + (i64)((z) % batch_inner) * sA1; \

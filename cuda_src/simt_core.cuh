@@ -166,10 +166,11 @@ __device__ __forceinline__ void zero_tile(float acc[THREAD_M][THREAD_N]) {
         for (int j = 0; j < THREAD_N; ++j) acc[i][j] = 0.f;
 }
 
-// Write the thread tile; rows/cols outside C are skipped. C_VEC: C rows contiguous,
-// N % 4 == 0 and 16-byte aligned, so a float4 is either wholly inside or wholly outside.
-__device__ __forceinline__ void store_tile(float* Cb, int M, int N, i64 sCm, i64 sCn, int m0, int n0,
-                                           int am, int bn, const float acc[THREAD_M][THREAD_N]) {
+// Write the thread tile; rows/cols outside C are skipped. VEC: C rows contiguous, N % 4 == 0
+// and 16-byte aligned, so a float4 is either wholly inside or wholly outside.
+template <bool VEC>
+__device__ __forceinline__ void store_tile_as(float* Cb, int M, int N, i64 sCm, i64 sCn, int m0, int n0,
+                                              int am, int bn, const float acc[THREAD_M][THREAD_N]) {
 #pragma unroll
     for (int i = 0; i < THREAD_M; ++i) {
         const int m = m0 + am + (i / 4) * A_GROUP_STRIDE + (i % 4);
@@ -177,15 +178,24 @@ __device__ __forceinline__ void store_tile(float* Cb, int M, int N, i64 sCm, i64
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int n = n0 + bn + h * B_GROUP_STRIDE;
-#if C_VEC
-            if (n < N)
-                *(float4*)&Cb[(i64)m * sCm + n] =
-                    make_float4(acc[i][4 * h], acc[i][4 * h + 1], acc[i][4 * h + 2], acc[i][4 * h + 3]);
-#else
+            if (VEC) {
+                if (n < N)
+                    *(float4*)&Cb[(i64)m * sCm + n] =
+                        make_float4(acc[i][4 * h], acc[i][4 * h + 1], acc[i][4 * h + 2], acc[i][4 * h + 3]);
+            } else {
 #pragma unroll
-            for (int j = 0; j < 4; ++j)
-                if (n + j < N) Cb[(i64)m * sCm + (i64)(n + j) * sCn] = acc[i][4 * h + j];
-#endif
+                for (int j = 0; j < 4; ++j)
+                    if (n + j < N) Cb[(i64)m * sCm + (i64)(n + j) * sCn] = acc[i][4 * h + j];
+            }
         }
     }
+}
+
+#ifndef C_VEC
+#define C_VEC 0
+#endif
+// The epilogue into C (C_VEC: set by the planner from C's layout).
+__device__ __forceinline__ void store_tile(float* Cb, int M, int N, i64 sCm, i64 sCn, int m0, int n0,
+                                           int am, int bn, const float acc[THREAD_M][THREAD_N]) {
+    store_tile_as<C_VEC != 0>(Cb, M, N, sCm, sCn, m0, n0, am, bn, acc);
 }

@@ -22,6 +22,9 @@
 #ifndef FRAG_DEPTH
 #define FRAG_DEPTH ((THREAD_M == 16 && B_MODE != LOAD_ELEM_K) ? 3 : 2)
 #endif
+#ifndef STREAM_K
+#define STREAM_K 0  // 1: the stream-K entry (fastmm_simt_cp_async_stream_k) instead of the plain one
+#endif
 #ifndef A_MODE
 #define A_MODE LOAD_ELEM_K
 #endif
@@ -150,8 +153,91 @@ struct AsyncTile {
         }
     }
 };
+
+// acc = the product of A's rows m0 .. m0 + BM and B's columns n0 .. n0 + BN over k-tiles
+// [kt_begin, kt_end) (acc starts at zero): the cp.async pipeline for one output tile. Leaves
+// shared memory free for the next tile (every copy landed, every read done).
+__device__ __forceinline__ void tile_product(const float* Ab, const float* Bb, int M, int N, int K,
+                                             i64 sAm, i64 sAk, i64 sBk, i64 sBn, int m0, int n0,
+                                             int kt_begin, int kt_end, float* As, float* Bs, int am, int bn,
+                                             float acc[THREAD_M][THREAD_N]) {
+    // k-tiles below kt_full lie wholly inside K; only kt_full itself may be partial.
+    const int kt_full = min(kt_end, K / BK);
+    AsyncTile<A_MODE, BM> ca;
+    AsyncTile<B_MODE, BN> cb;
+    ca.init(Ab, M, sAm, sAk, m0, As, A_STRIDE);
+    cb.init(Bb, N, sBn, sBk, n0, Bs, B_STRIDE);
+    zero_tile(acc);
+
+    // Prologue: STAGES-1 tiles in flight. Every thread commits a group per step, even an empty
+    // one, so the wait counts below stay uniform.
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        const int kt = kt_begin + s;
+        if (kt < kt_end) {
+            ca.copy_checked(s * A_TILE_FLOATS * 4, A_STRIDE, kt * BK, K, Ab, (i64)kt * ca.kstep);
+            cb.copy_checked(s * B_TILE_FLOATS * 4, B_STRIDE, kt * BK, K, Bb, (i64)kt * cb.kstep);
+        }
+        cp_async_commit();
+    }
+    // Tile kt (stage (kt - kt_begin) % STAGES) is read at shared addresses at / bt (this thread's
+    // fragments); tile kt + STAGES - 1 is copied to a_wr / b_wr (unit 0) in the stage tile kt - 1
+    // was read from, free once every warp passed this iteration's barrier. All stepped, not
+    // recomputed: the stage index itself is never formed.
+    const unsigned a_rd = smem_addr(As + am), b_rd = smem_addr(Bs + bn);
+    const unsigned a_last = a_rd + (STAGES - 1) * (A_TILE_FLOATS * 4);
+    unsigned at = a_rd, bt = b_rd;
+    unsigned a_wr = ca.dst + (STAGES - 1) * (A_TILE_FLOATS * 4);
+    unsigned b_wr = cb.dst + (STAGES - 1) * (B_TILE_FLOATS * 4);
+    // Main loop: tiles kt_begin .. kt_begin + n_main - 1, whose copy (tile kt + STAGES - 1) lies
+    // wholly inside K: no k check, one 64-bit add per unit.
+    const int n_main = max(0, kt_full - (STAGES - 1) - kt_begin);
+    i64 a_koff = (i64)(kt_begin + STAGES - 1) * ca.kstep;  // the first tile it copies
+    i64 b_koff = (i64)(kt_begin + STAGES - 1) * cb.kstep;
+    for (int n = n_main; n > 0; --n) {
+        cp_async_wait<STAGES - 2>();   // tile kt has landed (for this thread's copies)
+        __syncthreads();               // ... and for everyone's; stage a_wr is free again
+        // The copies go after the first k-step, so their address arithmetic overlaps FFMAs
+        // instead of stalling every warp right after the barrier.
+        compute_tile_at(at, bt, acc, [&] {
+            ca.copy_interior(a_wr - ca.dst, A_STRIDE, a_koff);
+            cb.copy_interior(b_wr - cb.dst, B_STRIDE, b_koff);
+            cp_async_commit();
+        });
+        a_koff += ca.kstep;
+        b_koff += cb.kstep;
+        a_wr = at + (ca.dst - a_rd);
+        b_wr = bt + (cb.dst - b_rd);
+        const bool wrap = at == a_last;
+        at = wrap ? a_rd : at + A_TILE_FLOATS * 4;
+        bt = wrap ? b_rd : bt + B_TILE_FLOATS * 4;
+    }
+    // Tail: the last tiles (at most STAGES); its copies, if any, are the last tile, which is
+    // partial when K % BK != 0 (or, when the main loop ran no iteration, all tiles after the
+    // prologue's): checked copies.
+    for (int kt = kt_begin + n_main; kt < kt_end; ++kt) {
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();
+        compute_tile_at(at, bt, acc, [&] {
+            const int next = kt + STAGES - 1;
+            if (next < kt_end) {
+                ca.copy_checked(a_wr - ca.dst, A_STRIDE, next * BK, K, Ab, (i64)next * ca.kstep);
+                cb.copy_checked(b_wr - cb.dst, B_STRIDE, next * BK, K, Bb, (i64)next * cb.kstep);
+            }
+            cp_async_commit();
+        });
+        a_wr = at + (ca.dst - a_rd);
+        b_wr = bt + (cb.dst - b_rd);
+        const bool wrap = at == a_last;
+        at = wrap ? a_rd : at + A_TILE_FLOATS * 4;
+        bt = wrap ? b_rd : bt + B_TILE_FLOATS * 4;
+    }
+    cp_async_wait<0>();
+    __syncthreads();  // all reads of shared memory done before the next tile's prologue
+}
 #endif
 
+#if !STREAM_K
 extern "C" __global__ void __launch_bounds__(THREADS, CP_MIN_BLOCKS) fastmm_simt_cp_async(FASTMM_PARAMS) {
     FASTMM_UNPACK
 #if __CUDA_ARCH__ >= 800
@@ -161,8 +247,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, CP_MIN_BLOCKS) fastmm_simt
     const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
     int kt_begin, kt_end;
     split_range(K, BK, kt_begin, kt_end);
-    // k-tiles below kt_full lie wholly inside K; only kt_full itself may be partial.
-    const int kt_full = min(kt_end, K / BK);
     int am, bn;
     thread_origin(am, bn);
 
@@ -171,81 +255,58 @@ extern "C" __global__ void __launch_bounds__(THREADS, CP_MIN_BLOCKS) fastmm_simt
         for (int tile = blockIdx.x; tile < tiles_m * tiles_n; tile += gridDim.x) {
             int tm, tn;
             tile_coords<8>(tile, tiles_m, tiles_n, tm, tn);
-            const int m0 = tm * BM, n0 = tn * BN;
-            AsyncTile<A_MODE, BM> ca;
-            AsyncTile<B_MODE, BN> cb;
-            ca.init(Ab, M, sAm, sAk, m0, As, A_STRIDE);
-            cb.init(Bb, N, sBn, sBk, n0, Bs, B_STRIDE);
             float acc[THREAD_M][THREAD_N];
-            zero_tile(acc);
-
-            // Prologue: STAGES-1 tiles in flight. Every thread commits a group per step, even an
-            // empty one, so the wait counts below stay uniform.
-#pragma unroll
-            for (int s = 0; s < STAGES - 1; ++s) {
-                const int kt = kt_begin + s;
-                if (kt < kt_end) {
-                    ca.copy_checked(s * A_TILE_FLOATS * 4, A_STRIDE, kt * BK, K, Ab, (i64)kt * ca.kstep);
-                    cb.copy_checked(s * B_TILE_FLOATS * 4, B_STRIDE, kt * BK, K, Bb, (i64)kt * cb.kstep);
-                }
-                cp_async_commit();
-            }
-            // Tile kt (stage (kt - kt_begin) % STAGES) is read at shared addresses at / bt (this
-            // thread's fragments); tile kt + STAGES - 1 is copied to a_wr / b_wr (unit 0) in the
-            // stage tile kt - 1 was read from, free once every warp passed this iteration's
-            // barrier. All stepped, not recomputed: the stage index itself is never formed.
-            const unsigned a_rd = smem_addr(As + am), b_rd = smem_addr(Bs + bn);
-            const unsigned a_last = a_rd + (STAGES - 1) * (A_TILE_FLOATS * 4);
-            unsigned at = a_rd, bt = b_rd;
-            unsigned a_wr = ca.dst + (STAGES - 1) * (A_TILE_FLOATS * 4);
-            unsigned b_wr = cb.dst + (STAGES - 1) * (B_TILE_FLOATS * 4);
-            // Main loop: tiles kt_begin .. kt_begin + n_main - 1, whose copy (tile kt + STAGES - 1)
-            // lies wholly inside K: no k check, one 64-bit add per unit.
-            const int n_main = max(0, kt_full - (STAGES - 1) - kt_begin);
-            i64 a_koff = (i64)(kt_begin + STAGES - 1) * ca.kstep;  // the first tile it copies
-            i64 b_koff = (i64)(kt_begin + STAGES - 1) * cb.kstep;
-            for (int n = n_main; n > 0; --n) {
-                cp_async_wait<STAGES - 2>();   // tile kt has landed (for this thread's copies)
-                __syncthreads();               // ... and for everyone's; stage a_wr is free again
-                // The copies go after the first k-step, so their address arithmetic overlaps
-                // FFMAs instead of stalling every warp right after the barrier.
-                compute_tile_at(at, bt, acc, [&] {
-                    ca.copy_interior(a_wr - ca.dst, A_STRIDE, a_koff);
-                    cb.copy_interior(b_wr - cb.dst, B_STRIDE, b_koff);
-                    cp_async_commit();
-                });
-                a_koff += ca.kstep;
-                b_koff += cb.kstep;
-                a_wr = at + (ca.dst - a_rd);
-                b_wr = bt + (cb.dst - b_rd);
-                const bool wrap = at == a_last;
-                at = wrap ? a_rd : at + A_TILE_FLOATS * 4;
-                bt = wrap ? b_rd : bt + B_TILE_FLOATS * 4;
-            }
-            // Tail: the last tiles (at most STAGES); its copies, if any, are the last tile, which
-            // is partial when K % BK != 0 (or, when the main loop ran no iteration, all tiles
-            // after the prologue's): checked copies.
-            for (int kt = kt_begin + n_main; kt < kt_end; ++kt) {
-                cp_async_wait<STAGES - 2>();
-                __syncthreads();
-                compute_tile_at(at, bt, acc, [&] {
-                    const int next = kt + STAGES - 1;
-                    if (next < kt_end) {
-                        ca.copy_checked(a_wr - ca.dst, A_STRIDE, next * BK, K, Ab, (i64)next * ca.kstep);
-                        cb.copy_checked(b_wr - cb.dst, B_STRIDE, next * BK, K, Bb, (i64)next * cb.kstep);
-                    }
-                    cp_async_commit();
-                });
-                a_wr = at + (ca.dst - a_rd);
-                b_wr = bt + (cb.dst - b_rd);
-                const bool wrap = at == a_last;
-                at = wrap ? a_rd : at + A_TILE_FLOATS * 4;
-                bt = wrap ? b_rd : bt + B_TILE_FLOATS * 4;
-            }
-            cp_async_wait<0>();
-            __syncthreads();  // all reads of shared memory done before the next tile's prologue
-            store_tile(Cb, M, N, sCm, sCn, m0, n0, am, bn, acc);
+            tile_product(Ab, Bb, M, N, K, sAm, sAk, sBk, sBn, tm * BM, tn * BN, kt_begin, kt_end, As, Bs, am,
+                         bn, acc);
+            store_tile(Cb, M, N, sCm, sCn, tm * BM, tn * BN, am, bn, acc);
         }
     }
 #endif
 }
+#else
+// Stream-K (a batch of 1): blocks 0 .. whole_tiles - 1 each compute a whole tile (the first
+// whole_tiles in tile order, whole waves of them) into C. The tiles after them would leave a
+// last wave part-empty (8192x4096 in 128x256 tiles: 1024 = 7.76 waves of 132), so their k-tiles
+// are dealt out evenly instead: the remaining blocks (one wave) each take `iters` consecutive
+// k-tiles of the tile-major sequence of those tiles, a stretch that spans pieces of one to a few
+// tiles. Each piece goes to its own workspace slot (slot j of stream-K block b: W + (b * segs +
+// j) * BM * BN, dense BM x BN), and stream_k_fixup.cu sums every tile's pieces in block order:
+// the same bits every run, no atomics, no block waiting for another.
+extern "C" __global__ void __launch_bounds__(THREADS, CP_MIN_BLOCKS)
+    fastmm_simt_cp_async_stream_k(FASTMM_PARAMS, float* __restrict__ W, i64 whole_tiles_, i64 iters_) {
+    FASTMM_UNPACK
+#if __CUDA_ARCH__ >= 800
+    extern __shared__ __align__(16) float smem[];
+    float* As = smem;
+    float* Bs = smem + STAGES * A_TILE_FLOATS;
+    const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
+    const int k_tiles = (K + BK - 1) / BK;
+    const int whole_tiles = (int)whole_tiles_;
+    int am, bn;
+    thread_origin(am, bn);
+    // A whole-tile block's tile is one stretch of the same tile-major k-tile sequence: one loop
+    // (one copy of the pipeline in the code) serves both kinds of block. 32-bit: the planner
+    // keeps tiles x k_tiles below 2^31.
+    const bool whole = (int)blockIdx.x < whole_tiles;
+    const int b = (int)blockIdx.x - whole_tiles;  // stream-K block (whole-tile blocks: unused)
+    const int iters = (int)iters_;
+    const int segs = (int)stream_k_segments(iters, k_tiles);
+    int g = whole ? (int)blockIdx.x * k_tiles : whole_tiles * k_tiles + b * iters;
+    const int g_end = whole ? g + k_tiles : min(g + iters, tiles_m * tiles_n * k_tiles);
+    for (int j = 0; g < g_end; ++j) {
+        const int t = g / k_tiles;
+        const int kb = g - t * k_tiles;
+        const int ke = min(k_tiles, g_end - t * k_tiles);
+        int tm, tn;
+        tile_coords<8>(t, tiles_m, tiles_n, tm, tn);
+        float acc[THREAD_M][THREAD_N];
+        tile_product(A, B, M, N, K, sAm, sAk, sBk, sBn, tm * BM, tn * BN, kb, ke, As, Bs, am, bn, acc);
+        if (whole)
+            store_tile(C, M, N, sCm, sCn, tm * BM, tn * BN, am, bn, acc);
+        else  // piece j of block b: its own dense BM x BN slot
+            store_tile_as<true>(W + (i64)(b * segs + j) * (BM * BN), BM, BN, BN, 1, 0, 0, am, bn, acc);
+        g = (t + 1) * k_tiles;
+    }
+#endif
+}
+#endif

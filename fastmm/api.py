@@ -410,10 +410,10 @@ def _launch_plan(plan, loaded, reduce, s: Shapes, c: torch.Tensor, problem: Prob
             pa = buf.data_ptr()
         else:
             pb = buf.data_ptr()
-    if reduce is not None:  # split-K: the GEMM into a workspace, then the fixed-order reduce
+    if reduce is not None:  # split-K or stream-K: the GEMM, then its fixed-order second pass
         from .runtime import runners
 
-        runners.split_runner(loaded, reduce, plan.kernel.split_k, p, c.device)(pa, pb, pc, stream)
+        runners.second_pass_runner(loaded, reduce, plan.kernel, p, c.device)(pa, pb, pc, stream)
         return
     for oa, ob, oc in offsets:
         launcher.launch(loaded, stream, (
@@ -555,14 +555,14 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
 
 
 # ---------------------------------------------------------------------------------------------
-# the steady-state path: one dict lookup, (an allocation,) one launch (split-K: two)
+# the steady-state path: one dict lookup, (an allocation,) one launch (split-K, stream-K: two)
 
 #: _fast_key(...) -> () for a key that never takes this path, else the plain tuple
 #: (view_shape, out_shape, loaded, tail, device, index, extents, runner) (a NamedTuple unpacks
 #: ~35 ns slower): the loaded kernel and its arguments after the (a, b, c) pointers; the device
 #: and its index; extents, the bytes of (a, b, out) or None, at [6] (read by _ranges_overlap);
 #: runner None (one plain launch), or runner(pa, pb, pc, stream) queues a plan that takes more
-#: than that: split-K (the GEMM into a workspace, then the reduce pass) or wgmma (tensor maps).
+#: than that: split-K or stream-K (the GEMM, then its second pass) or wgmma (tensor maps).
 _fast: dict[tuple, tuple] = {}
 
 
@@ -611,10 +611,10 @@ def _ranges_overlap(entry: tuple, a: torch.Tensor, b: torch.Tensor, out: torch.T
 
 def _remember_fast(key: tuple, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, precision: str) -> None:
     """After a first call has planned and loaded the kernel: keep what the next identical call
-    needs. Only for one launch offset (split-K plans: the GEMM and its reduce pass; wgmma: its
-    copies and the GEMM), no operands staged by torch (the SIMT and mma.sync families' padded
-    copies), K > 0, and an ``out`` (if any) that already had the right shape and is written
-    directly."""
+    needs. Only for one launch offset (split-K and stream-K plans: the GEMM and its second pass;
+    wgmma: its copies and the GEMM), no operands staged by torch (the SIMT and mma.sync families'
+    padded copies), K > 0, and an ``out`` (if any) that already had the right shape and is
+    written directly."""
     s = analyse(a, b)
     if s.K == 0 or any(n == 0 for n in s.batch + (s.M, s.N)):
         return
@@ -648,7 +648,7 @@ def _remember_fast(key: tuple, a: torch.Tensor, b: torch.Tensor, out: torch.Tens
         tail = (p.M, p.N, p.K, *p.a_strides, *p.b_strides, *p.c_strides, p.batch_inner, p.batch_total,
                 *p.a_batch_strides, *p.b_batch_strides, *p.c_batch_strides)
     else:  # the same runner as _launch_plan's
-        tail, runner = (), runners.split_runner(loaded, reduce, plan.kernel.split_k, p, a.device)
+        tail, runner = (), runners.second_pass_runner(loaded, reduce, plan.kernel, p, a.device)
     extents = (_extent(a), _extent(b), _extent(out)) if out is not None else None
     if len(_fast) >= MAX_CACHED_SHAPES:
         _fast.clear()

@@ -99,7 +99,7 @@ def cache_state(plan: Plan) -> str:
     from .runtime.cache import default_cache
 
     key = launcher.key_for(plan.kernel, plan.device.arch)
-    slot = launcher._modules.get((plan.device.index, key))
+    slot = launcher._modules.get(launcher.module_slot(plan.device, plan.kernel))
     cache = default_cache()
     target = plan.kernel.target(plan.device.arch)
     path = cache.path_for(plan.kernel.family + "-" + target, key)

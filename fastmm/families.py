@@ -24,6 +24,33 @@ MAX_GRID_Z = 65535
 
 
 @dataclass(frozen=True)
+class StreamK:
+    """How a stream-K launch deals out its work (see ``fastmm_simt_cp_async_stream_k``): the first
+    ``whole_tiles`` tiles (in tile order; whole waves) one per block, then ``blocks`` blocks that
+    each take ``iters`` consecutive k-tiles of the remaining tiles' k-tiles in tile-major order
+    (``k_tiles`` per tile), each piece into its own workspace slot for ``stream_k_fixup``."""
+
+    whole_tiles: int
+    blocks: int
+    iters: int
+    k_tiles: int
+    tiles: int  # all tiles of the problem
+
+    @property
+    def pieced_tiles(self) -> int:
+        return self.tiles - self.whole_tiles
+
+    @property
+    def segments(self) -> int:
+        """Workspace slots per block: the most tiles a stretch of ``iters`` k-tiles can touch
+        (as stream_k_segments() in common.cuh)."""
+        return -(-self.iters // self.k_tiles) + 1
+
+    def workspace_floats(self, bm: int, bn: int) -> int:
+        return self.blocks * self.segments * bm * bn
+
+
+@dataclass(frozen=True)
 class KernelConfig:
     """Everything needed to build and launch one kernel for one problem."""
 
@@ -40,6 +67,8 @@ class KernelConfig:
     # "a" for kernels that use arch-specific instructions (sm_90a: wgmma, setmaxnreg): such a
     # cubin runs on that exact compute capability only.
     arch_suffix: str = ""
+    # Set for a stream-K launch (its kernel takes the workspace and this plan's numbers too).
+    stream_k: StreamK | None = None
 
     def target(self, device_arch: str) -> str:
         """The NVRTC target of this kernel on a device of ``device_arch`` (e.g. sm_90 -> sm_90a)."""
@@ -100,10 +129,14 @@ def split_k_for(p: Problem, dev: DeviceFacts, tiles: int, bk: int, blocks_per_sm
     k_tiles = -(-p.K // bk)
     limit = max(1, min(split_cap(tiles, slots), k_tiles // MIN_KTILES_PER_SPLIT))
 
-    def cost(split: int) -> float:
-        return -(-tiles * split // slots) / split * (1 + SPLIT_COST * (split - 1))
+    best = min(range(1, limit + 1), key=lambda split: (split_time(tiles, split, slots), split))
+    return effective_split(k_tiles, best)
 
-    return effective_split(k_tiles, min(range(1, limit + 1), key=lambda split: (cost(split), split)))
+
+def split_time(tiles: int, split: int, slots: int) -> float:
+    """The wave model of split-K, in units of one whole tile's time: ``split`` slices per tile,
+    ``slots`` blocks at a time, a small cost per extra split."""
+    return -(-tiles * split // slots) / split * (1 + SPLIT_COST * (split - 1))
 
 
 def effective_split(units: int, split: int) -> int:
@@ -114,6 +147,49 @@ def effective_split(units: int, split: int) -> int:
         return 1
     per = -(-units // split)
     return -(-units // per)
+
+
+#: Stream-K is taken where the model below says it saves at least this share of the time.
+STREAM_K_MIN_GAIN = 0.015
+#: A piece's fixed cost (pipeline fill, its partial tile stored), in k-tiles of work: ~2-3 us
+#: against ~1.1 us per 128x256x8 k-tile on the H200.
+STREAM_K_PIECE_ITERS = 3
+#: Workspace traffic (pieces written, then read by the fixup pass; L2-resident) that costs as
+#: much as one k-tile of work: ~6 TB/s x ~1.1 us.
+STREAM_K_BYTES_PER_ITER = 6e6
+
+
+def stream_k_for(p: Problem, dev: DeviceFacts, tiles: int, bk: int, bm: int, bn: int,
+                 blocks_per_sm: int = 1, split: int = 1) -> StreamK | None:
+    """A stream-K plan where the last wave of tiles would leave SMs idle, else None. ``split``:
+    the split-K alternative (1: none) it must beat.
+
+    Blocks of equal tiles run in waves of ``slots``: 1024 tiles of 128x256 (8192x4096x6144) on
+    132 SMs take 8 waves of time for 7.76 waves of work (measured on the H200: 8448x4096, exactly
+    8 waves, runs 3.0% faster per FLOP, NOTES run 13). With stream-K the whole waves run as
+    they are and the k-tiles of the remaining tiles are dealt out evenly, one stretch per block
+    of one more wave: time = whole waves + the stretch, plus a fixed cost per piece and the
+    workspace traffic of the fixup pass (all in k-tiles of one block). The tiles may also keep
+    one whole wave fewer (longer stretches, more pieces). Only for a batch of 1 and at least one
+    wave of tiles (below that split-K deals out K)."""
+    slots = dev.sm_count * blocks_per_sm
+    k_tiles = -(-p.K // bk)
+    if p.batch_total != 1 or tiles < slots or tiles % slots == 0 or tiles * k_tiles >= 2**31:
+        return None  # (the kernel counts k-tiles in 32 bits)
+    plain = split_time(tiles, split, slots) * k_tiles
+    best = None
+    for waves in (tiles // slots, tiles // slots - 1):
+        rest = tiles - waves * slots
+        work = rest * k_tiles
+        iters = -(-work // slots)
+        blocks = -(-work // iters)
+        sk = StreamK(waves * slots, blocks, iters, k_tiles, tiles)
+        pieces = rest + blocks  # each block's stretch starts one piece more, at most
+        cost = (waves * k_tiles + iters + STREAM_K_PIECE_ITERS * sk.segments
+                + 2 * pieces * bm * bn * 4 / STREAM_K_BYTES_PER_ITER)
+        if best is None or cost < best[0]:
+            best = (cost, sk)
+    return best[1] if best[0] <= (1 - STREAM_K_MIN_GAIN) * plain else None
 
 
 def k_dominant(p: Problem) -> bool:
@@ -127,6 +203,24 @@ def splitk_reduce_config(p: Problem, dev: DeviceFacts, split: int) -> KernelConf
     return KernelConfig("splitk_reduce", "splitk_reduce.cu", "fastmm_splitk_reduce", (), 256, (256, 1, 1),
                         (max(blocks, 1), 1, 1), 0, (0, 0, 0),
                         (("order", f"sums the {split} partial slices in a fixed order (deterministic)"),))
+
+
+def stream_k_fixup_config(cfg: KernelConfig) -> KernelConfig:
+    """The second pass of a stream-K plan (cuda_src/stream_k_fixup.cu): one block row per pieced
+    tile, 4 elements per thread."""
+    sk, (bm, bn, _) = cfg.stream_k, cfg.tile
+    return KernelConfig("stream_k_fixup", "stream_k_fixup.cu", "fastmm_stream_k_fixup", (), 256, (256, 1, 1),
+                        (-(-bm * bn // 1024), sk.pieced_tiles, 1), 0, (bm, bn, 0),
+                        (("order", f"sums each of the {sk.pieced_tiles} pieced tiles' pieces in block order "
+                                   "(deterministic)"),))
+
+
+def second_pass_config(p: Problem, dev: DeviceFacts, cfg: KernelConfig) -> KernelConfig | None:
+    """The kernel that completes ``cfg``'s work, if it needs one: split-K's reduce or stream-K's
+    fixup."""
+    if cfg.stream_k is not None:
+        return stream_k_fixup_config(cfg)
+    return splitk_reduce_config(p, dev, cfg.split_k) if cfg.split_k > 1 else None
 
 
 def _tiles(p: Problem, bm: int, bn: int) -> int:
@@ -232,6 +326,7 @@ class _Simt(Family):
         return ()
 
     can_split = False
+    can_stream_k = False
     #: Least K per slice, and least M, for the largest tile to be split instead of taking a tile
     #: with 8x8 outputs per thread (the range measured: M 96 .. 256, slices 512 .. 1365).
     big_tile_min_k_per_split = 512
@@ -272,8 +367,18 @@ class _Simt(Family):
                 opt = self.tile_options[0]
         wm, wn, tm = opt
         bm, bn = self.tile_of(opt)
-        split = split_k_for(p, dev, _tiles(p, bm, bn), self.bk, 2 if wm * wn <= 4 else 1) if may_split else 1
+        per_sm = 2 if wm * wn <= 4 else 1
+        split = split_k_for(p, dev, _tiles(p, bm, bn), self.bk, per_sm) if may_split else 1
         a, b, c_vec = self.load_modes(p)
+        # stream-K where the model has it beat split-K as well, for the 8-warp tile (one block
+        # per SM; the 4-warp 128x128 one spills with the stream-K loop), except with an
+        # m-contiguous A and single-float B copies along k, which spill (sm_80 .. sm_89) at 255
+        # registers
+        sk = None
+        spills = (a, b) == (LOAD_VEC_FAST, LOAD_ELEM_K)
+        if may_split and self.can_stream_k and opt == self.tile_options[0] and not spills:
+            sk = stream_k_for(p, dev, _tiles(p, bm, bn), self.bk, bm, bn, per_sm, split)
+            split = 1 if sk is not None else split
         if split > 1:
             c_vec = p.N % 4 == 0  # partials go to a fresh contiguous workspace
         extra = self.extra_macros(p, dev, bm, bn)
@@ -286,6 +391,14 @@ class _Simt(Family):
                    ("math", f"fp32 FFMA, {tm}x8 outputs per thread"))
         if split > 1:
             details += (("split-K", f"{split} slices of K, reduced by splitk_reduce"),)
+        if sk is not None:
+            details += (("stream-K", f"{sk.whole_tiles} tiles whole ({sk.whole_tiles // (dev.sm_count * per_sm)} "
+                                     f"waves), then {sk.blocks} blocks of {sk.iters} k-tiles each over the other "
+                                     f"{sk.pieced_tiles} tiles ({sk.k_tiles} k-tiles each), completed by "
+                                     "stream_k_fixup"),)
+            return KernelConfig(self.name, self.source, self.entry + "_stream_k", macros + (("STREAM_K", 1),),
+                                threads, (threads, 1, 1), (sk.whole_tiles + sk.blocks, 1, 1), smem,
+                                (bm, bn, self.bk), details, stream_k=sk)
         return KernelConfig(self.name, self.source, self.entry, macros, threads, (threads, 1, 1),
                             _grid(_tiles(p, bm, bn), p.batch_total, split), smem, (bm, bn, self.bk), details)
 
@@ -303,14 +416,20 @@ class SimtCpAsync(_Simt):
     min_cc = (8, 0)
     a_transpose_mode = LOAD_ELEM_K  # cp.async cannot transpose a vector
     can_split = True
+    can_stream_k = True
     bk = 8
-    stages = 6  # measured best on the H200 (benchmarks/NOTES.md); fewer where shared memory is short
+    stages = 6  # fewer where shared memory is short
+    #: Stages of the 128x256 tile (one block per SM, so shared memory is its own) per compute
+    #: capability, where measured: on the H200 8192x4096x6144 runs at 48.6 / 51.1 / 50.1 / 49.5 /
+    #: 51.2 / 51.5 / 51.5 TFLOP/s with 4 / 5 / 6 / 7 / 8 / 10 / 12 stages (NOTES.md run 13).
+    big_tile_stages = {(9, 0): 12}
 
     def smem_bytes(self, bm, bn, stages):
         return stages * self.bk * ((bm + 4) + (bn + 4)) * 4
 
     def extra_macros(self, p, dev, bm, bn):
-        stages = self.stages
+        big = (bm, bn) == self.tile_of(self.tile_options[0])
+        stages = self.big_tile_stages.get(dev.cc, self.stages) if big else self.stages
         while stages > 2 and self.smem_bytes(bm, bn, stages) > dev.smem_per_block_optin:
             stages -= 1
         return (("STAGES", stages),)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from .families import FAMILIES, KernelConfig, _vec_ok, kmajor_batch, splitk_reduce_config, stage_kmajor_config
+from .families import FAMILIES, KernelConfig, _vec_ok, kmajor_batch, second_pass_config, stage_kmajor_config
 from .problem import DeviceFacts, Problem
 from .tuned import TunedChoice
 
@@ -33,7 +33,7 @@ class Plan:
     precision_used: str | None
     rejected: tuple[tuple[str, str], ...] = field(default=())
     fallback: str | None = None  # why torch.matmul runs instead (kernel is None)
-    reduce: KernelConfig | None = None  # second pass of a split-K kernel
+    reduce: KernelConfig | None = None  # second pass: split-K's reduce or stream-K's fixup
     # Operands copied into padded, 16-byte aligned buffers before the launch: (operand, rows,
     # padded columns), and the problem as the kernel then sees it. Operand "bt" is B transposed
     # (N rows of K), the K-major copy the wgmma family reads.
@@ -267,7 +267,7 @@ def _select(p: Problem, dev: DeviceFacts, force: str | None = None) -> Plan:
     launch_p, staging, swap = _staging(p, chosen.family)
     if staging or swap:
         chosen = FAMILIES[chosen.family].configure(launch_p, dev)
-    reduce = splitk_reduce_config(p, dev, chosen.split_k) if chosen.split_k > 1 else None
+    reduce = second_pass_config(p, dev, chosen)
     stagers = ()
     if staging and chosen.family == "wgmma_tf32":
         stagers = tuple(stage_kmajor_config(p, which, p.precision == "tf32x3") for which, _, _ in staging)
@@ -292,7 +292,7 @@ def select(p: Problem, dev: DeviceFacts, force: str | None = None, tuned: TunedC
     if plan.kernel is None:
         return plan
     chosen = _configure(tuned.family, plan.launch_problem or p, dev, tuned.option)
-    reduce = splitk_reduce_config(p, dev, chosen.split_k) if chosen.split_k > 1 else None
+    reduce = second_pass_config(p, dev, chosen)
     rejected = tuple((name, reason.replace(" (forced)", " (tuned)")) for name, reason in plan.rejected)
     origin = "tuned" + (f": {tuned.provenance}" if tuned.provenance else "")
     return replace(plan, kernel=chosen, reduce=reduce, rejected=rejected, origin=origin)

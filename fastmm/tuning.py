@@ -190,6 +190,8 @@ def _describe(plan: Plan) -> str:
     text = f"tile {k.tile[0]}x{k.tile[1]}x{k.tile[2]}"
     if k.split_k > 1:
         text += f", split-K {k.split_k}"
+    if k.stream_k is not None:
+        text += f", stream-K {k.stream_k.whole_tiles}+{k.stream_k.blocks}x{k.stream_k.iters}"
     if plan.staging:
         text += ", staged " + "+".join(w.upper() for w, _, _ in plan.staging)
     return text

@@ -174,6 +174,9 @@ def test_configs_cover_every_family_arch_and_macro_value():
         assert {m["MT"] for m in skinny} == {8, 16, 32}, arch
         assert {(m["MT"], m["B_VEC"]) for m in skinny} == {(mt, vec) for mt in (8, 16, 32) for vec in (0, 1)}, arch
         assert (arch, "splitk_reduce") in seen  # skinny splits K on sm_75 too
+    # stream-K (8192^2 x 4096 leaves a partial last wave on the H200): its entry and its fixup
+    assert ("sm_90", "stream_k_fixup") in seen
+    assert any(dict(m).get("STREAM_K") == 1 for m in seen[("sm_90", "simt_cp_async")])
     for arch in SM80_PLUS:
         assert (arch, "splitk_reduce") in seen
         for family, wanted in [
@@ -293,3 +296,20 @@ def test_tf32_mma_with_two_fragment_sets_builds_without_spills(arch):
         if "registers" not in text:  # (cuda.core 1.2.0, on the GPU machine, hands back no ptxas log)
             pytest.skip("this cuda.core returns no ptxas report to read")
         assert "0 bytes spill stores, 0 bytes spill loads" in text, (dict(macros), text)
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_stream_k_entries_the_planner_can_choose_build_without_spills(arch):
+    """The stream-K entry of every load-mode combination the planner may give it (the 128x256
+    tile; not an m-contiguous A with single-float B copies along k, which spills), zero spill
+    bytes: the stream-K loop keeps a few values live next to the pipeline's ~210-250 registers."""
+    fam = FAMILIES["simt_cp_async"]
+    base = dict(zip(("WARPS_M", "WARPS_N", "THREAD_M"), fam.tile_options[0]))
+    combos = [(a, b) for a in (0, 2, 3) for b in (0, 2, 3) if (a, b) != (0, 2)]  # load modes, simt_core.cuh
+    stages = dict(fam.extra_macros(None, DeviceFacts.simulated_device(arch), *fam.tile_of(fam.tile_options[0])))["STAGES"]
+    macros = [tuple({**base, "BK": fam.bk, "A_MODE": a, "B_MODE": b, "C_VEC": c, "STAGES": stages,
+                     "STREAM_K": 1}.items()) for a, b in combos for c in (0, 1)]
+    with ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1))) as pool:
+        reports = list(pool.map(lambda m: _ptxas_report("simt_cp_async.cu", arch, m), macros))
+    for m, text in zip(macros, reports):
+        assert " 0 bytes spill stores" in text and " 0 bytes spill loads" in text, (dict(m), text)

@@ -829,6 +829,91 @@ def test_split_k_results_are_bitwise_reproducible(family, precision, mnk, rel_er
     assert torch.equal(fastmm.matmul(a, b, precision=precision), fastmm.matmul(a, b, precision=precision))
 
 
+# --- stream-K: whole tiles, then pieces of the rest, summed by the fixup pass ---------------------
+
+def stream_k_run(a, b, out, sm_count: int):
+    """``a @ b`` into ``out`` by the stream-K plan the planner makes for a GPU of ``sm_count``
+    SMs (few SMs: small problems get several waves and pieced tiles), run on this GPU (the
+    kernel's correctness does not depend on the SM count). Returns the kernel config."""
+    import dataclasses
+
+    from fastmm.families import second_pass_config
+    from fastmm.runtime import runners
+    from fastmm.runtime.device import device_facts
+
+    index = a.device.index if a.device.index is not None else torch.cuda.current_device()
+    real = device_facts(index)
+    if real.cc < (8, 0):
+        pytest.skip("cp.async needs sm80+")
+    s = api.analyse(a, b)
+    problem, offsets = api.build_problem(s, s.matrix_view(out), "ieee")
+    assert len(offsets) == 1
+    dev = dataclasses.replace(real, sm_count=sm_count)
+    cfg = FAMILIES["simt_cp_async"].configure(problem, dev, FAMILIES["simt_cp_async"].tile_options[0] + (1,))
+    assert cfg.stream_k is not None, cfg.details
+    fix = second_pass_config(problem, dev, cfg)
+    run = runners.second_pass_runner(launcher.load(real, cfg), launcher.load(real, fix), cfg, problem, a.device)
+    (oa, ob, oc), = offsets
+    run(a.data_ptr() + 4 * oa, b.data_ptr() + 4 * ob, out.data_ptr() + 4 * oc, api._current_stream(index))
+    return cfg
+
+
+STREAM_K_CASES = [  # (M, N, K, layout, SMs): layouts as in variants.py; odd extents reach edge tiles
+    (1024, 1024, 512, "nn", 7),      # 32 tiles of 128x256 on 7 SMs: 4 waves + 4 pieced tiles
+    (1000, 1001, 1003, "nn", 5),     # N, K not multiples of 4 (single-float B copies, K tail)
+    (1031, 770, 517, "tn", 7),       # A transposed, odd extents
+    (777, 1030, 300, "nt", 10),      # B transposed
+    (1024, 1024, 4096, "nn", 30),    # 32 tiles on 30 SMs: 2 tiles in 15 pieces each
+    (2048, 512, 256, "nn", 13),      # 32 k-tiles per tile
+]
+
+
+@pytest.mark.parametrize("M,N,K,layout,sms", STREAM_K_CASES, ids=["x".join(map(str, c[:3])) + f"-{c[3]}-{c[4]}sm"
+                                                                   for c in STREAM_K_CASES])
+def test_stream_k_plans_match_float64(M, N, K, layout, sms, rel_err):
+    """Every output written once (NaN-poisoned out, inside a larger buffer that must stay
+    untouched), the right sum, the same bits on a second run."""
+    a = randn(M, K) if layout[0] != "t" else randn(K, M).t()
+    b = randn(K, N) if layout[1] != "t" else randn(N, K).t()
+    a0, b0 = a.clone(), b.clone()
+    big = torch.full((M + 2, N + 3), NAN, device="cuda")
+    out = big[1:M + 1, 2:N + 2]
+    cfg = stream_k_run(a, b, out, sms)
+    assert cfg.stream_k.pieced_tiles > 0
+    check(out, a, b, "ieee", rel_err)
+    rest = big.clone()
+    rest[1:M + 1, 2:N + 2] = 0
+    assert torch.isnan(rest).sum().item() == big.numel() - M * N  # nothing written outside out
+    first = out.clone()
+    out.fill_(NAN)
+    stream_k_run(a, b, out, sms)
+    assert torch.equal(out, first)  # fixed-order sums: the same bits every run
+    assert torch.equal(a, a0) and torch.equal(b, b0)
+
+
+def test_stream_k_is_the_default_for_a_partial_last_wave_and_takes_the_fast_path(rel_err):
+    """A product whose 128x256 tiles leave the last wave part-empty on this GPU runs stream-K
+    (whole waves, then the rest in pieces, then the fixup) through fastmm.matmul, first call
+    and steady-state calls, correct with fresh inputs, the same bits on the same inputs."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    if torch.cuda.get_device_capability(0) < (8, 0):
+        pytest.skip("cp.async needs sm80+")
+    M, N, K = 128 * (sms + sms // 2 + 1), 256, 2048  # 1.5 waves and one tile
+    a, b = randn(M, K), randn(K, N)
+    exp = fastmm.explain(a, b, precision="ieee")
+    assert exp.plan.kernel.stream_k is not None and exp.plan.reduce.family == "stream_k_fixup", str(exp)
+    assert "stream-K" in str(exp)
+    for _ in range(3):
+        a, b = randn(M, K), randn(K, N)
+        check(fastmm.matmul(a, b, precision="ieee"), a, b, "ieee", rel_err)
+        entry = api._fast.get(api._fast_key(a, b, None, "ieee"))
+        assert entry and entry[7] is not None, "no fast entry with the fixup pass after a call"
+    out = torch.full((M, N), NAN, device="cuda")
+    first = fastmm.matmul(a, b, precision="ieee", out=out).clone()
+    check(first, a, b, "ieee", rel_err)
+    assert torch.equal(fastmm.matmul(a, b, precision="ieee"), first)
+
+
 def test_skinny_operands_past_2_31_elements(tall_a):
     """64-bit offsets in skinny: B of more than 2^31 elements read row-major (float4) and as a
     transposed view, and A of more than 2^31 elements as a strided view."""
@@ -942,12 +1027,15 @@ def test_two_streams_at_once_each_get_the_right_answer(rel_err):
         check(c, a2, b2, "tf32", rel_err)
 
 
-GRAPH_SHAPES = [(256, 320, 192), (64, 64, 16384), (3, 5, 4), (8, 2048, 4096), (1536, 1024, 520), (1100, 1030, 1029)]
+GRAPH_SHAPES = [(256, 320, 192), (64, 64, 16384), (3, 5, 4), (8, 2048, 4096), (1536, 1024, 520), (1100, 1030, 1029),
+                (25472, 256, 1024)]
 # tiled, split-K (two kernels), scalar, skinny (split-K too); on sm_90 at tf32/tf32x3: wgmma read in
-# place (C^T = B^T A^T) or with its copies (tf32x3 always; K % 4 != 0: both operands)
+# place (C^T = B^T A^T) or with its copies (tf32x3 always; K % 4 != 0: both operands); ieee on the
+# H200: 199 tiles of 128x256 on 132 SMs, stream-K (its workspace from the graph's pool)
 
 
-@pytest.mark.parametrize("M,N,K", GRAPH_SHAPES, ids=["tiled", "long_k", "tiny", "skinny", "wgmma", "wgmma_copies"])
+@pytest.mark.parametrize("M,N,K", GRAPH_SHAPES, ids=["tiled", "long_k", "tiny", "skinny", "wgmma", "wgmma_copies",
+                                                     "stream_k"])
 @pytest.mark.parametrize("precision", PRECISIONS)
 def test_cuda_graph_capture_after_warmup_replays_with_new_values(precision, M, N, K, rel_err):
     a, b = randn(M, K), randn(K, N)
@@ -1060,4 +1148,4 @@ def test_second_gpu_runs_on_its_own_modules(rel_err):
         check(c, a, b, precision, rel_err)
     exp = fastmm.explain(a, b)
     assert "cuda:1" in exp.device and exp.kernel is not None
-    assert any(index == 1 for index, _ in launcher._modules)
+    assert any(index == 1 for index, _, _ in launcher._modules)

@@ -120,6 +120,9 @@ def check_geometry(plan) -> None:
         assert m["STAGES"] >= 2
     tiles = -(-p.M // bm) * -(-p.N // bn)
     gx, gy, gz = cfg.grid
+    if cfg.stream_k is not None:
+        check_stream_k(plan, tiles)
+        return
     assert 1 <= gx <= INT32_MAX and (gx == tiles or (cfg.family == "scalar" and gx == min(tiles, INT32_MAX)))
     assert 1 <= gz <= MAX_GRID_Z and gz == min(p.batch_total, MAX_GRID_Z)
     # grid.y = number of K splits (common.cuh split_range); > 1 needs the reduce pass
@@ -135,6 +138,62 @@ def check_geometry(plan) -> None:
         r = plan.reduce
         assert r is not None and r.family == "splitk_reduce" and r.source == "splitk_reduce.cu"
         assert r.block_dims == (256, 1, 1) and r.grid[1:] == (1, 1) and r.grid[0] >= 1 and r.smem == 0
+
+
+def stream_k_pieces(sk) -> dict:
+    """The pieces a stream-K launch computes, dealt as fastmm_simt_cp_async_stream_k deals them:
+    {(tile, block, j): (first k-tile, end k-tile)}; ``tile`` counts from 0, ``j`` is the piece's
+    workspace slot within its block."""
+    k, pieces = sk.k_tiles, {}
+    for b in range(sk.blocks):
+        g = sk.whole_tiles * k + b * sk.iters
+        g_end = min(g + sk.iters, sk.tiles * k)
+        j = 0
+        while g < g_end:
+            t = g // k
+            pieces[(t, b, j)] = (g - t * k, min(k, g_end - t * k))
+            g, j = (t + 1) * k, j + 1
+    return pieces
+
+
+def fixup_slots(sk, t: int) -> list[tuple[int, int]]:
+    """The (block, slot) pairs stream_k_fixup.cu sums, in order, for pieced tile ``t`` (counted
+    from whole_tiles)."""
+    k, it = sk.k_tiles, sk.iters
+    return [(c, t - c * it // k) for c in range(t * k // it, (t * k + k - 1) // it + 1)]
+
+
+def check_stream_k(plan, tiles: int) -> None:
+    """A stream-K plan: whole waves of tiles, then one wave of blocks whose stretches cover every
+    k-tile of the other tiles exactly once, each piece in a slot of its own block, and a fixup
+    pass that sums exactly those slots, in block order."""
+    p, dev, cfg = plan.problem, plan.device, plan.kernel
+    sk = cfg.stream_k
+    m = dict(cfg.macros)
+    assert cfg.family == "simt_cp_async" and cfg.entry == "fastmm_simt_cp_async_stream_k" and m["STREAM_K"] == 1
+    assert (m["WARPS_M"], m["WARPS_N"], m["THREAD_M"]) == (2, 4, 16) and p.batch_total == 1
+    assert (m["A_MODE"], m["B_MODE"]) != (LOAD_VEC_FAST, LOAD_ELEM_K)
+    assert sk.tiles * sk.k_tiles < 2**31  # the kernel counts in 32 bits
+    slots = dev.sm_count  # one 8-warp block per SM
+    assert sk.tiles == tiles and sk.k_tiles == -(-p.K // cfg.tile[2])
+    assert sk.whole_tiles % slots == 0 and 0 < sk.pieced_tiles and 0 < sk.blocks <= slots
+    assert cfg.grid == (sk.whole_tiles + sk.blocks, 1, 1)
+    pieces = stream_k_pieces(sk)
+    assert {b for _, b, _ in pieces} == set(range(sk.blocks))  # every block has work
+    assert all(j < sk.segments for _, _, j in pieces)  # each block's slots suffice
+    for t in range(sk.pieced_tiles):
+        mine = sorted((b, j, kb, ke) for (tt, b, j), (kb, ke) in pieces.items() if tt == sk.whole_tiles + t)
+        ranges = [(kb, ke) for _, _, kb, ke in mine]
+        assert ranges[0][0] == 0 and ranges[-1][1] == sk.k_tiles, ranges
+        assert all(a[1] == b[0] and a[0] < a[1] for a, b in zip(ranges, ranges[1:] + [(sk.k_tiles, None)])), ranges
+        assert fixup_slots(sk, t) == [(b, j) for b, j, _, _ in mine]
+    assert sk.workspace_floats(*cfg.tile[:2]) == sk.blocks * sk.segments * cfg.tile[0] * cfg.tile[1]
+    r = plan.reduce
+    assert r is not None and r.family == "stream_k_fixup" and r.source == "stream_k_fixup.cu"
+    # stream_k_fixup.cu: 256 threads of 4 elements (bn % 4 == 0) per block, a block row per tile
+    assert cfg.tile[1] % 4 == 0
+    assert r.grid == (-(-cfg.tile[0] * cfg.tile[1] // 1024), sk.pieced_tiles, 1) and sk.pieced_tiles <= 65535
+    assert r.block_dims == (256, 1, 1) and r.smem == 0
 
 
 # --- a zoo of problems every invariant is checked on ---------------------------------------------
@@ -631,8 +690,10 @@ def _large_params():
 
 @pytest.mark.parametrize("M,N,K,arch,precision", list(_large_params()))
 def test_large_problems_never_split_k(M, N, K, arch, precision):
+    """(Stream-K may still share out a partial last wave: its second pass is the fixup.)"""
     plan = select(Problem.dense(M, N, K, precision=precision), DEV[arch])
-    assert plan.kernel.split_k == 1 and plan.reduce is None, (plan.kernel.family, plan.kernel.split_k)
+    assert plan.kernel.split_k == 1, (plan.kernel.family, plan.kernel.split_k)
+    assert plan.reduce is None or (plan.kernel.stream_k is not None and plan.reduce.family == "stream_k_fixup")
 
 
 def test_simt_float4_and_scalar_never_split_k():
@@ -1251,6 +1312,72 @@ def test_split_k_may_fill_a_whole_wave_beyond_max_split():
     assert plan.kernel.family == "simt_cp_async" and plan.kernel.tile[:2] == (128, 256)  # k-dominant: largest tile
     assert plan.kernel.split_k == 66 and plan.kernel.grid[:2] == (2, 66)
     assert split_cap(2, 132) == 66 and split_cap(4, 264) == 66 and split_cap(64, 132) == MAX_SPLIT
+
+
+# --- stream-K: whole waves, then the rest of the tiles in pieces ---------------------------------
+
+@pytest.mark.parametrize("M,N,K,whole,blocks", [(8192, 4096, 6144, 924, 132), (8192, 8192, 4096, 1980, 132),
+                                                 (4096, 4096, 4096, 396, 132), (4096, 11008, 4096, 1320, 132)])
+def test_a_partial_last_wave_of_simt_tiles_runs_stream_k_on_the_h200(M, N, K, whole, blocks):
+    """The headline shapes: 7.76, 15.5 and 3.88 waves of 128x256 tiles on 132 SMs. The whole
+    waves run as they are, one more wave of blocks shares the other tiles' k-tiles evenly."""
+    plan = select(Problem.dense(M, N, K), DEV["sm_90"])
+    sk = plan.kernel.stream_k
+    assert sk is not None and (sk.whole_tiles, sk.blocks) == (whole, blocks), plan.describe()
+    assert sk.iters == -(-sk.pieced_tiles * sk.k_tiles // 132)
+    assert "stream-K" in plan.describe() and "then: stream_k_fixup" in plan.describe()
+    check_geometry(plan)
+
+
+@pytest.mark.parametrize("problem,why", [
+    (Problem.dense(8448, 4096, 6144), "whole waves: 1056 tiles = 8 x 132"),
+    (Problem.dense(4097, 4095, 4093), "whole waves: 528 tiles = 4 x 132"),
+    (Problem.dense(4096, 4096, 1024), "short K: the pieces' fixed costs eat the gain"),
+    (Problem.dense(2048, 2048, 2048), "under one wave (128 tiles)"),
+    (Problem.dense(2048, 2048, 2048, batch=8), "batched"),
+    (Problem.dense(256, 256, 65536), "split-K's ground (2 tiles)"),
+])
+def test_no_stream_k_where_it_cannot_pay(problem, why):
+    plan = select(problem, DEV["sm_90"])
+    assert plan.kernel.stream_k is None, why
+    assert plan.reduce is None or plan.reduce.family == "splitk_reduce"
+
+
+def test_stream_k_follows_the_split_flag_the_tile_and_the_load_modes():
+    """Option flag 0 (never split K) rules stream-K out as well; only the 8-warp 128x256 tile
+    takes it (one block per SM; the 128x128 one spills with the stream-K loop); an m-contiguous
+    A with single-float B copies along k (spills on sm_80 .. sm_89) does not."""
+    fam, dev = FAMILIES["simt_cp_async"], DEV["sm_90"]
+    p = Problem.dense(8192, 4096, 6144)
+    assert fam.configure(p, dev, fam.tile_options[0] + (0,)).stream_k is None
+    assert fam.configure(p, dev, fam.tile_options[0] + (1,)).stream_k is not None
+    for opt in fam.tile_options[1:]:
+        assert fam.configure(p, dev, opt + (1,)).stream_k is None
+    a_m_b_k = Problem(8192, 4096, 6141, (1, 8192), (1, 6141), (4096, 1))  # A^T; B^T, K % 4 != 0
+    cfg = fam.configure(a_m_b_k, dev)
+    m = dict(cfg.macros)
+    assert (m["A_MODE"], m["B_MODE"]) == (LOAD_VEC_FAST, LOAD_ELEM_K) and cfg.stream_k is None
+
+
+def test_stream_k_beats_split_k_where_the_model_says_so():
+    """1.5 waves of tiles: split-K 3 ways models 1.73 waves, stream-K 1.56."""
+    plan = select(Problem.dense(128 * 199, 256, 2048), DEV["sm_90"])
+    assert plan.kernel.stream_k is not None and plan.kernel.split_k == 1
+    check_geometry(plan)
+
+
+@settings(max_examples=300, deadline=None)
+@given(M=st.integers(1, 40_000), N=st.integers(1, 20_000), K=st.integers(1, 1 << 17), arch=st.sampled_from(SM80_PLUS),
+       tile=st.sampled_from([0, 1]), sms=st.integers(1, 160))
+def test_stream_k_deals_every_k_tile_once_and_the_fixup_sums_each_piece(M, N, K, arch, tile, sms):
+    """Whatever the SM count and shape: where the planner takes stream-K, the deal and the fixup
+    agree (check_stream_k); where it does not, the plan is the plain or split-K one."""
+    fam = FAMILIES["simt_cp_async"]
+    dev = dataclasses.replace(DEV[arch], sm_count=sms)
+    p = Problem.dense(M, N, K)
+    cfg = fam.configure(p, dev, fam.tile_options[tile] + (1,))
+    plan = fastmm.plan.Plan(p, dev, cfg, "ieee", reduce=fastmm.plan.second_pass_config(p, dev, cfg))
+    check_geometry(plan)
 
 
 @pytest.mark.parametrize("N,tile_n", [(256, 256), (512, 256), (400, 256), (64, 128), (100, 128), (300, 128)])

@@ -245,7 +245,7 @@ def test_eight_threads_on_eight_streams_compile_each_kernel_once(fresh_state):
     assert not any(t.is_alive() for t in threads), "a thread hung"
     assert errors == []
     assert default_cache().compiles == len(keys), f"{default_cache().compiles} compiles for {len(keys)} kernels"
-    assert {key for _, key in launcher._modules} == keys and len(launcher._modules) == len(keys)
+    assert {key for _, key, _ in launcher._modules} == keys and len(launcher._modules) == len(keys)
     assert len(list(fresh_state.glob("*.cubin"))) == len(keys)
 
 
@@ -266,7 +266,7 @@ def test_tensors_on_cuda1_run_on_modules_loaded_for_device_1(fresh_state):
         key = launcher.key_for(exp.plan.kernel, exp.plan.device.arch)
         c = fastmm.matmul(a, b, precision=precision)
         assert c.device == a.device
-        assert (1, key) in launcher._modules and (0, key) not in launcher._modules
+        assert (1, key, exp.plan.kernel.entry) in launcher._modules and (0, key, exp.plan.kernel.entry) not in launcher._modules
         current.append(torch.cuda.current_device())
         torch.cuda.synchronize(1)
         assert (c.double() - ref).norm().item() / scale <= TOL[precision]

@@ -29,7 +29,7 @@ class LoadedKernel:
     path: Path | None
 
 
-_modules: dict[tuple[int, str], tuple[object, str, Path | None]] = {}
+_modules: dict[tuple[int, str, str], tuple[object, str, Path | None]] = {}
 _guard = threading.Lock()
 _streams: dict[int, object] = {}
 
@@ -39,8 +39,13 @@ def key_for(cfg: KernelConfig, arch: str) -> str:
     return kernel_key(source_digest(cfg.source), cfg.macros, cfg.target(arch), nvrtc_version())
 
 
+def module_slot(dev: DeviceFacts, cfg: KernelConfig) -> tuple[int, str, str]:
+    """A loaded kernel's identity: the module (one cubin per key) and the entry point in it."""
+    return dev.index, key_for(cfg, dev.arch), cfg.entry
+
+
 def is_loaded(dev: DeviceFacts, cfg: KernelConfig) -> bool:
-    return (dev.index, key_for(cfg, dev.arch)) in _modules
+    return module_slot(dev, cfg) in _modules
 
 
 def load(dev: DeviceFacts, cfg: KernelConfig) -> LoadedKernel:
@@ -49,8 +54,8 @@ def load(dev: DeviceFacts, cfg: KernelConfig) -> LoadedKernel:
 
     core = _cuda_core()
     Device, LaunchConfig, ObjectCode = core.Device, core.LaunchConfig, core.ObjectCode
-    key = key_for(cfg, dev.arch)
-    slot = (dev.index, key)
+    slot = module_slot(dev, cfg)
+    key = slot[1]
     entry = _modules.get(slot)
     state = "memory"
     if entry is None:

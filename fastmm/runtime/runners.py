@@ -3,6 +3,7 @@ stream)`` closure over everything that does not change between calls, so the ful
 once per launch offset) and the steady-state path (api's fast entries) queue the same work.
 
 - split-K: the GEMM into a workspace, then the fixed-order reduce pass;
+- stream-K: whole tiles into C, the rest in pieces into a workspace, then the fixup pass;
 - wgmma: its K-major copies (stage_kmajor), the tensor maps, the GEMM (through
   ``launcher.maps_launcher``).
 
@@ -33,6 +34,33 @@ def split_runner(loaded, reduce, split: int, p: Problem, device):
         launcher.launch(loaded, stream, (pa, pb, work.data_ptr()) + tail)
         launcher.launch(reduce, stream, (work.data_ptr(), pc) + reduce_tail)
     return run
+
+
+def stream_k_runner(loaded, fixup, cfg, p: Problem, device):
+    """A stream-K launch (``cfg.stream_k``) of launch problem ``p`` (a batch of 1): whole tiles
+    straight into C, the other tiles' pieces into a workspace (one dense tile per slot), then the
+    fixup pass sums each tile's pieces in a fixed order into C. The workspace may be dropped on
+    return: the caching allocator is stream-ordered."""
+    sk, (bm, bn, _) = cfg.stream_k, cfg.tile
+    tail = (p.M, p.N, p.K, *p.a_strides, *p.b_strides, *p.c_strides, 1, 1,
+            *p.a_batch_strides, *p.b_batch_strides, *p.c_batch_strides)
+    numbers = (sk.whole_tiles, sk.iters)
+    fixup_tail = (p.M, p.N, *p.c_strides, bm, bn, sk.k_tiles, sk.whole_tiles, sk.iters)
+    work_floats = sk.workspace_floats(bm, bn)
+
+    def run(pa: int, pb: int, pc: int, stream: int) -> None:
+        work = torch.empty(work_floats, dtype=torch.float32, device=device)
+        launcher.launch(loaded, stream, (pa, pb, pc) + tail + (work.data_ptr(),) + numbers)
+        launcher.launch(fixup, stream, (work.data_ptr(), pc) + fixup_tail)
+    return run
+
+
+def second_pass_runner(loaded, second, cfg, p: Problem, device):
+    """The runner of a plan whose kernel ``cfg`` needs a second pass ``second``: split-K or
+    stream-K."""
+    if cfg.stream_k is not None:
+        return stream_k_runner(loaded, second, cfg, p, device)
+    return split_runner(loaded, second, cfg.split_k, p, device)
 
 
 def wgmma_runner(plan, loaded, p: Problem, device: torch.device):
