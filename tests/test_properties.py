@@ -272,6 +272,8 @@ def check_plan(plan, force: str | None) -> None:
         per = -(-units // cfg.split_k)
         assert (cfg.split_k - 1) * per < units, f"split {cfg.split_k} of {units} k-tiles leaves a split empty"
         assert 1 <= plan.reduce.grid[0] <= INT32_MAX and plan.reduce.block_dims == (256, 1, 1)
+    elif cfg.stream_k is not None:  # whole waves, then pieces summed by the fixup pass
+        assert p.batch_total == 1 and plan.reduce is not None and plan.reduce.family == "stream_k_fixup"
     else:
         assert plan.reduce is None
     assert (bool(plan.staging) or plan.swap_ab) == (plan.launch_problem is not None)
