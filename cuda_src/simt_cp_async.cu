@@ -268,8 +268,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, CP_MIN_BLOCKS) fastmm_simt
 // whole_tiles in tile order, whole waves of them) into C. The tiles after them would leave a
 // last wave part-empty (8192x4096 in 128x256 tiles: 1024 = 7.76 waves of 132), so their k-tiles
 // are dealt out evenly instead: the remaining blocks (one wave) each take `iters` consecutive
-// k-tiles of the tile-major sequence of those tiles, a stretch that spans pieces of one to a few
-// tiles. Each piece goes to its own workspace slot (slot j of stream-K block b: W + (b * segs +
+// k-tiles of the tile-major sequence of those tiles, a stretch that spans pieces of one or two
+// tiles (of more where iters > k_tiles: the kernel allows it, the planner does not plan it). Each piece goes to its own workspace slot (slot j of stream-K block b: W + (b * segs +
 // j) * BM * BN, dense BM x BN), and stream_k_fixup.cu sums every tile's pieces in block order:
 // the same bits every run, no atomics, no block waiting for another.
 extern "C" __global__ void __launch_bounds__(THREADS, CP_MIN_BLOCKS)
@@ -286,7 +286,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, CP_MIN_BLOCKS)
     thread_origin(am, bn);
     // A whole-tile block's tile is one stretch of the same tile-major k-tile sequence: one loop
     // (one copy of the pipeline in the code) serves both kinds of block. 32-bit: the planner
-    // keeps tiles x k_tiles below 2^31.
+    // keeps whole_tiles x k_tiles + blocks x iters (the end of the last stretch) below 2^31.
     const bool whole = (int)blockIdx.x < whole_tiles;
     const int b = (int)blockIdx.x - whole_tiles;  // stream-K block (whole-tile blocks: unused)
     const int iters = (int)iters_;

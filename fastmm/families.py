@@ -169,27 +169,28 @@ def stream_k_for(p: Problem, dev: DeviceFacts, tiles: int, bk: int, bm: int, bn:
     8 waves, runs 3.0% faster per FLOP, NOTES run 13). With stream-K the whole waves run as
     they are and the k-tiles of the remaining tiles are dealt out evenly, one stretch per block
     of one more wave: time = whole waves + the stretch, plus a fixed cost per piece and the
-    workspace traffic of the fixup pass (all in k-tiles of one block). The tiles may also keep
-    one whole wave fewer (longer stretches, more pieces). Only for a batch of 1 and at least one
-    wave of tiles (below that split-K deals out K)."""
+    workspace traffic of the fixup pass (all in k-tiles of one block). (Keeping a whole wave
+    fewer would lengthen every stretch by exactly a tile's k-tiles and add pieces: never better.)
+    The pieced tiles are fewer than the blocks, so a stretch is shorter than a tile and spans at
+    most two. Only for a batch of 1 and at least one wave of tiles (below that split-K deals out
+    K)."""
     slots = dev.sm_count * blocks_per_sm
     k_tiles = -(-p.K // bk)
-    if p.batch_total != 1 or tiles < slots or tiles % slots == 0 or tiles * k_tiles >= 2**31:
-        return None  # (the kernel counts k-tiles in 32 bits)
+    if p.batch_total != 1 or tiles < slots or tiles % slots == 0:
+        return None
+    waves = tiles // slots
+    rest = tiles - waves * slots
+    work = rest * k_tiles
+    iters = -(-work // slots)
+    blocks = -(-work // iters)
+    sk = StreamK(waves * slots, blocks, iters, k_tiles, tiles)
+    if sk.whole_tiles * k_tiles + blocks * iters >= 2**31:
+        return None  # the kernel counts k-tiles in 32 bits, up to the last block's stretch end
+    pieces = rest + blocks  # each block's stretch starts one piece more, at most
+    cost = (waves * k_tiles + iters + STREAM_K_PIECE_ITERS * sk.segments
+            + 2 * pieces * bm * bn * 4 / STREAM_K_BYTES_PER_ITER)
     plain = split_time(tiles, split, slots) * k_tiles
-    best = None
-    for waves in (tiles // slots, tiles // slots - 1):
-        rest = tiles - waves * slots
-        work = rest * k_tiles
-        iters = -(-work // slots)
-        blocks = -(-work // iters)
-        sk = StreamK(waves * slots, blocks, iters, k_tiles, tiles)
-        pieces = rest + blocks  # each block's stretch starts one piece more, at most
-        cost = (waves * k_tiles + iters + STREAM_K_PIECE_ITERS * sk.segments
-                + 2 * pieces * bm * bn * 4 / STREAM_K_BYTES_PER_ITER)
-        if best is None or cost < best[0]:
-            best = (cost, sk)
-    return best[1] if best[0] <= (1 - STREAM_K_MIN_GAIN) * plain else None
+    return sk if cost <= (1 - STREAM_K_MIN_GAIN) * plain else None
 
 
 def k_dominant(p: Problem) -> bool:

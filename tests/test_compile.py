@@ -303,6 +303,10 @@ def test_stream_k_entries_the_planner_can_choose_build_without_spills(arch):
     """The stream-K entry of every load-mode combination the planner may give it (the 128x256
     tile; not an m-contiguous A with single-float B copies along k, which spills), zero spill
     bytes: the stream-K loop keeps a few values live next to the pipeline's ~210-250 registers."""
+    from fastmm.runtime.compiler import nvrtc_unavailable_reason
+
+    if nvrtc_unavailable_reason():
+        pytest.skip(nvrtc_unavailable_reason())
     fam = FAMILIES["simt_cp_async"]
     base = dict(zip(("WARPS_M", "WARPS_N", "THREAD_M"), fam.tile_options[0]))
     combos = [(a, b) for a in (0, 2, 3) for b in (0, 2, 3) if (a, b) != (0, 2)]  # load modes, simt_core.cuh
@@ -312,4 +316,6 @@ def test_stream_k_entries_the_planner_can_choose_build_without_spills(arch):
     with ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1))) as pool:
         reports = list(pool.map(lambda m: _ptxas_report("simt_cp_async.cu", arch, m), macros))
     for m, text in zip(macros, reports):
+        if "registers" not in text:  # (cuda.core 1.2.0, on the GPU machine, hands back no ptxas log)
+            pytest.skip("this cuda.core returns no ptxas report to read")
         assert " 0 bytes spill stores" in text and " 0 bytes spill loads" in text, (dict(m), text)

@@ -853,6 +853,10 @@ def stream_k_run(a, b, out, sm_count: int):
     assert cfg.stream_k is not None, cfg.details
     fix = second_pass_config(problem, dev, cfg)
     run = runners.second_pass_runner(launcher.load(real, cfg), launcher.load(real, fix), cfg, problem, a.device)
+    # The runner takes its workspace from the caching allocator: a NaN-filled block of that size,
+    # freed just before, is what it gets, so a slot the kernel fails to write shows as NaN.
+    poison = torch.full((cfg.stream_k.workspace_floats(*cfg.tile[:2]),), NAN, device="cuda")
+    del poison
     (oa, ob, oc), = offsets
     run(a.data_ptr() + 4 * oa, b.data_ptr() + 4 * ob, out.data_ptr() + 4 * oc, api._current_stream(index))
     return cfg

@@ -173,7 +173,7 @@ def check_stream_k(plan, tiles: int) -> None:
     assert cfg.family == "simt_cp_async" and cfg.entry == "fastmm_simt_cp_async_stream_k" and m["STREAM_K"] == 1
     assert (m["WARPS_M"], m["WARPS_N"], m["THREAD_M"]) == (2, 4, 16) and p.batch_total == 1
     assert (m["A_MODE"], m["B_MODE"]) != (LOAD_VEC_FAST, LOAD_ELEM_K)
-    assert sk.tiles * sk.k_tiles < 2**31  # the kernel counts in 32 bits
+    assert sk.whole_tiles * sk.k_tiles + sk.blocks * sk.iters < 2**31  # the kernel counts in 32 bits
     slots = dev.sm_count  # one 8-warp block per SM
     assert sk.tiles == tiles and sk.k_tiles == -(-p.K // cfg.tile[2])
     assert sk.whole_tiles % slots == 0 and 0 < sk.pieced_tiles and 0 < sk.blocks <= slots
@@ -1360,10 +1360,20 @@ def test_stream_k_follows_the_split_flag_the_tile_and_the_load_modes():
 
 
 def test_stream_k_beats_split_k_where_the_model_says_so():
-    """1.5 waves of tiles: split-K 3 ways models 1.73 waves, stream-K 1.56."""
+    """1.5 waves of tiles: split-K (5 ways) models 1.73 waves, stream-K 1.56."""
     plan = select(Problem.dense(128 * 199, 256, 2048), DEV["sm_90"])
     assert plan.kernel.stream_k is not None and plan.kernel.split_k == 1
     check_geometry(plan)
+
+
+def test_stream_k_stays_within_32_bit_k_tile_counts():
+    """A long K over broadcast (stride-0) operands: the last block's stretch would end past
+    2^31 k-tiles (the kernel's counters are 32-bit), so no stream-K."""
+    p = Problem(17152, 256, 128207976, (0, 1), (1, 0), (256, 1))
+    plan = select(p, DEV["sm_90"])
+    assert plan.kernel.stream_k is None
+    tiles, k_tiles = 134, -(-p.K // 8)
+    assert tiles * k_tiles < 2**31  # the bound that was checked before, which this case passes
 
 
 @settings(max_examples=300, deadline=None)
