@@ -25,24 +25,26 @@ __device__ __forceinline__ void add4(float4& s, const float4& v) {
 extern "C" __global__ void __launch_bounds__(THREADS) fastmm_stream_k_fixup(
     const float* __restrict__ W, float* __restrict__ C, i64 M_, i64 N_, i64 sCm, i64 sCn, i64 bm_, i64 bn_,
     i64 k_tiles, i64 whole_tiles, i64 iters) {
-    // The slot offsets of this tile's pieces, shared by the block (64-bit divisions done once
-    // per piece, not per element); up to THREADS pieces at a time.
+    // The slot offsets of this tile's pieces, shared by the block (divisions done once per piece,
+    // not per element); up to THREADS pieces at a time.
     __shared__ i64 piece_at[THREADS];
     const int M = (int)M_, N = (int)N_, bm = (int)bm_, bn = (int)bn_;
     const int e = 4 * (blockIdx.x * THREADS + threadIdx.x);  // first element, row-major in the tile
     const int t = blockIdx.y;  // counted from whole_tiles, as the stream-K blocks count
     // The tile's k-tiles are [t * k_tiles, (t + 1) * k_tiles) of the stream-K sequence; block c
     // holds [c * iters, (c + 1) * iters), and the tile is piece t - (c * iters) / k_tiles of it.
-    const i64 segs = stream_k_segments(iters, k_tiles);
-    const i64 c_first = (i64)t * k_tiles / iters, c_last = ((i64)t * k_tiles + k_tiles - 1) / iters;
+    // 32-bit: the planner keeps the sequence (blocks x iters) below 2^31, as the GEMM counts.
+    const int kt = (int)k_tiles, it = (int)iters;
+    const int segs = (int)stream_k_segments(iters, k_tiles);
+    const int c_first = t * kt / it, c_last = (t * kt + kt - 1) / it;
     const bool mine = e < bm * bn;
     float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (i64 c0 = c_first; c0 <= c_last; c0 += THREADS) {
-        const int n = (int)min((i64)THREADS, c_last - c0 + 1);
+    for (int c0 = c_first; c0 <= c_last; c0 += THREADS) {
+        const int n = min(THREADS, c_last - c0 + 1);
         __syncthreads();  // the previous group's offsets are read
         if ((int)threadIdx.x < n) {
-            const i64 c = c0 + threadIdx.x;
-            piece_at[threadIdx.x] = (c * segs + t - c * iters / k_tiles) * ((i64)bm * bn);
+            const int c = c0 + threadIdx.x;
+            piece_at[threadIdx.x] = (i64)(c * segs + t - c * it / kt) * ((i64)bm * bn);
         }
         __syncthreads();
         if (!mine) continue;
