@@ -38,8 +38,7 @@ def runner_for(a, b, c, stream_k: bool):
     if second is not None:
         run = runners.second_pass_runner(loaded, launcher.load(dev, second), cfg, problem, a.device)
         return (lambda: run(a.data_ptr(), b.data_ptr(), c.data_ptr(), stream)), cfg
-    args = (a.data_ptr(), b.data_ptr(), c.data_ptr(), problem.M, problem.N, problem.K, *problem.a_strides,
-            *problem.b_strides, *problem.c_strides, 1, 1, 0, 0, 0, 0, 0, 0)
+    args = (a.data_ptr(), b.data_ptr(), c.data_ptr()) + runners.gemm_args(problem)
     return (lambda: launcher.launch(loaded, stream, args)), cfg
 
 

@@ -14,7 +14,7 @@ import torch
 sys.path.insert(0, ".")
 from fastmm import api  # noqa: E402
 from fastmm.families import FAMILIES  # noqa: E402
-from fastmm.runtime import launcher  # noqa: E402
+from fastmm.runtime import launcher, runners  # noqa: E402
 
 
 def run_cfg(cfg, plan, a, b, c):
@@ -22,9 +22,7 @@ def run_cfg(cfg, plan, a, b, c):
     p, offsets = api.build_problem(s, c, plan.problem.precision)
     loaded = launcher.load(plan.device, cfg)
     stream = torch.cuda.current_stream().cuda_stream
-    launcher.launch(loaded, stream, (a.data_ptr(), b.data_ptr(), c.data_ptr(), p.M, p.N, p.K, *p.a_strides, *p.b_strides,
-                                     *p.c_strides, p.batch_inner, p.batch_total, *p.a_batch_strides, *p.b_batch_strides,
-                                     *p.c_batch_strides))
+    launcher.launch(loaded, stream, (a.data_ptr(), b.data_ptr(), c.data_ptr()) + runners.gemm_args(p))
 
 
 def with_macros(cfg, M, N, **over):

@@ -5,6 +5,19 @@
 
 typedef long long i64;
 
+// Loads cached in L2 only (.cg): for data read once that another kernel just wrote, such as
+// the partial sums the second passes of split-K and stream-K add up.
+__device__ __forceinline__ float ld_l2(const float* p) {
+    float v;
+    asm("ld.global.cg.f32 %0, [%1];\n" : "=f"(v) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ float4 ld_l2_v4(const float* p) {
+    float4 v;
+    asm("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];\n" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p));
+    return v;
+}
+
 // Shared-memory address of a generic pointer, as the 32-bit value cp.async wants.
 __device__ __forceinline__ unsigned smem_addr(const void* p) {
     return (unsigned)__cvta_generic_to_shared(p);

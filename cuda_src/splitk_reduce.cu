@@ -7,12 +7,6 @@
 
 #define IN_FLIGHT 16  // loads a thread issues before adding them
 
-__device__ __forceinline__ float ld_l2(const float* p) {
-    float v;
-    asm("ld.global.cg.f32 %0, [%1];\n" : "=f"(v) : "l"(p));
-    return v;
-}
-
 extern "C" __global__ void __launch_bounds__(256) fastmm_splitk_reduce(
     const float* __restrict__ W, float* __restrict__ C, i64 M, i64 N, i64 S, i64 sCm, i64 sCn) {
     const i64 slice = M * N;

@@ -9,12 +9,6 @@
 #define THREADS 256
 #define IN_FLIGHT 8  // pieces a thread loads before adding them (a tile may have many, all in L2)
 
-__device__ __forceinline__ float4 ld_l2_v4(const float* p) {
-    float4 v;
-    asm("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];\n" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p));
-    return v;
-}
-
 __device__ __forceinline__ void add4(float4& s, const float4& v) {
     s.x += v.x;
     s.y += v.y;

@@ -387,7 +387,7 @@ def _run(s: Shapes, c: torch.Tensor, precision: str, force: str | None) -> Plan:
 
 def _launch_plan(plan, loaded, reduce, s: Shapes, c: torch.Tensor, problem: Problem, offsets, dev_index: int) -> None:
     """Stage operands if the plan says so, then queue the kernel(s) on the current stream."""
-    from .runtime import launcher
+    from .runtime import launcher, runners
 
     stream = _current_stream(dev_index)
     p = plan.launch_problem or problem
@@ -411,14 +411,11 @@ def _launch_plan(plan, loaded, reduce, s: Shapes, c: torch.Tensor, problem: Prob
         else:
             pb = buf.data_ptr()
     if reduce is not None:  # split-K or stream-K: the GEMM, then its fixed-order second pass
-        from .runtime import runners
-
         runners.second_pass_runner(loaded, reduce, plan.kernel, p, c.device)(pa, pb, pc, stream)
         return
+    tail = runners.gemm_args(p)
     for oa, ob, oc in offsets:
-        launcher.launch(loaded, stream, (
-            pa + 4 * oa, pb + 4 * ob, pc + 4 * oc, p.M, p.N, p.K, *p.a_strides, *p.b_strides, *p.c_strides,
-            p.batch_inner, p.batch_total, *p.a_batch_strides, *p.b_batch_strides, *p.c_batch_strides))
+        launcher.launch(loaded, stream, (pa + 4 * oa, pb + 4 * ob, pc + 4 * oc) + tail)
 
 
 def _launch_wgmma(plan, loaded, stream: int, s: Shapes, c: torch.Tensor, p: Problem, offsets) -> None:
@@ -645,8 +642,7 @@ def _remember_fast(key: tuple, a: torch.Tensor, b: torch.Tensor, out: torch.Tens
     if plan.kernel.family == "wgmma_tf32":
         tail, runner = (), runners.wgmma_runner(plan, loaded, p, a.device)
     elif reduce is None:
-        tail = (p.M, p.N, p.K, *p.a_strides, *p.b_strides, *p.c_strides, p.batch_inner, p.batch_total,
-                *p.a_batch_strides, *p.b_batch_strides, *p.c_batch_strides)
+        tail = runners.gemm_args(p)
     else:  # the same runner as _launch_plan's
         tail, runner = (), runners.second_pass_runner(loaded, reduce, plan.kernel, p, a.device)
     extents = (_extent(a), _extent(b), _extent(out)) if out is not None else None

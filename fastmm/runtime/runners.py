@@ -19,6 +19,13 @@ from ..problem import Problem
 from . import launcher, tensor_map
 
 
+def gemm_args(p: Problem) -> tuple:
+    """The arguments after the A, B and C pointers of every GEMM family's kernel (FASTMM_PARAMS
+    in cuda_src/common.cuh) for launch problem ``p``."""
+    return (p.M, p.N, p.K, *p.a_strides, *p.b_strides, *p.c_strides, p.batch_inner, p.batch_total,
+            *p.a_batch_strides, *p.b_batch_strides, *p.c_batch_strides)
+
+
 def split_runner(loaded, reduce, split: int, p: Problem, device):
     """Split-K over ``split`` slices of K for launch problem ``p`` (a batch of 1): the partial
     products go into ``split`` contiguous M x N slices of a workspace (the slice stride passed as
@@ -42,8 +49,7 @@ def stream_k_runner(loaded, fixup, cfg, p: Problem, device):
     fixup pass sums each tile's pieces in a fixed order into C. The workspace may be dropped on
     return: the caching allocator is stream-ordered."""
     sk, (bm, bn, _) = cfg.stream_k, cfg.tile
-    tail = (p.M, p.N, p.K, *p.a_strides, *p.b_strides, *p.c_strides, 1, 1,
-            *p.a_batch_strides, *p.b_batch_strides, *p.c_batch_strides)
+    tail = gemm_args(p)
     numbers = (sk.whole_tiles, sk.iters)
     fixup_tail = (p.M, p.N, *p.c_strides, bm, bn, sk.k_tiles, sk.whole_tiles, sk.iters)
     work_floats = sk.workspace_floats(bm, bn)
