@@ -326,8 +326,10 @@ def split_cases(dev: DeviceFacts, quick: bool) -> list[Case]:
     """The dispatcher's split-K plans, on the shapes the brief names and on small ones; plus, per
     splitting family and precision, the cheapest shape found where some splits get no k-tile."""
     out = []
-    named = [(64, 64, 1024), (8, 256, 1024)] if quick else [(16, 4096, 512), (128, 1024, 8192), (256, 256, 16384),
-                                                           (64, 64, 1024), (8, 256, 1024), (33, 72, 4097)]
+    # (on the H200: 8x256x1024 the skinny kernel's own slice sums, 256x256x2048 SIMT cluster pairs)
+    named = [(64, 64, 1024), (8, 256, 1024), (256, 256, 2048)] if quick else [
+        (16, 4096, 512), (128, 1024, 8192), (256, 256, 16384), (64, 64, 1024), (8, 256, 1024), (33, 72, 4097),
+        (256, 256, 2048)]
     for M, N, K in named:
         for precision in ("ieee", "tf32", "tf32x3"):
             out.append(Case("split", None, precision, M, N, K))

@@ -31,7 +31,7 @@ import torch
 sys.path.insert(0, ".")
 from fastmm import api  # noqa: E402
 from fastmm.families import FAMILIES, splitk_reduce_config  # noqa: E402
-from fastmm.runtime import launcher  # noqa: E402
+from fastmm.runtime import launcher, runners  # noqa: E402
 
 #: (name, configure_v2 keywords); None: the v1 skinny kernel (SK_V2 = 0).
 VARIANTS = [
@@ -39,11 +39,15 @@ VARIANTS = [
     ("v2 bn32 c8", dict(bn=32, cpt=8)),  # 128 column tiles at N=4096 (no split), 3-4 stages x 32 KB of B
     ("v2 bn64 c8", dict(bn=64, cpt=8)),  # 64 tiles x split 2
     ("v2 bn128 c8", dict(bn=128, cpt=8)),  # 32 tiles x split 4; A read 4x less than bn32
+    ("v2 bn128 c8 2-pass", dict(bn=128, cpt=8, fuse=False)),  # the split summed by splitk_reduce
     ("v2 bn128 c4 q2", dict(bn=128, cpt=4, qpt=2)),  # today's lane mapping (warp = one k-group), pipelined
     ("v2 bn32 c4 q2", dict(bn=32, cpt=4, qpt=2)),  # half the accumulators of c8
     ("v2 bn128 c4 t512", dict(bn=128, cpt=4, threads=512)),  # 16 warps per SM, <= 128 registers
     ("v2 regs bn32 c4 q2", dict(pipe=0, bn=32, cpt=4, qpt=2)),  # B to registers one stage ahead (no cp.async)
     ("v2 regs bn64 c8", dict(pipe=0, bn=64, cpt=8)),
+    ("v2 bn256 c8", dict(bn=256, cpt=8)),  # 16 tiles x split 8: 1 KB of each B row per block, no shuffles
+    ("v2 bn128 c8 q2", dict(bn=128, cpt=8, qpt=2)),  # 128-row stages: 128 KB of B in flight, half the barriers
+    ("v2 bn128 c8 s3", dict(bn=128, cpt=8, stages=3)),  # 64 KB in flight: is depth the limit?
 ]
 CHECK_MS = (1, 3, 8, 16, 17, 32)
 CHECK_NK = ((4096, 4096), (4095, 4093), (1000, 333))
@@ -76,7 +80,7 @@ class Runner:
         sk = FAMILIES["skinny"]
         self.cfg = sk.configure_v1(self.p, dev) if kw is None else sk.configure_v2(self.p, dev, **kw)
         split = self.cfg.split_k
-        self.rcfg = splitk_reduce_config(self.p, dev, split) if split > 1 else None
+        self.rcfg = splitk_reduce_config(self.p, dev, split) if split > 1 and not self.cfg.split_fused else None
         self.dev = dev
         self.ptrs = (s.a.data_ptr(), s.b.data_ptr(), c.data_ptr())
 
@@ -94,6 +98,11 @@ class Runner:
     def __call__(self, ptrs=None):
         p = self.p
         pa, pb, pc = ptrs or self.ptrs
+        if self.cfg.split_fused:  # one launch that sums its own slices (arrival counters)
+            if not hasattr(self, "fused"):
+                self.fused = runners.fused_split_runner(self.k, self.cfg, p, torch.device("cuda", torch.cuda.current_device()))
+            self.fused(pa, pb, pc, self.stream)
+            return
         if self.r is not None:
             launcher.launch(self.k, self.stream, (
                 pa, pb, self.work.data_ptr(), p.M, p.N, p.K, *p.a_strides, *p.b_strides, p.N, 1,

@@ -32,6 +32,23 @@ __device__ __forceinline__ void split_range(int K, int bk, int& kt_begin, int& k
     kt_end = min(total, kt_begin + per);
 }
 
+// Fused split-K (a kernel that sums its own slices, no second launch): after a block has stored
+// its slice of a tile, it counts itself in the tile's arrival counter; the block that arrives
+// last (of gridDim.y) then sums the tile's slices in slice order (0.f + s0 + s1 + ..., as
+// splitk_reduce.cu does: the same bits) and resets the counter to 0 for the next launch on the
+// stream. The fences make every block's slice visible before its arrival is counted, and the
+// last block's reads (L2, ld.cg) come after it saw the count. The host gives each stream its
+// own zeroed counters (fastmm/runtime/arrivals.py). Call with the whole block.
+__device__ __forceinline__ bool split_arrive_last(unsigned* counter) {
+    __threadfence();
+    __syncthreads();
+    unsigned before = 0;
+    if (threadIdx.x == 0) before = atomicAdd(counter, 1u);
+    const bool last = __syncthreads_or(threadIdx.x == 0 && before == gridDim.y - 1) != 0;
+    if (last) __threadfence();
+    return last;
+}
+
 // Stream-K: the most tile pieces a stretch of `iters` consecutive k-tiles can touch, in a
 // sequence of tiles of k_tiles each (ceil(iters / k_tiles) whole ones, and one more where it
 // starts part-way): the workspace slots each block owns. The host computes the same number.

@@ -12,11 +12,47 @@ __device__ __forceinline__ float ld_l2(const float* p) {
     asm("ld.global.cg.f32 %0, [%1];\n" : "=f"(v) : "l"(p));
     return v;
 }
+// The same, volatile: it stays after the fences and barriers before it (ld_l2 is free to move,
+// the compiler does not see that it reads memory). For slices other blocks of this launch wrote.
+__device__ __forceinline__ float ld_l2_ordered(const float* p) {
+    float v;
+    asm volatile("ld.global.cg.f32 %0, [%1];\n" : "=f"(v) : "l"(p) : "memory");
+    return v;
+}
 __device__ __forceinline__ float4 ld_l2_v4(const float* p) {
     float4 v;
     asm("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];\n" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p));
     return v;
 }
+
+#if __CUDA_ARCH__ >= 900
+// Thread-block clusters (sm_90): this block's rank in its cluster; a barrier of the whole
+// cluster (release / acquire: shared-memory writes before it are visible to the other blocks
+// after it); a 16-byte store into the shared memory of block `rank` of the cluster.
+__device__ __forceinline__ unsigned cluster_rank() {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+}
+// Split: arrive (no memory ordering) now, wait later: e.g. at the start, so that before the first
+// access to a partner's shared memory the wait proves the partner has started (a block may only
+// touch the shared memory of a cluster block that is running).
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() {
+    asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void st_cluster_v4(unsigned smem_address, unsigned rank, float4 v) {
+    unsigned remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(smem_address), "r"(rank));
+    asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};\n"
+                 :: "r"(remote), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w) : "memory");
+}
+#endif
 
 // Shared-memory address of a generic pointer, as the 32-bit value cp.async wants.
 __device__ __forceinline__ unsigned smem_addr(const void* p) {

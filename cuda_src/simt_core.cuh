@@ -168,11 +168,11 @@ __device__ __forceinline__ void zero_tile(float acc[THREAD_M][THREAD_N]) {
 
 // Write the thread tile; rows/cols outside C are skipped. VEC: C rows contiguous, N % 4 == 0
 // and 16-byte aligned, so a float4 is either wholly inside or wholly outside.
-template <bool VEC>
+template <bool VEC, int I0 = 0, int I1 = THREAD_M>  // (rows I0 .. I1 - 1 of the thread's tile)
 __device__ __forceinline__ void store_tile_as(float* Cb, int M, int N, i64 sCm, i64 sCn, int m0, int n0,
                                               int am, int bn, const float acc[THREAD_M][THREAD_N]) {
 #pragma unroll
-    for (int i = 0; i < THREAD_M; ++i) {
+    for (int i = I0; i < I1; ++i) {
         const int m = m0 + am + (i / 4) * A_GROUP_STRIDE + (i % 4);
         if (m >= M) continue;
 #pragma unroll

@@ -161,6 +161,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fastmm_skinny(FASTMM_PA
 #ifndef SK_RUNROLL
 #define SK_RUNROLL 4  // k rows unrolled in the FMA loop: fewer = fewer registers for loads hoisted ahead
 #endif
+#ifndef SK_FUSED
+#define SK_FUSED 0  // split-K summed by the last block of each column tile (split_arrive_last)
+#endif
 
 #define WARPS (SK_THREADS / 32)
 #define BN SK_BN
@@ -439,7 +442,15 @@ __device__ __forceinline__ void sk_compute_stage(float (&acc)[VPT], const float*
     }
 }
 
-extern "C" __global__ void __launch_bounds__(SK_THREADS, SK_MINB) fastmm_skinny(FASTMM_PARAMS) {
+// SK_FUSED: C is the split workspace (slice y at C + y * sC0, as for splitk_reduce); the sums go
+// to Out (strides sOm, sOn); arrivals holds one zeroed counter per column tile.
+#if SK_FUSED
+#define SK_FUSED_PARAMS , float* __restrict__ Out, i64 sOm, i64 sOn, unsigned* __restrict__ arrivals
+#else
+#define SK_FUSED_PARAMS
+#endif
+
+extern "C" __global__ void __launch_bounds__(SK_THREADS, SK_MINB) fastmm_skinny(FASTMM_PARAMS SK_FUSED_PARAMS) {
     FASTMM_UNPACK
     extern __shared__ float4 sk_smem4[];
     float* smem = (float*)sk_smem4;
@@ -540,6 +551,44 @@ extern "C" __global__ void __launch_bounds__(SK_THREADS, SK_MINB) fastmm_skinny(
                     Cb[(i64)m * sCm + (i64)c * sCn] = sum;
                 }
             }
+#if SK_FUSED
+            if (split_arrive_last(arrivals + tile)) {  // (its __syncthreads also frees red)
+                // Up to 8 of a thread's outputs x 4 slices in flight at a time (latency-bound:
+                // one output at a time took ~5 us at decode16), each output summed in slice order.
+                constexpr int SK_OUT = (MT * BN + SK_THREADS - 1) / SK_THREADS;
+                constexpr int SK_STEP = SK_OUT < 8 ? SK_OUT : 8;
+                const int S = gridDim.y;
+#pragma unroll 1
+                for (int j0 = 0; j0 < SK_OUT; j0 += SK_STEP) {
+                    float sum[SK_STEP];
+#pragma unroll
+                    for (int j = 0; j < SK_STEP; ++j) sum[j] = 0.f;
+                    for (int s = 0; s < S; s += 4) {
+                        float v[4][SK_STEP];
+#pragma unroll
+                        for (int j = 0; j < SK_STEP; ++j) {
+                            const int i = threadIdx.x + (j0 + j) * SK_THREADS, m = i / BN, c = x.n0 + i % BN;
+                            const bool ok = i < MT * BN && m < M && c < N;
+                            const float* w = C + (ok ? (i64)m * sCm + (i64)c * sCn : 0);
+#pragma unroll
+                            for (int u = 0; u < 4; ++u)
+                                v[u][j] = ok && s + u < S ? ld_l2_ordered(w + (s + u) * sC0) : 0.f;
+                        }
+#pragma unroll
+                        for (int u = 0; u < 4; ++u)
+#pragma unroll
+                            for (int j = 0; j < SK_STEP; ++j)
+                                if (s + u < S) sum[j] += v[u][j];
+                    }
+#pragma unroll
+                    for (int j = 0; j < SK_STEP; ++j) {
+                        const int i = threadIdx.x + (j0 + j) * SK_THREADS, m = i / BN, c = x.n0 + i % BN;
+                        if (i < MT * BN && m < M && c < N) Out[(i64)m * sOm + (i64)c * sOn] = sum[j];
+                    }
+                }
+                if (threadIdx.x == 0) *(volatile unsigned*)(arrivals + tile) = 0u;
+            }
+#endif
             __syncthreads();  // red is the next tile's ring
         }
     }

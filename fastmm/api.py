@@ -410,8 +410,9 @@ def _launch_plan(plan, loaded, reduce, s: Shapes, c: torch.Tensor, problem: Prob
             pa = buf.data_ptr()
         else:
             pb = buf.data_ptr()
-    if reduce is not None:  # split-K or stream-K: the GEMM, then its fixed-order second pass
-        runners.second_pass_runner(loaded, reduce, plan.kernel, p, c.device)(pa, pb, pc, stream)
+    run = runners.plan_runner(loaded, reduce, plan.kernel, p, c.device)
+    if run is not None:  # split-K or stream-K: the GEMM, then its fixed-order second pass (or fused)
+        run(pa, pb, pc, stream)
         return
     tail = runners.gemm_args(p)
     for oa, ob, oc in offsets:
@@ -641,10 +642,9 @@ def _remember_fast(key: tuple, a: torch.Tensor, b: torch.Tensor, out: torch.Tens
     runner = None
     if plan.kernel.family == "wgmma_tf32":
         tail, runner = (), runners.wgmma_runner(plan, loaded, p, a.device)
-    elif reduce is None:
-        tail = runners.gemm_args(p)
-    else:  # the same runner as _launch_plan's
-        tail, runner = (), runners.second_pass_runner(loaded, reduce, plan.kernel, p, a.device)
+    else:  # the same runner as _launch_plan's, or one plain launch
+        runner = runners.plan_runner(loaded, reduce, plan.kernel, p, a.device)
+        tail = runners.gemm_args(p) if runner is None else ()
     extents = (_extent(a), _extent(b), _extent(out)) if out is not None else None
     if len(_fast) >= MAX_CACHED_SHAPES:
         _fast.clear()

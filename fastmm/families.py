@@ -69,6 +69,13 @@ class KernelConfig:
     arch_suffix: str = ""
     # Set for a stream-K launch (its kernel takes the workspace and this plan's numbers too).
     stream_k: StreamK | None = None
+    # Split-K finished inside the GEMM (no second pass): "last", the last block of a tile to
+    # arrive sums its slices (split_arrive_last in common.cuh). Its kernel also takes the output,
+    # its strides and zeroed arrival counters, one per tile (fastmm/runtime/arrivals.py).
+    split_fused: str = ""
+    # Split-K blocks in thread-block cluster pairs that add their partial tiles before storing
+    # them (SPLIT_PAIR in simt_cp_async.cu, sm_90): the workspace holds split / 2 slices.
+    split_pair: bool = False
 
     def target(self, device_arch: str) -> str:
         """The NVRTC target of this kernel on a device of ``device_arch`` (e.g. sm_90 -> sm_90a)."""
@@ -76,8 +83,19 @@ class KernelConfig:
 
     @property
     def split_k(self) -> int:
-        """K is split over grid.y blocks; partial products go to a workspace, then splitk_reduce."""
+        """K is split over grid.y blocks; partial products go to a workspace (split_slices of
+        them), summed by splitk_reduce or, for a fused plan, by the kernel itself."""
         return self.grid[1]
+
+    @property
+    def split_slices(self) -> int:
+        """Partial slices in the workspace of a split-K launch (the reduce pass sums them)."""
+        return self.grid[1] // 2 if self.split_pair else self.grid[1]
+
+    @property
+    def arrival_counters(self) -> int:
+        """How many arrival counters a fused split-K launch uses: one per column tile (grid.x)."""
+        return self.grid[0] if self.split_fused else 0
 
     def describe(self) -> str:
         bm, bn, bk = self.tile
@@ -221,7 +239,7 @@ def second_pass_config(p: Problem, dev: DeviceFacts, cfg: KernelConfig) -> Kerne
     fixup."""
     if cfg.stream_k is not None:
         return stream_k_fixup_config(cfg)
-    return splitk_reduce_config(p, dev, cfg.split_k) if cfg.split_k > 1 else None
+    return splitk_reduce_config(p, dev, cfg.split_slices) if cfg.split_k > 1 and not cfg.split_fused else None
 
 
 def _tiles(p: Problem, bm: int, bn: int) -> int:
@@ -323,11 +341,12 @@ class _Simt(Family):
     def smem_bytes(self, bm, bn, stages):
         return 0
 
-    def extra_macros(self, p, dev, bm, bn):
+    def extra_macros(self, p, dev, bm, bn, split=1, reserve=0):
         return ()
 
     can_split = False
     can_stream_k = False
+    pair_split = False
     #: Least K per slice, and least M, for the largest tile to be split instead of taking a tile
     #: with 8x8 outputs per thread (the range measured: M 96 .. 256, slices 512 .. 1365).
     big_tile_min_k_per_split = 512
@@ -382,16 +401,21 @@ class _Simt(Family):
             split = 1 if sk is not None else split
         if split > 1:
             c_vec = p.N % 4 == 0  # partials go to a fresh contiguous workspace
-        extra = self.extra_macros(p, dev, bm, bn)
+        # cluster pairs: an even split of the one-block-per-SM tile, on sm_90 (clusters); not for
+        # the load modes that spill (12 bytes there, with single-float C stores)
+        pair = split > 1 and split % 2 == 0 and self.pair_split and per_sm == 1 and dev.cc >= (9, 0) and not spills
+        threads = wm * wn * 32
+        region = threads * tm * 8 // 2 * 4 if pair else 0  # where a block receives its partner's half tile
+        extra = self.extra_macros(p, dev, bm, bn, split, region) + ((("SPLIT_PAIR", 1),) if pair else ())
         macros = (("WARPS_M", wm), ("WARPS_N", wn), ("THREAD_M", tm), ("BK", self.bk), ("A_MODE", a),
                   ("B_MODE", b), ("C_VEC", int(c_vec))) + extra
-        smem = self.smem_bytes(bm, bn, dict(extra).get("STAGES", 2))
-        threads = wm * wn * 32
+        smem = self.smem_bytes(bm, bn, dict(extra).get("STAGES", 2)) + region
         details = (("A loads", LOAD_NAMES[a]), ("B loads", LOAD_NAMES[b]),
                    ("C stores", "float4" if c_vec else "single floats"),
                    ("math", f"fp32 FFMA, {tm}x8 outputs per thread"))
         if split > 1:
-            details += (("split-K", f"{split} slices of K, reduced by splitk_reduce"),)
+            pairs = f"added in cluster pairs (distributed shared memory) into {split // 2} partial tiles, "
+            details += (("split-K", f"{split} slices of K, {pairs if pair else ''}reduced by splitk_reduce"),)
         if sk is not None:
             details += (("stream-K", f"{sk.whole_tiles} tiles whole ({sk.whole_tiles // (dev.sm_count * per_sm)} "
                                      f"waves), then {sk.blocks} blocks of {sk.iters} k-tiles each over the other "
@@ -401,7 +425,8 @@ class _Simt(Family):
                                 threads, (threads, 1, 1), (sk.whole_tiles + sk.blocks, 1, 1), smem,
                                 (bm, bn, self.bk), details, stream_k=sk)
         return KernelConfig(self.name, self.source, self.entry, macros, threads, (threads, 1, 1),
-                            _grid(_tiles(p, bm, bn), p.batch_total, split), smem, (bm, bn, self.bk), details)
+                            _grid(_tiles(p, bm, bn), p.batch_total, split), smem, (bm, bn, self.bk), details,
+                            split_pair=pair)
 
 
 class SimtFloat4(_Simt):
@@ -424,14 +449,29 @@ class SimtCpAsync(_Simt):
     #: capability, where measured: on the H200 8192x4096x6144 runs at 48.6 / 51.1 / 50.1 / 49.5 /
     #: 51.2 / 51.5 / 51.5 TFLOP/s with 4 / 5 / 6 / 7 / 8 / 10 / 12 stages (NOTES.md run 13).
     big_tile_stages = {(9, 0): 12}
+    #: ... and for its split-K plans, one wave of blocks that each compute one tile, where the
+    #: pipeline's fill and drain weigh more: largeK's GEMM took 174.0 us with 8 stages, 175.5
+    #: with 12, 174.6 with 10 (NOTES run 14).
+    big_tile_split_stages = {(9, 0): 8}
+    #: Even split-K plans of the 8-warp tile on sm_90 run in cluster pairs that add their partial
+    #: tiles through distributed shared memory before storing them: largeK stored 17.3 MB of
+    #: partials in ~3.9 us, and its reduce took 5.3 us for 66 slices, 4.1 for 33; paired, the
+    #: plan took 177.2 us against 180.1 (torch 179.1; NOTES run 14).
+    pair_split = True
 
     def smem_bytes(self, bm, bn, stages):
         return stages * self.bk * ((bm + 4) + (bn + 4)) * 4
 
-    def extra_macros(self, p, dev, bm, bn):
+    def extra_macros(self, p, dev, bm, bn, split=1, reserve=0):
+        """STAGES: as measured for the tile and plan, fewer where they and ``reserve`` bytes of
+        other shared memory (the cluster pairs' exchange region) would not fit."""
         big = (bm, bn) == self.tile_of(self.tile_options[0])
-        stages = self.big_tile_stages.get(dev.cc, self.stages) if big else self.stages
-        while stages > 2 and self.smem_bytes(bm, bn, stages) > dev.smem_per_block_optin:
+        stages = self.stages
+        if big:
+            stages = self.big_tile_stages.get(dev.cc, stages)
+            if split > 1:
+                stages = self.big_tile_split_stages.get(dev.cc, stages)
+        while stages > 2 and self.smem_bytes(bm, bn, stages) + reserve > dev.smem_per_block_optin:
             stages -= 1
         return (("STAGES", stages),)
 
@@ -556,6 +596,12 @@ class Skinny(Family):
     #: 25.8 us vs 58.0, 3.1x cuBLAS; M = 1 1.6x, M = 32 2.3x, 16 x 8192^2 2.7x faster than v1;
     #: NOTES run 9). Other archs keep v1 until measured there.
     V2_BY_CC = {(9, 0): {"bn": 128, "cpt": 8}}
+    #: Split-K plans of the v2 kernel with up to 8 outputs per thread sum their slices in the
+    #: kernel (the last block of a column tile to finish), not in a second launch. On the H200
+    #: (NOTES run 14): M = 1 21.3 us against 22.2, 16 x 8192^2 71.0 against 72.8, decode16 25.7
+    #: against 25.9; M = 32 (16 outputs per thread) 42.7 against 40.9, so it keeps the second
+    #: pass. False: splitk_reduce everywhere, as before.
+    fuse_split = True
     #: Override for experiments and tests: None follows V2_BY_CC; "v1" forces the v1 kernel; a
     #: dict of :meth:`configure_v2` keywords (e.g. ``{"bn": 64}``) forces that v2 geometry.
     variant: dict | str | None = None
@@ -607,7 +653,7 @@ class Skinny(Family):
         return mt, lanes_n, kg, 4 * kg * qpt
 
     def configure_v2(self, p, dev, option=None, *, pipe=None, bn=32, cpt=8, threads=256, qpt=1, stages=None,
-                     split=None, minb=1, runroll=None):
+                     split=None, minb=1, runroll=None, fuse=None):
         """Skinny v2 (SK_V2 = 1): ``bn`` columns per block, ``cpt`` (4 or 8) per thread,
         ``threads`` per block, ``qpt`` quads of k per thread per stage. ``pipe`` 1: a cp.async ring
         of ``stages`` (sm80+; default the deepest of 4..2 that fits), 0: B through registers one
@@ -615,7 +661,8 @@ class Skinny(Family):
         ``minb`` blocks per SM; option (0,) forbids splitting, as for configure). ``runroll``: k rows
         unrolled in the FMA loop (default 4; 1 where registers are tight). Where the sums and
         operands would not fit the register budget (M rounded up x cpt accumulators) or a stage
-        the shared memory, qpt, then cpt, then threads are reduced (the details say so)."""
+        the shared memory, qpt, then cpt, then threads are reduced (the details say so).
+        ``fuse``: a split's slices summed by the kernel itself (default :attr:`fuse_split`)."""
         pipe = int(dev.cc >= (8, 0)) if pipe is None else int(pipe)
         if pipe and dev.cc < (8, 0):
             raise ValueError("skinny v2 pipe=1 needs cp.async (sm80+)")
@@ -679,6 +726,13 @@ class Skinny(Family):
                   ("A_KFAST", int(sAk == 1 or sAm != 1)), ("SK_PIPE", pipe),
                   ("SK_THREADS", threads), ("SK_BN", bn), ("SK_CPT", cpt), ("SK_QPT", qpt), ("SK_STAGES", stages),
                   ("SK_RED", red), ("SK_MINB", minb), ("SK_RUNROLL", runroll))
+        # (the register path, SK_PIPE 0, is at its register limit already: the extra state of
+        # the fused sums spilled there; it keeps the second pass. More than 8 outputs per thread
+        # (M = 32: 16) take the last block two rounds of loads: slower than the second pass)
+        fused = (s > 1 and bool(pipe) and mt * bn <= 8 * threads
+                 and (self.fuse_split if fuse is None else bool(fuse)))
+        if fused:
+            macros += (("SK_FUSED", 1),)
         details = (("rows per thread", f"{mt} (M = {p.M})"),
                    ("B loads", ("cp.async ring, %d stages of %d k" % (stages, ks) if pipe else
                                 "to registers one stage (%d k) ahead, then to shared memory" % ks)
@@ -688,9 +742,12 @@ class Skinny(Family):
             details += (("fitted", "cpt %d, threads %d, qpt %d (asked %d, %d, %d): the asked tile needs more "
                                    "registers or shared memory than there are" % (cpt, threads, qpt, *asked)),)
         if s > 1:
-            details += (("split-K", f"{s} slices of K, reduced by splitk_reduce"),)
+            details += (("split-K", f"{s} slices of K, " + (
+                "summed in slice order by the last block of each column tile (no second launch)" if fused
+                else "reduced by splitk_reduce")),)
         return KernelConfig(self.name, self.source, self.entry, macros, threads, (threads, 1, 1),
-                            _grid(tiles, p.batch_total, s), smem, (mt, bn, ks), details)
+                            _grid(tiles, p.batch_total, s), smem, (mt, bn, ks), details,
+                            split_fused="last" if fused else "")
 
 
 @dataclass(frozen=True)

@@ -177,6 +177,11 @@ def test_configs_cover_every_family_arch_and_macro_value():
     # stream-K (8192^2 x 4096 leaves a partial last wave on the H200): its entry and its fixup
     assert ("sm_90", "stream_k_fixup") in seen
     assert any(dict(m).get("STREAM_K") == 1 for m in seen[("sm_90", "simt_cp_async")])
+    # the skinny kernel's own slice sums (decode16 on the H200)
+    assert any(dict(m).get("SK_FUSED") == 1 for m in seen[("sm_90", "skinny")])
+    # split-K in cluster pairs (largeK on the H200), sm_90 only
+    assert any(dict(m).get("SPLIT_PAIR") == 1 for m in seen[("sm_90", "simt_cp_async")])
+    assert not any(dict(m).get("SPLIT_PAIR") for arch in ("sm_80", "sm_86", "sm_89") for m in seen[(arch, "simt_cp_async")])
     for arch in SM80_PLUS:
         assert (arch, "splitk_reduce") in seen
         for family, wanted in [
@@ -316,6 +321,53 @@ def test_stream_k_entries_the_planner_can_choose_build_without_spills(arch):
     with ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1))) as pool:
         reports = list(pool.map(lambda m: _ptxas_report("simt_cp_async.cu", arch, m), macros))
     for m, text in zip(macros, reports):
+        if "registers" not in text:  # (cuda.core 1.2.0, on the GPU machine, hands back no ptxas log)
+            pytest.skip("this cuda.core returns no ptxas report to read")
+        assert " 0 bytes spill stores" in text and " 0 bytes spill loads" in text, (dict(m), text)
+
+
+def test_cluster_pair_entries_build_without_spills():
+    """The split-K epilogue of cluster pairs (SPLIT_PAIR: half of each thread's rows handed to
+    the partner through distributed shared memory) for every load-mode combination and C store
+    mode the planner may give the 128x256 tile on sm_90, at the split plans' stages: 0 spills
+    (not an m-contiguous A with single-float B copies along k: 12 bytes; the planner does not pair it)."""
+    from fastmm.runtime.compiler import nvrtc_unavailable_reason
+
+    if nvrtc_unavailable_reason():
+        pytest.skip(nvrtc_unavailable_reason())
+    fam = FAMILIES["simt_cp_async"]
+    dev = DeviceFacts.simulated_device("sm_90")
+    base = dict(zip(("WARPS_M", "WARPS_N", "THREAD_M"), fam.tile_options[0]))
+    stages = dict(fam.extra_macros(None, dev, *fam.tile_of(fam.tile_options[0]), split=2))["STAGES"]
+    macros = [tuple({**base, "BK": fam.bk, "A_MODE": a, "B_MODE": b, "C_VEC": c, "STAGES": stages,
+                     "SPLIT_PAIR": 1}.items()) for a in (0, 2, 3) for b in (0, 2, 3) for c in (0, 1) if (a, b) != (0, 2)]
+    with ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1))) as pool:
+        reports = list(pool.map(lambda m: _ptxas_report("simt_cp_async.cu", "sm_90", m), macros))
+    for m, text in zip(macros, reports):
+        if "registers" not in text:  # (cuda.core 1.2.0, on the GPU machine, hands back no ptxas log)
+            pytest.skip("this cuda.core returns no ptxas report to read")
+        assert " 0 bytes spill stores" in text and " 0 bytes spill loads" in text, (dict(m), text)
+
+
+def test_skinny_kernels_that_sum_their_own_slices_build_without_spills():
+    """SK_FUSED (the last block of a column tile sums the slices) for every M the planner fuses
+    on sm_90 (up to 8 outputs per thread), float4 and single-float B, k- and m-contiguous A:
+    the sums' registers come on top of the ring's, and must not spill."""
+    from fastmm.runtime.compiler import nvrtc_unavailable_reason
+
+    if nvrtc_unavailable_reason():
+        pytest.skip(nvrtc_unavailable_reason())
+    dev = DeviceFacts.simulated_device("sm_90")
+    configs = {}
+    for M in range(1, 17):
+        for a_t, b_t in ((False, False), (True, False), (False, True)):
+            cfg = FAMILIES["skinny"].configure(Problem.dense(M, 4096, 4096, a_t=a_t, b_t=b_t), dev)
+            if cfg.split_fused:
+                configs[cfg.macros] = cfg
+    assert len({dict(m)["MT"] for m in configs}) == 4  # M rounded up to 4, 8, 12, 16
+    with ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1))) as pool:
+        reports = list(pool.map(lambda m: _ptxas_report("skinny.cu", "sm_90", m), configs))
+    for m, text in zip(configs, reports):
         if "registers" not in text:  # (cuda.core 1.2.0, on the GPU machine, hands back no ptxas log)
             pytest.skip("this cuda.core returns no ptxas report to read")
         assert " 0 bytes spill stores" in text and " 0 bytes spill loads" in text, (dict(m), text)

@@ -15,7 +15,7 @@ import torch
 
 import fastmm
 from fastmm import api
-from fastmm.runtime import launcher
+from fastmm.runtime import arrivals, launcher
 from conftest import simulate_h200
 
 NAN = float("nan")
@@ -46,8 +46,10 @@ def _emulate(cfg, args) -> None:
             total += work[s]
         _floats(c, (M, N), (scm, scn)).copy_(total)
         return
+    fused = args[20:]  # a fused split-K launch: (out, its strides, arrival counters)
+    assert len(fused) == (4 if cfg.split_fused else 0)
     (pa, pb, pc, M, N, K, sam, sak, sbk, sbn, scm, scn, inner, total,
-     sa0, sa1, sb0, sb1, sc0, sc1) = args
+     sa0, sa1, sb0, sb1, sc0, sc1) = args[:20]
     split, bk = cfg.split_k, cfg.tile[2]
     per = -(-(-(-K // bk)) // split)  # k-tiles per block row, as split_range()
     for z in range(total):
@@ -56,8 +58,26 @@ def _emulate(cfg, args) -> None:
         b = _floats(pb + 4 * (za * sb0 + zb * sb1), (K, N), (sbk, sbn))
         for y in range(split):
             k0, k1 = min(K, y * per * bk), min(K, (y + 1) * per * bk)
-            c = _floats(pc + 4 * (za * sc0 + zb * sc1 + y * sc0), (M, N), (scm, scn))
-            c.copy_((a[:, k0:k1].double() @ b[k0:k1].double()).float())
+            part = (a[:, k0:k1].double() @ b[k0:k1].double()).float()
+            if cfg.split_pair:  # cluster pairs: rows 2j and 2j + 1 add into slice j
+                c = _floats(pc + 4 * (za * sc0 + zb * sc1 + (y // 2) * sc0), (M, N), (scm, scn))
+                c.copy_(part if y % 2 == 0 else c + part)
+            else:
+                c = _floats(pc + 4 * (za * sc0 + zb * sc1 + y * sc0), (M, N), (scm, scn))
+                c.copy_(part)
+    if fused:  # the last block of each column tile sums the slices in order; counters start at 0
+        out, som, son, counters = fused
+        tiles = cfg.arrival_counters
+        count = torch.frombuffer((ctypes.c_int32 * tiles).from_address(counters), dtype=torch.int32)
+        assert not count.any(), "arrival counters not zero at the launch"
+        for _ in range(split):  # every block of a tile arrives; the last one puts the count back
+            count += 1
+        assert (count == split).all()
+        count.zero_()
+        sums = torch.zeros(M, N)
+        for y in range(split):
+            sums += _floats(pc + 4 * y * sc0, (M, N), (scm, scn))
+        _floats(out, (M, N), (som, son)).copy_(sums)
 
 
 @pytest.fixture
@@ -86,6 +106,7 @@ def emulated_gpu(tmp_cache, monkeypatch):
     monkeypatch.setattr(launcher, "launch", launch)
     yield gpu
     del _memory[:]
+    arrivals.forget()  # (the emulated stream's counters live in CPU memory)
 
 
 def _same_launches(first, later, workspace: bool) -> None:
@@ -95,8 +116,11 @@ def _same_launches(first, later, workspace: bool) -> None:
     assert [f for f, _ in later] == [f for f, _ in first]
     for (_, x), (_, y) in zip(first, later):
         skip = 2 if len(x) == 7 else 3  # (workspace, c) of the reduce; (a, b, c) of a GEMM
-        assert x[skip:] == y[skip:]
-    if workspace:
+        if len(x) == 24:  # a fused split-K GEMM: also its out; the same arrival counters
+            assert x[skip:20] + x[21:] == y[skip:20] + y[21:]
+        else:
+            assert x[skip:] == y[skip:]
+    if workspace and len(later) == 2:
         assert later[0][1][2] == later[1][1][0]
 
 
@@ -107,10 +131,11 @@ def _check(c, a, b) -> None:
 
 
 SPLIT_SHAPES = [(16, 4096, 4096, "ieee", "skinny"), (16, 4096, 4096, "tf32", "skinny"),
-                (64, 64, 16384, "ieee", "simt_cp_async"), (64, 64, 8192, "tf32", "tf32_mma")]
+                (64, 64, 16384, "ieee", "simt_cp_async"), (64, 64, 8192, "tf32", "tf32_mma"),
+                (256, 256, 65536, "ieee", "simt_cp_async")]
 
 
-@pytest.mark.parametrize("M,N,K,precision,family", SPLIT_SHAPES, ids=[f"{s[4]}-{s[3]}" for s in SPLIT_SHAPES])
+@pytest.mark.parametrize("M,N,K,precision,family", SPLIT_SHAPES, ids=[f"{s[4]}-{s[3]}-K{s[2]}" for s in SPLIT_SHAPES])
 @pytest.mark.parametrize("out_kind", ["none", "contiguous", "transposed"])
 def test_split_k_plans_take_the_fast_path_with_the_full_paths_launches(emulated_gpu, M, N, K, precision, family,
                                                                       out_kind):
@@ -125,17 +150,19 @@ def test_split_k_plans_take_the_fast_path_with_the_full_paths_launches(emulated_
 
     a, b = torch.randn(M, K), torch.randn(K, N)
     exp = fastmm.explain(a, b, precision=precision)
-    assert exp.kernel == family and exp.plan.reduce is not None and exp.plan.kernel.split_k > 1, str(exp)
+    fused = exp.plan.kernel.split_fused != ""  # the skinny kernel sums its own slices (sm_90)
+    assert fused == (family == "skinny")
+    assert exp.kernel == family and (exp.plan.reduce is None) == fused and exp.plan.kernel.split_k > 1, str(exp)
     out = make_out()
     c = fastmm.matmul(a, b, precision=precision, out=out)
     assert out is None or c is out
     _check(c, a, b)
     assert gpu.slow_calls == 1
     first = list(gpu.launches)
-    assert [f for f, _ in first] == [family, "splitk_reduce"]
+    assert [f for f, _ in first] == [family] + ([] if fused else ["splitk_reduce"])
     key = api._fast_key(a, b, out, precision)
     entry = api._fast[key]
-    assert entry and entry[7] is not None  # a fast entry with the reduce pass
+    assert entry and entry[7] is not None  # a fast entry with its runner (the reduce pass or the counters)
     for _ in range(3):
         a, b = torch.randn(M, K), torch.randn(K, N)
         out = make_out()
@@ -191,3 +218,4 @@ def test_an_out_overlapping_an_input_is_not_written_by_the_split_k_fast_path(emu
     assert fastmm.matmul(a2, b, precision="ieee", out=out2) is out2
     assert ((out2.double() - expected).norm() / expected.norm()).item() <= 1e-6
     assert emulated_gpu.slow_calls == 2
+

@@ -140,7 +140,8 @@ def test_split_k_plans_take_the_fast_path_and_stay_correct(out_kind, M, N, K, pr
 
     a, b = randn(M, K), randn(K, N)
     exp = fastmm.explain(a, b, precision=precision, out=make_out())
-    assert exp.kernel is not None and exp.plan.reduce is not None and exp.plan.kernel.split_k > 1, str(exp)
+    fused = exp.plan.kernel.split_fused != ""  # the skinny kernel sums its own slices (sm_90)
+    assert exp.kernel is not None and (exp.plan.reduce is not None or fused) and exp.plan.kernel.split_k > 1, str(exp)
     for _ in range(4):
         a, b, out = randn(M, K), randn(K, N), make_out()
         c = fastmm.matmul(a, b, precision=precision, out=out)
@@ -148,7 +149,7 @@ def test_split_k_plans_take_the_fast_path_and_stay_correct(out_kind, M, N, K, pr
         assert c.shape == (M, N) and (out is not None or c.is_contiguous())
         check(c, a, b, precision, rel_err)
         entry = api._fast.get(api._fast_key(a, b, out, precision))
-        assert entry and entry[7] is not None, "no fast entry with the reduce pass after a call"
+        assert entry and entry[7] is not None, "no fast entry with its split runner after a call"
     first = fastmm.matmul(a, b, precision=precision, out=make_out()).clone()
     for _ in range(3):
         assert torch.equal(fastmm.matmul(a, b, precision=precision, out=make_out()), first)  # fixed-order sum
@@ -161,7 +162,7 @@ def test_split_k_fast_path_on_two_streams_at_once_keeps_workspaces_apart(rel_err
     shapes = {s1: (16, 4096, 4096), s2: (64, 64, 16384)}
     for M, N, K in shapes.values():
         a, b = randn(M, K), randn(K, N)
-        assert fastmm.explain(a, b, precision="ieee").plan.reduce is not None
+        assert fastmm.explain(a, b, precision="ieee").plan.kernel.split_k > 1
         fastmm.matmul(a, b, precision="ieee")  # planned; later calls take the fast path
     inputs = {s: [(randn(M, K), randn(K, N)) for _ in range(8)] for s, (M, N, K) in shapes.items()}
     s1.wait_stream(torch.cuda.current_stream())
@@ -175,6 +176,133 @@ def test_split_k_fast_path_on_two_streams_at_once_keeps_workspaces_apart(rel_err
     for s in (s1, s2):
         for c, (a, b) in zip(results[s], inputs[s]):
             check(c, a, b, "ieee", rel_err)
+
+
+FUSED_SPLIT = [(16, 4096, 4096), (1, 4096, 4096), (16, 4099, 4096), (12, 1000, 65536), (8, 1000, 65536)]
+
+
+def _fused_plan_or_skip(a, b):
+    plan = fastmm.explain(a, b, precision="ieee").plan
+    if plan.kernel is None or not plan.kernel.split_fused:
+        pytest.skip(f"no fused split-K plan on this device: {plan.describe()}")
+    return plan
+
+
+def _eager_counters_are_zero() -> None:
+    from fastmm.runtime import arrivals
+
+    torch.cuda.synchronize()
+    for key, buf in arrivals._buffers.items():
+        assert not buf.any(), f"arrival counters of {key} not back at 0 after the launches"
+
+
+@pytest.mark.parametrize("M,N,K", FUSED_SPLIT, ids=str)
+def test_fused_split_k_gives_the_bits_of_the_second_pass(M, N, K, rel_err, monkeypatch):
+    """The skinny kernel's own slice sums (last block per column tile) add the slices in the
+    order splitk_reduce does: the same bits as the two-launch plan, into a NaN-poisoned out,
+    and every arrival counter is 0 again afterwards."""
+    from fastmm.families import Skinny
+
+    a, b = randn(M, K), randn(K, N)
+    plan = _fused_plan_or_skip(a, b)
+    fused = []
+    for _ in range(2):  # the second call: the fast path, the stream's counters reused
+        out = torch.full((M, N), NAN, device="cuda")
+        assert fastmm.matmul(a, b, out=out) is out
+        fused.append(out)
+    check(fused[0], a, b, "ieee", rel_err)
+    assert torch.equal(fused[0], fused[1])
+    _eager_counters_are_zero()
+    monkeypatch.setattr(Skinny, "fuse_split", False)
+    monkeypatch.setattr(api, "_prepared", {})
+    monkeypatch.setattr(api, "_fast", {})
+    two = fastmm.explain(a, b, precision="ieee").plan
+    assert two.reduce is not None and two.kernel.grid == plan.kernel.grid
+    assert torch.equal(fastmm.matmul(a, b), fused[0])
+
+
+def test_fused_split_k_on_two_streams_at_once_uses_separate_counters(rel_err):
+    """Queued fused calls on two streams, no sync between: each stream counts in its own
+    buffer, so concurrent launches of the same plan never see each other's arrivals."""
+    M, N, K = 16, 4096, 4096
+    a, b = randn(M, K), randn(K, N)
+    _fused_plan_or_skip(a, b)
+    fastmm.matmul(a, b)
+    streams = (torch.cuda.Stream(), torch.cuda.Stream())
+    inputs = {s: [(randn(M, K), randn(K, N)) for _ in range(6)] for s in streams}
+    for s in streams:
+        s.wait_stream(torch.cuda.current_stream())
+    results = {s: [] for s in streams}
+    for i in range(6):
+        for s in streams:
+            with torch.cuda.stream(s):
+                results[s].append(fastmm.matmul(*inputs[s][i]))
+    torch.cuda.synchronize()
+    for s in streams:
+        for c, (x, y) in zip(results[s], inputs[s]):
+            check(c, x, y, "ieee", rel_err)
+    _eager_counters_are_zero()
+
+
+def test_fused_split_k_in_a_cuda_graph_has_its_own_counters(rel_err):
+    """A fused launch captured into a graph counts in a buffer of its own, zeroed by a fill in
+    the graph: replays on another stream, while eager calls of the same plan run on the capture
+    stream and the default one, stay correct."""
+    M, N, K = 16, 4096, 4096
+    a, b = randn(M, K), randn(K, N)
+    _fused_plan_or_skip(a, b)
+    out = torch.full((M, N), NAN, device="cuda")
+    fastmm.warmup(a, b, out=out)
+    torch.cuda.synchronize()
+    capture, replay = torch.cuda.Stream(), torch.cuda.Stream()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=capture):
+        fastmm.matmul(a, b, out=out)
+    eager = [(randn(M, K), randn(K, N)) for _ in range(4)]
+    for i in range(3):
+        a.copy_(randn(M, K))
+        b.copy_(randn(K, N))
+        out.fill_(NAN)
+        replay.wait_stream(torch.cuda.current_stream())
+        capture.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(replay):
+            graph.replay()
+        with torch.cuda.stream(capture):  # the same plan on the stream the graph was captured on
+            on_capture = [fastmm.matmul(x, y) for x, y in eager]
+        on_default = [fastmm.matmul(x, y) for x, y in eager]
+        torch.cuda.synchronize()
+        check(out, a, b, "ieee", rel_err)
+        for c1, c2, (x, y) in zip(on_capture, on_default, eager):
+            check(c1, x, y, "ieee", rel_err)
+            assert torch.equal(c1, c2)
+    _eager_counters_are_zero()
+
+
+SPLIT_PAIRS = [(256, 256, 65536), (250, 254, 40000), (129, 256, 50000), (100, 256, 60000)]
+
+
+@pytest.mark.parametrize("M,N,K", SPLIT_PAIRS, ids=str)
+@pytest.mark.parametrize("out_kind", ["nan", "transposed"])
+def test_split_k_in_cluster_pairs_matches_float64(M, N, K, out_kind, rel_err):
+    """Split-K blocks in cluster pairs (sm_90) that add their partial tiles through distributed
+    shared memory, then splitk_reduce over half the slices: right into a NaN-poisoned or a
+    column-major out, for M and N off the tile (N % 4 != 0: single-float stores), and the same
+    bits on every run."""
+    a, b = randn(M, K), randn(K, N)
+    plan = fastmm.explain(a, b, precision="ieee").plan
+    if plan.kernel is None or not plan.kernel.split_pair:
+        pytest.skip(f"no cluster-pair split-K plan on this device: {plan.describe()}")
+    assert plan.reduce is not None and plan.kernel.split_slices == plan.kernel.split_k // 2
+
+    def make_out():
+        if out_kind == "nan":
+            return torch.full((M, N), NAN, device="cuda")
+        return torch.full((N, M), NAN, device="cuda").t()
+
+    first = fastmm.matmul(a, b, out=make_out())
+    check(first, a, b, "ieee", rel_err)
+    for _ in range(3):
+        assert torch.equal(fastmm.matmul(a, b, out=make_out()), first)
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
@@ -817,7 +945,7 @@ def test_split_k_results_are_bitwise_reproducible(family, precision, mnk, rel_er
         raise
     if plan.kernel.split_k == 1:
         pytest.skip(f"{plan.device.name} ({plan.device.sm_count} SMs) does not split K here")
-    assert plan.reduce is not None
+    assert plan.reduce is not None or plan.kernel.split_fused  # a second pass, or the kernel's own sums
     check(first, a, b, "ieee" if family != "tf32_mma" else precision, rel_err)
     for _ in range(3):
         again, _ = forced_plan(a, b, family, precision)
@@ -1032,14 +1160,15 @@ def test_two_streams_at_once_each_get_the_right_answer(rel_err):
 
 
 GRAPH_SHAPES = [(256, 320, 192), (64, 64, 16384), (3, 5, 4), (8, 2048, 4096), (1536, 1024, 520), (1100, 1030, 1029),
-                (25472, 256, 1024)]
+                (25472, 256, 1024), (256, 256, 16384)]
 # tiled, split-K (two kernels), scalar, skinny (split-K too); on sm_90 at tf32/tf32x3: wgmma read in
 # place (C^T = B^T A^T) or with its copies (tf32x3 always; K % 4 != 0: both operands); ieee on the
-# H200: 199 tiles of 128x256 on 132 SMs, stream-K (its workspace from the graph's pool)
+# H200: 199 tiles of 128x256 on 132 SMs, stream-K (its workspace from the graph's pool); ieee on
+# the H200: split-K in cluster pairs
 
 
 @pytest.mark.parametrize("M,N,K", GRAPH_SHAPES, ids=["tiled", "long_k", "tiny", "skinny", "wgmma", "wgmma_copies",
-                                                     "stream_k"])
+                                                     "stream_k", "split_pairs"])
 @pytest.mark.parametrize("precision", PRECISIONS)
 def test_cuda_graph_capture_after_warmup_replays_with_new_values(precision, M, N, K, rel_err):
     a, b = randn(M, K), randn(K, N)

@@ -16,7 +16,7 @@ from fastmm.families import (FAMILIES, LOAD_ELEM_FAST, LOAD_ELEM_K, LOAD_NAMES, 
                              MAX_GRID_Z, MAX_SPLIT, MIN_KTILES_PER_SPLIT, SPLIT_COST, effective_split, split_cap,
                              split_k_for)
 import fastmm.plan
-from fastmm.families import Skinny
+from fastmm.families import SimtCpAsync, Skinny
 from fastmm.plan import INT32_MAX, MIN_CC, STAGE_MIN_FLOP_PER_BYTE, TINY_OUTPUTS, select
 from fastmm.problem import DeviceFacts, Problem
 from test_skinny_v2 import check_v2 as check_skinny_v2
@@ -70,7 +70,8 @@ def dynamic_smem_from_macros(family: str, m: dict) -> int:
     """Bytes of dynamic shared memory each kernel indexes (STAGES x (A tile + B tile))."""
     bm, bn = tile_from_macros(family, m)
     if family == "simt_cp_async":  # simt_core.cuh: A_TILE_FLOATS = BK * (BM + 4), B likewise
-        return m["STAGES"] * m["BK"] * ((bm + 4) + (bn + 4)) * 4
+        pair = m.get("SPLIT_PAIR", 0) * m["WARPS_M"] * m["WARPS_N"] * 32 * m["THREAD_M"] * 8 // 2  # partner's half
+        return (m["STAGES"] * m["BK"] * ((bm + 4) + (bn + 4)) + pair) * 4
     if family == "tf32_mma":  # tf32_mma.cu: [m][k] rows BM x (32 + 4), [k][m] rows 32 x (BM + 8), ...
         a = bm * (32 + 4) if m["A_SMEM_MK"] else 32 * (bm + 8)
         b = 32 * (bn + 8) if m["B_SMEM_KN"] else bn * (32 + 4)
@@ -136,7 +137,18 @@ def check_geometry(plan) -> None:
         if cfg.family != "skinny":  # the tiled families keep >= MIN_KTILES_PER_SPLIT k-tiles per split
             assert gy <= -(-p.K // cfg.tile[2]) // MIN_KTILES_PER_SPLIT
         r = plan.reduce
+        if cfg.split_fused:  # the skinny kernel's last block per column tile sums the slices
+            assert cfg.split_fused == "last" and cfg.family == "skinny" and dict(cfg.macros)["SK_FUSED"] == 1
+            assert r is None and cfg.arrival_counters == gx
+            return
+        assert "SK_FUSED" not in m
+        assert cfg.split_pair == (m.get("SPLIT_PAIR", 0) == 1)
+        if cfg.split_pair:  # cluster pairs add their partial tiles: half the slices to reduce
+            assert cfg.family == "simt_cp_async" and m["WARPS_M"] * m["WARPS_N"] == 8 and dev.cc >= (9, 0)
+            assert (m["A_MODE"], m["B_MODE"]) != (LOAD_VEC_FAST, LOAD_ELEM_K)  # (spills)
+            assert gy % 2 == 0 and cfg.split_slices == gy // 2
         assert r is not None and r.family == "splitk_reduce" and r.source == "splitk_reduce.cu"
+        assert f"sums the {cfg.split_slices} partial slices" in dict(r.details)["order"]
         assert r.block_dims == (256, 1, 1) and r.grid[1:] == (1, 1) and r.grid[0] >= 1 and r.smem == 0
 
 
@@ -1417,3 +1429,26 @@ def test_tf32x3_blocks_keep_3_stages_and_one_warp_blocks_one_fragment_set():
     p = Problem.dense(2048, 2048, 2048, precision="tf32")
     m = dict(fam.configure(p, DEV["sm_80"], (1, 1, 64, 0)).macros)
     assert m["A_VEC"] == m["B_VEC"] == 1 and m["FRAG_PIPE"] == 0  # ptxas spilled 12-28 bytes on sm_80
+
+
+def test_long_k_splits_run_in_cluster_pairs_on_sm90_only():
+    """An even split of the 8-warp SIMT tile runs in cluster pairs on sm_90 (the pair adds its
+    partial tiles through distributed shared memory: half the workspace slices for the reduce),
+    with 8 stages; elsewhere, or for an odd split, every split row has its own slice."""
+    h200 = select(Problem.dense(256, 256, 65536), DEV["sm_90"])
+    k = h200.kernel
+    assert k.family == "simt_cp_async" and k.grid[:2] == (2, 66) and k.split_pair and k.split_slices == 33
+    assert dict(k.macros)["SPLIT_PAIR"] == 1 and dict(k.macros)["STAGES"] == SimtCpAsync.big_tile_split_stages[(9, 0)]
+    assert "cluster pairs" in dict(k.details)["split-K"] and "33 partial tiles" in dict(k.details)["split-K"]
+    assert dict(h200.reduce.details)["order"].startswith("sums the 33 partial slices")
+    check_geometry(h200)
+    for arch in ("sm_80", "sm_86", "sm_89"):  # no clusters before sm_90
+        plan = select(Problem.dense(256, 256, 65536), DEV[arch])
+        assert plan.kernel.split_k > 1 and not plan.kernel.split_pair and "SPLIT_PAIR" not in dict(plan.kernel.macros)
+        assert plan.kernel.split_slices == plan.kernel.split_k
+        check_geometry(plan)
+    odd = select(Problem.dense(128, 11008, 4096), DEV["sm_90"])  # decode128: 43 tiles x 3 splits
+    assert odd.kernel.split_k == 3 and not odd.kernel.split_pair and odd.kernel.split_slices == 3
+    assert dict(odd.kernel.macros)["STAGES"] == SimtCpAsync.big_tile_split_stages[(9, 0)]
+    whole = select(Problem.dense(8448, 4096, 6144), DEV["sm_90"])  # whole waves: no split, 12 stages
+    assert whole.kernel.split_k == 1 and dict(whole.kernel.macros)["STAGES"] == SimtCpAsync.big_tile_stages[(9, 0)]

@@ -267,11 +267,15 @@ def check_plan(plan, force: str | None) -> None:
         assert cfg.family not in ("tf32_mma", "wgmma_tf32")
     assert plan.precision_used == (p.precision if cfg.family in ("tf32_mma", "wgmma_tf32") else "ieee")
     if cfg.split_k > 1:
-        assert p.batch_total == 1 and plan.reduce is not None and plan.reduce.family == "splitk_reduce"
+        assert p.batch_total == 1
+        if cfg.split_fused:  # the skinny kernel sums its own slices (last block per column tile)
+            assert plan.reduce is None and cfg.family == "skinny" and cfg.arrival_counters == gx
+        else:
+            assert plan.reduce is not None and plan.reduce.family == "splitk_reduce"
+            assert 1 <= plan.reduce.grid[0] <= INT32_MAX and plan.reduce.block_dims == (256, 1, 1)
         units = -(-p.K // cfg.tile[2])  # k-tiles (k chunks for skinny), split as common.cuh split_range does
         per = -(-units // cfg.split_k)
         assert (cfg.split_k - 1) * per < units, f"split {cfg.split_k} of {units} k-tiles leaves a split empty"
-        assert 1 <= plan.reduce.grid[0] <= INT32_MAX and plan.reduce.block_dims == (256, 1, 1)
     elif cfg.stream_k is not None:  # whole waves, then pieces summed by the fixup pass
         assert p.batch_total == 1 and plan.reduce is not None and plan.reduce.family == "stream_k_fixup"
     else:

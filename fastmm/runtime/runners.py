@@ -2,7 +2,8 @@
 stream)`` closure over everything that does not change between calls, so the full path (api,
 once per launch offset) and the steady-state path (api's fast entries) queue the same work.
 
-- split-K: the GEMM into a workspace, then the fixed-order reduce pass;
+- split-K: the GEMM into a workspace, then the fixed-order reduce pass; or, for a fused plan,
+  the GEMM alone, whose last block per tile does that sum (with the stream's arrival counters);
 - stream-K: whole tiles into C, the rest in pieces into a workspace, then the fixup pass;
 - wgmma: its K-major copies (stage_kmajor), the tensor maps, the GEMM (through
   ``launcher.maps_launcher``).
@@ -16,7 +17,7 @@ import torch
 
 from ..families import FAMILIES, kmajor_batch, kmajor_source
 from ..problem import Problem
-from . import launcher, tensor_map
+from . import arrivals, launcher, tensor_map
 
 
 def gemm_args(p: Problem) -> tuple:
@@ -26,13 +27,20 @@ def gemm_args(p: Problem) -> tuple:
             *p.a_batch_strides, *p.b_batch_strides, *p.c_batch_strides)
 
 
+def split_gemm_args(p: Problem) -> tuple:
+    """:func:`gemm_args` for the GEMM of a split-K plan: C is a workspace of contiguous M x N
+    slices, the slice stride passed as C's batch stride (the kernel adds blockIdx.y of them, or
+    blockIdx.y / 2 for cluster pairs)."""
+    return (p.M, p.N, p.K, *p.a_strides, *p.b_strides, p.N, 1,
+            1, 1, *p.a_batch_strides, *p.b_batch_strides, p.M * p.N, 0)
+
+
 def split_runner(loaded, reduce, split: int, p: Problem, device):
     """Split-K over ``split`` slices of K for launch problem ``p`` (a batch of 1): the partial
-    products go into ``split`` contiguous M x N slices of a workspace (the slice stride passed as
-    C's batch stride), then the reduce pass sums them into C in a fixed order. The workspace may
-    be dropped on return: the caching allocator is stream-ordered."""
-    tail = (p.M, p.N, p.K, *p.a_strides, *p.b_strides, p.N, 1,
-            1, 1, *p.a_batch_strides, *p.b_batch_strides, p.M * p.N, 0)
+    products go into ``split`` contiguous M x N slices of a workspace, then the reduce pass sums
+    them into C in a fixed order. The workspace may be dropped on return: the caching allocator
+    is stream-ordered."""
+    tail = split_gemm_args(p)
     reduce_tail = (p.M, p.N, split, *p.c_strides)
     work_floats = split * p.M * p.N
 
@@ -40,6 +48,21 @@ def split_runner(loaded, reduce, split: int, p: Problem, device):
         work = torch.empty(work_floats, dtype=torch.float32, device=device)
         launcher.launch(loaded, stream, (pa, pb, work.data_ptr()) + tail)
         launcher.launch(reduce, stream, (work.data_ptr(), pc) + reduce_tail)
+    return run
+
+
+def fused_split_runner(loaded, cfg, p: Problem, device):
+    """A split-K plan that sums its own slices (``cfg.split_fused``): one launch, which writes
+    the workspace slices and then, per tile, the sum into C; it also takes C's strides and the
+    stream's zeroed arrival counters."""
+    tail = split_gemm_args(p)
+    out_strides = tuple(p.c_strides)
+    work_floats, n_counters = cfg.split_k * p.M * p.N, cfg.arrival_counters
+
+    def run(pa: int, pb: int, pc: int, stream: int) -> None:
+        work = torch.empty(work_floats, dtype=torch.float32, device=device)
+        count = arrivals.counters(device, stream, n_counters)
+        launcher.launch(loaded, stream, (pa, pb, work.data_ptr()) + tail + (pc,) + out_strides + (count.data_ptr(),))
     return run
 
 
@@ -66,7 +89,17 @@ def second_pass_runner(loaded, second, cfg, p: Problem, device):
     stream-K."""
     if cfg.stream_k is not None:
         return stream_k_runner(loaded, second, cfg, p, device)
-    return split_runner(loaded, second, cfg.split_k, p, device)
+    return split_runner(loaded, second, cfg.split_slices, p, device)
+
+
+def plan_runner(loaded, second, cfg, p: Problem, device):
+    """The runner of a SIMT-style plan (not wgmma) that is more than one plain launch: a fused
+    split-K, or a GEMM with a second pass. None for a single plain launch."""
+    if cfg.split_fused:
+        return fused_split_runner(loaded, cfg, p, device)
+    if second is not None:
+        return second_pass_runner(loaded, second, cfg, p, device)
+    return None
 
 
 def wgmma_runner(plan, loaded, p: Problem, device: torch.device):

@@ -1,0 +1,157 @@
+"""Where a split-K plan's time goes, on the GPU: the full call, its GEMM launch alone, its second
+pass alone (on a workspace the GEMM just wrote: L2-warm, as in a real call), the fused plan
+(the kernel sums its own slices) where the planner makes one, and torch.matmul,
+median of CUDA-event samples (10 calls queued behind a sleep kernel) in alternating rounds. Then the GEMM alone at K, K/2 and K/4 with
+the same grid (same splits), and at K/16, K/64: a line through those gives the time per k-tile and the fixed cost of
+a block (pipeline fill, partial tile stored), the part a longer K does not amortise.
+
+    python benchmarks/split_anatomy.py [M N K] [--macros NAME=V,...] [--rounds R]
+
+Default problems: largeK (256x256x65536) and decode16 (16x4096x4096). ``--macros`` rebuilds the
+GEMM with some macros replaced (e.g. STAGES=6), keeping the plan's grid.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+
+import torch
+
+sys.path.insert(0, ".")
+sys.path.insert(0, "benchmarks")
+import fastmm  # noqa: E402
+from fastmm import api  # noqa: E402
+from fastmm.families import FAMILIES, second_pass_config  # noqa: E402
+from fastmm.runtime import launcher, runners  # noqa: E402
+from fastmm.runtime.device import device_facts  # noqa: E402
+from variants import rel_err  # noqa: E402
+
+
+def time_us(fn, inner=10, samples=15):
+    """Median GPU time per call of ``inner`` back-to-back calls queued behind a sleep kernel (so
+    the host's launch time is not timed, also for short kernels)."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(samples)]
+    for s, e in ev:
+        torch.cuda._sleep(5_000_000)
+        s.record()
+        for _ in range(inner):
+            fn()
+        e.record()
+    torch.cuda.synchronize()
+    t = sorted(s.elapsed_time(e) for s, e in ev)
+    return 1000.0 * t[len(t) // 2] / inner
+
+
+def gemm_launch(loaded, cfg, a, b, work, stream):
+    """The GEMM of a split plan alone, into ``work``, for operands a, b (any K)."""
+    s = api.analyse(a, b)
+    c = torch.empty(a.shape[0], b.shape[1], device="cuda")
+    p, _ = api.build_problem(s, c, "ieee")
+    tail = (p.M, p.N, p.K, *p.a_strides, *p.b_strides, p.N, 1,
+            1, 1, *p.a_batch_strides, *p.b_batch_strides, p.M * p.N, 0)
+    args = (a.data_ptr(), b.data_ptr(), work.data_ptr()) + tail
+    return lambda: launcher.launch(loaded, stream, args)
+
+
+def anatomy(M, N, K, macros, rounds):
+    torch.backends.cuda.matmul.allow_tf32 = False
+    dev = device_facts(torch.cuda.current_device())
+    a, b = torch.randn(M, K, device="cuda"), torch.randn(K, N, device="cuda")
+    c = torch.full((M, N), float("nan"), device="cuda")
+    s = api.analyse(a, b)
+    problem, _ = api.build_problem(s, c, "ieee")
+    planned = api.plan_for(problem, dev.index).kernel
+    # the two-launch form of the same plan (GEMM into the workspace, then splitk_reduce): the
+    # parts are timed on it; a fused plan (the kernel sums its own slices) is timed whole beside it
+    fam = FAMILIES[planned.family]
+    saved = getattr(fam, "fuse_split", None)
+    if saved is not None:
+        fam.fuse_split = False
+    try:
+        cfg = api.plan_for(problem, dev.index).kernel
+    finally:
+        if saved is not None:
+            fam.fuse_split = saved
+    split = cfg.split_k
+    if split <= 1 or cfg.stream_k is not None:
+        print(f"{M}x{N}x{K}: the plan ({cfg.family}, grid {cfg.grid}) is not split-K; nothing to take apart")
+        return
+    if macros:
+        m = dict(cfg.macros)
+        m.update(macros)
+        pair = bool(m.pop("SPLIT_PAIR", 0))
+        if pair:
+            m["SPLIT_PAIR"] = 1
+        smem = cfg.smem
+        if cfg.family == "simt_cp_async":  # the stages, and the pairs' exchange region (families._Simt)
+            fam = FAMILIES[cfg.family]
+            bm, bn, _ = cfg.tile
+            smem = fam.smem_bytes(bm, bn, m["STAGES"]) + (cfg.block * m["THREAD_M"] * 8 // 2 * 4 if pair else 0)
+        cfg = dataclasses.replace(cfg, macros=tuple(m.items()), smem=smem, split_pair=pair)
+    second = second_pass_config(problem, dev, cfg)
+    loaded, rloaded = launcher.load(dev, cfg), launcher.load(dev, second)
+    stream = api._current_stream(dev.index)
+    run = runners.second_pass_runner(loaded, rloaded, cfg, problem, a.device)
+    full = lambda: run(a.data_ptr(), b.data_ptr(), c.data_ptr(), stream)  # noqa: E731
+    full()
+    err = rel_err(c, a, b)
+    work = torch.full((split * M * N,), float("nan"), device="cuda")
+    gemm = gemm_launch(loaded, cfg, a, b, work, stream)
+    rtail = (work.data_ptr(), c.data_ptr(), problem.M, problem.N, cfg.split_slices, *problem.c_strides)
+    reduce = lambda: launcher.launch(rloaded, stream, rtail)  # noqa: E731
+    fused = {}
+    if planned.split_fused and not macros:
+        frun = runners.fused_split_runner(launcher.load(dev, planned), planned, problem, a.device)
+        fused = {f"fused plan ({planned.split_fused})": lambda: frun(a.data_ptr(), b.data_ptr(), c.data_ptr(), stream)}
+        c.fill_(float("nan"))
+        fused[next(iter(fused))]()
+        print(f"  fused plan: rel err {rel_err(c, a, b):.2e}")
+    parts = {"fastmm.matmul": lambda: fastmm.matmul(a, b, out=c), **fused, "plan (GEMM + pass)": full,
+             "GEMM alone": gemm, "second pass alone": reduce,
+             "torch.matmul": lambda: torch.matmul(a, b, out=c)}
+    qs = (2, 4, 16, 64)
+    for q in qs:
+        kq = K // q
+        parts[f"GEMM alone, K/{q}"] = gemm_launch(loaded, cfg, a[:, :kq], b[:kq], work, stream)
+    times = {k: [] for k in parts}
+    for _ in range(rounds):
+        for k, fn in parts.items():
+            times[k].append(time_us(fn))
+    med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+    print(f"\n{M}x{N}x{K}: {cfg.family} tile {cfg.tile}, grid {cfg.grid}, split {split}, "
+          f"macros {dict(macros) if macros else 'planner'}; rel err {err:.2e}")
+    for k, t in med.items():
+        print(f"  {k:<22} {t:8.2f} us")
+    k_tiles = -(-K // cfg.tile[2])
+    per_block = -(-k_tiles // split)
+    # time(Kq) = fixed + per_block(Kq) * t_k: a least-squares line through K, K/2, K/4
+    xs = [per_block / q for q in (1, 2, 4)]
+    ys = [med["GEMM alone"], med["GEMM alone, K/2"], med["GEMM alone, K/4"]]
+    print("  GEMM alone by k-tiles per block: " + ", ".join(
+        f"{per_block / q:.1f}: {med['GEMM alone' + ('' if q == 1 else f', K/{q}')]:.2f} us" for q in (1,) + qs))
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    print(f"  per block: {per_block} k-tiles; line: {slope:.3f} us per k-tile, fixed {my - slope * mx:.2f} us; "
+          f"second pass + gap = plan - GEMM = {med['plan (GEMM + pass)'] - med['GEMM alone']:.2f} us; "
+          f"fastmm / torch = {med['torch.matmul'] / med['fastmm.matmul']:.3f}x")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("shape", nargs="*", type=int)
+    ap.add_argument("--macros", default="")
+    ap.add_argument("--rounds", type=int, default=3)
+    o = ap.parse_args()
+    macros = {k: int(v) for k, v in (x.split("=") for x in o.macros.split(",") if x)}
+    shapes = [tuple(o.shape)] if o.shape else [(256, 256, 65536), (16, 4096, 4096)]
+    for M, N, K in shapes:
+        anatomy(M, N, K, macros, o.rounds)
+
+
+if __name__ == "__main__":
+    main()
