@@ -276,6 +276,18 @@ def _ptxas_report(source: str, arch: str, macros) -> str:
     return log.getvalue()
 
 
+def _assert_no_spills(source: str, arch: str, macro_sets) -> None:
+    """ptxas -v of ``source`` built with each macro set, in parallel: 0 spill bytes in every one
+    (skips where cuda.core hands back no ptxas log, as 1.2.0 on the GPU machine does)."""
+    macro_sets = list(macro_sets)
+    with ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1))) as pool:
+        reports = list(pool.map(lambda m: _ptxas_report(source, arch, m), macro_sets))
+    for m, text in zip(macro_sets, reports):
+        if "registers" not in text:
+            pytest.skip("this cuda.core returns no ptxas report to read")
+        assert " 0 bytes spill stores" in text and " 0 bytes spill loads" in text, (dict(m), text)
+
+
 @pytest.mark.parametrize("arch", SM80_PLUS)
 def test_tf32_mma_with_two_fragment_sets_builds_without_spills(arch):
     """The second fragment set (FRAG_PIPE) takes ~30 registers on top of the accumulators: every
@@ -318,12 +330,7 @@ def test_stream_k_entries_the_planner_can_choose_build_without_spills(arch):
     stages = dict(fam.extra_macros(None, DeviceFacts.simulated_device(arch), *fam.tile_of(fam.tile_options[0])))["STAGES"]
     macros = [tuple({**base, "BK": fam.bk, "A_MODE": a, "B_MODE": b, "C_VEC": c, "STAGES": stages,
                      "STREAM_K": 1}.items()) for a, b in combos for c in (0, 1)]
-    with ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1))) as pool:
-        reports = list(pool.map(lambda m: _ptxas_report("simt_cp_async.cu", arch, m), macros))
-    for m, text in zip(macros, reports):
-        if "registers" not in text:  # (cuda.core 1.2.0, on the GPU machine, hands back no ptxas log)
-            pytest.skip("this cuda.core returns no ptxas report to read")
-        assert " 0 bytes spill stores" in text and " 0 bytes spill loads" in text, (dict(m), text)
+    _assert_no_spills("simt_cp_async.cu", arch, macros)
 
 
 def test_cluster_pair_entries_build_without_spills():
@@ -341,12 +348,7 @@ def test_cluster_pair_entries_build_without_spills():
     stages = dict(fam.extra_macros(None, dev, *fam.tile_of(fam.tile_options[0]), split=2))["STAGES"]
     macros = [tuple({**base, "BK": fam.bk, "A_MODE": a, "B_MODE": b, "C_VEC": c, "STAGES": stages,
                      "SPLIT_PAIR": 1}.items()) for a in (0, 2, 3) for b in (0, 2, 3) for c in (0, 1) if (a, b) != (0, 2)]
-    with ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1))) as pool:
-        reports = list(pool.map(lambda m: _ptxas_report("simt_cp_async.cu", "sm_90", m), macros))
-    for m, text in zip(macros, reports):
-        if "registers" not in text:  # (cuda.core 1.2.0, on the GPU machine, hands back no ptxas log)
-            pytest.skip("this cuda.core returns no ptxas report to read")
-        assert " 0 bytes spill stores" in text and " 0 bytes spill loads" in text, (dict(m), text)
+    _assert_no_spills("simt_cp_async.cu", "sm_90", macros)
 
 
 def test_skinny_kernels_that_sum_their_own_slices_build_without_spills():
@@ -365,9 +367,4 @@ def test_skinny_kernels_that_sum_their_own_slices_build_without_spills():
             if cfg.split_fused:
                 configs[cfg.macros] = cfg
     assert len({dict(m)["MT"] for m in configs}) == 4  # M rounded up to 4, 8, 12, 16
-    with ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1))) as pool:
-        reports = list(pool.map(lambda m: _ptxas_report("skinny.cu", "sm_90", m), configs))
-    for m, text in zip(configs, reports):
-        if "registers" not in text:  # (cuda.core 1.2.0, on the GPU machine, hands back no ptxas log)
-            pytest.skip("this cuda.core returns no ptxas report to read")
-        assert " 0 bytes spill stores" in text and " 0 bytes spill loads" in text, (dict(m), text)
+    _assert_no_spills("skinny.cu", "sm_90", configs)
