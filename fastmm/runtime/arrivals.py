@@ -21,7 +21,7 @@ import threading
 import torch
 
 _INT32 = torch.int32
-_buffers: dict[tuple[int, int], torch.Tensor] = {}
+_buffers: dict[tuple[str, int | None, int], torch.Tensor] = {}  # (device type, index, stream)
 _grow = threading.Lock()
 
 
