@@ -104,15 +104,11 @@ class Runner:
             self.fused(pa, pb, pc, self.stream)
             return
         if self.r is not None:
-            launcher.launch(self.k, self.stream, (
-                pa, pb, self.work.data_ptr(), p.M, p.N, p.K, *p.a_strides, *p.b_strides, p.N, 1,
-                1, 1, *p.a_batch_strides, *p.b_batch_strides, p.M * p.N, 0))
+            launcher.launch(self.k, self.stream, (pa, pb, self.work.data_ptr()) + runners.split_gemm_args(p))
             launcher.launch(self.r, self.stream, (self.work.data_ptr(), pc, p.M, p.N, self.cfg.split_k, *p.c_strides))
             return
         for oa, ob, oc in self.offsets:
-            launcher.launch(self.k, self.stream, (
-                pa + 4 * oa, pb + 4 * ob, pc + 4 * oc, p.M, p.N, p.K, *p.a_strides, *p.b_strides, *p.c_strides,
-                p.batch_inner, p.batch_total, *p.a_batch_strides, *p.b_batch_strides, *p.c_batch_strides))
+            launcher.launch(self.k, self.stream, (pa + 4 * oa, pb + 4 * ob, pc + 4 * oc) + runners.gemm_args(p))
 
 
 def _compile_one(job):

@@ -51,9 +51,7 @@ def gemm_launch(loaded, cfg, a, b, work, stream):
     s = api.analyse(a, b)
     c = torch.empty(a.shape[0], b.shape[1], device="cuda")
     p, _ = api.build_problem(s, c, "ieee")
-    tail = (p.M, p.N, p.K, *p.a_strides, *p.b_strides, p.N, 1,
-            1, 1, *p.a_batch_strides, *p.b_batch_strides, p.M * p.N, 0)
-    args = (a.data_ptr(), b.data_ptr(), work.data_ptr()) + tail
+    args = (a.data_ptr(), b.data_ptr(), work.data_ptr()) + runners.split_gemm_args(p)
     return lambda: launcher.launch(loaded, stream, args)
 
 
@@ -106,7 +104,7 @@ def anatomy(M, N, K, macros, rounds):
     fused = {}
     if planned.split_fused and not macros:
         frun = runners.fused_split_runner(launcher.load(dev, planned), planned, problem, a.device)
-        fused = {f"fused plan ({planned.split_fused})": lambda: frun(a.data_ptr(), b.data_ptr(), c.data_ptr(), stream)}
+        fused = {"fused plan": lambda: frun(a.data_ptr(), b.data_ptr(), c.data_ptr(), stream)}
         c.fill_(float("nan"))
         fused[next(iter(fused))]()
         print(f"  fused plan: rel err {rel_err(c, a, b):.2e}")

@@ -69,10 +69,10 @@ class KernelConfig:
     arch_suffix: str = ""
     # Set for a stream-K launch (its kernel takes the workspace and this plan's numbers too).
     stream_k: StreamK | None = None
-    # Split-K finished inside the GEMM (no second pass): "last", the last block of a tile to
-    # arrive sums its slices (split_arrive_last in common.cuh). Its kernel also takes the output,
-    # its strides and zeroed arrival counters, one per tile (fastmm/runtime/arrivals.py).
-    split_fused: str = ""
+    # Split-K finished inside the GEMM (no second pass): the last block of a tile to arrive sums
+    # its slices (split_arrive_last in common.cuh). Its kernel also takes the output, its strides
+    # and zeroed arrival counters, one per tile (fastmm/runtime/arrivals.py).
+    split_fused: bool = False
     # Split-K blocks in thread-block cluster pairs that add their partial tiles before storing
     # them (SPLIT_PAIR in simt_cp_async.cu, sm_90): the workspace holds split / 2 slices.
     split_pair: bool = False
@@ -747,7 +747,7 @@ class Skinny(Family):
                 else "reduced by splitk_reduce")),)
         return KernelConfig(self.name, self.source, self.entry, macros, threads, (threads, 1, 1),
                             _grid(tiles, p.batch_total, s), smem, (mt, bn, ks), details,
-                            split_fused="last" if fused else "")
+                            split_fused=fused)
 
 
 @dataclass(frozen=True)

@@ -97,7 +97,7 @@ def test_default_is_v2_where_measured_and_the_variant_switch_overrides_it(monkey
     plan = select(p, DEV["sm_90"])
     assert plan.kernel.family == "skinny" and dict(plan.kernel.macros)["SK_V2"] == 1
     assert plan.kernel.grid == (64, 2, 1) and plan.reduce is None  # 64 tiles x 2 splits, summed in the kernel
-    assert plan.kernel.split_fused == "last" and dict(plan.kernel.macros)["SK_FUSED"] == 1
+    assert plan.kernel.split_fused and dict(plan.kernel.macros)["SK_FUSED"] == 1
     monkeypatch.setattr(Skinny, "fuse_split", False)  # the second pass instead, as before
     unfused = select(p, DEV["sm_90"])
     assert unfused.kernel.grid == (64, 2, 1) and unfused.reduce is not None and not unfused.kernel.split_fused
