@@ -54,6 +54,20 @@ __device__ __forceinline__ void st_cluster_v4(unsigned smem_address, unsigned ra
 }
 #endif
 
+// Programmatic dependent launch (sm_90+; KernelConfig.dependent_launch, fastmm/runtime/launcher.py):
+// the host lets a kernel be scheduled before the kernel ahead of it on the stream has finished,
+// which hides the ~1 us launch gap between back-to-back kernels. So a kernel launched that way
+// calls this first, before any global memory access: it waits until the kernel ahead has
+// completed and its writes are visible, and only then lets the next kernel be scheduled (at
+// most one grid waits behind a running one). Without such a launch (or below sm_90) both
+// instructions are no-ops.
+__device__ __forceinline__ void grid_dependency_sync() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 // Shared-memory address of a generic pointer, as the 32-bit value cp.async wants.
 __device__ __forceinline__ unsigned smem_addr(const void* p) {
     return (unsigned)__cvta_generic_to_shared(p);

@@ -30,6 +30,7 @@
 // One block per SM: capping registers at 128 for two blocks (MT <= 16) spilled and measured
 // slower on the H200 (decode16: 9.4 -> 6.0 TFLOP/s, benchmarks/NOTES.md).
 extern "C" __global__ void __launch_bounds__(THREADS, 1) fastmm_skinny(FASTMM_PARAMS) {
+    grid_dependency_sync();  // launched as a programmatic dependent launch on sm_90+ (ptx.cuh)
     FASTMM_UNPACK
     __shared__ float As[KCHUNK * A_LD];
     __shared__ float red[MT * COLS];
@@ -451,6 +452,7 @@ __device__ __forceinline__ void sk_compute_stage(float (&acc)[VPT], const float*
 #endif
 
 extern "C" __global__ void __launch_bounds__(SK_THREADS, SK_MINB) fastmm_skinny(FASTMM_PARAMS SK_FUSED_PARAMS) {
+    grid_dependency_sync();  // launched as a programmatic dependent launch on sm_90+ (ptx.cuh)
     FASTMM_UNPACK
     extern __shared__ float4 sk_smem4[];
     float* smem = (float*)sk_smem4;

@@ -18,6 +18,10 @@ FORCE_KERNEL_ENV = "FASTMM_KERNEL"
 #: ``1``: the first call of a shape bucket that has no tuned choice yet times the candidate
 #: kernels (as ``fastmm.tune`` does) and stores the fastest, then proceeds.
 TUNE_ENV = "FASTMM_TUNE"
+#: ``0`` turns off programmatic dependent launch on sm_90+ (fastmm/runtime/launcher.py): kernels
+#: are then launched plainly, each scheduled only after the kernel ahead on the stream ended.
+#: Read when a plan is prepared (set it before the first call).
+PDL_ENV = "FASTMM_PDL"
 
 
 def _reader(name: str):
@@ -65,6 +69,11 @@ def forced_kernel() -> str | None:
 
 def tune_on_first_use() -> bool:
     return _flag(TUNE_ENV)
+
+
+def dependent_launch_enabled() -> bool:
+    value = os.environ.get(PDL_ENV)
+    return value is None or value.strip().lower() not in {"0", "false", "no", "off"}
 
 
 def cache_dir() -> Path:

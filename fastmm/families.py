@@ -7,7 +7,7 @@ between families lives in :mod:`fastmm.plan`.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .problem import DeviceFacts, Problem
 
@@ -76,6 +76,9 @@ class KernelConfig:
     # Split-K blocks in thread-block cluster pairs that add their partial tiles before storing
     # them (SPLIT_PAIR in simt_cp_async.cu, sm_90): the workspace holds split / 2 slices.
     split_pair: bool = False
+    # Launched with programmatic dependent launch (sm_90+; its kernel calls grid_dependency_sync
+    # in cuda_src/ptx.cuh first): scheduled while the kernel ahead on the stream finishes.
+    dependent_launch: bool = False
 
     def target(self, device_arch: str) -> str:
         """The NVRTC target of this kernel on a device of ``device_arch`` (e.g. sm_90 -> sm_90a)."""
@@ -616,11 +619,25 @@ class Skinny(Family):
         """One tile (set by M); split-K allowed or not."""
         return _with_split_flags(((),))
 
+    #: From this compute capability the kernel is launched with programmatic dependent launch
+    #: (KernelConfig.dependent_launch): back-to-back calls then overlap one's launch with the
+    #: other's last blocks. On the H200, decode16 3.09 -> 3.15x torch (NOTES run 15). Only this
+    #: family: its ~150 KB blocks cannot sit next to the running kernel's blocks, while with
+    #: every kernel launched that way the next kernel's early blocks slowed the running GEMM on
+    #: the SMs they shared (largeK GEMM 170.6 -> 174.6 us, square1000 0.92 -> 0.74x torch).
+    dependent_launch_cc = (9, 0)
+
     def configure(self, p, dev, option=None):
         v2 = self.V2_BY_CC.get(dev.cc) if self.variant is None else self.variant
         if isinstance(v2, dict):
-            return self.configure_v2(p, dev, option, **v2)
-        return self.configure_v1(p, dev, option)
+            cfg = self.configure_v2(p, dev, option, **v2)
+        else:
+            cfg = self.configure_v1(p, dev, option)
+        if dev.cc >= self.dependent_launch_cc:
+            cfg = replace(cfg, dependent_launch=True,
+                          details=cfg.details + (("launch", "programmatic dependent launch: scheduled while the "
+                                                  "kernel ahead on the stream finishes (FASTMM_PDL=0: off)"),))
+        return cfg
 
     def configure_v1(self, p, dev, option=None):
         """The v1 kernel (SK_V2 = 0): one 256-thread block per SM, lanes own 4 columns each."""

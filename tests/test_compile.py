@@ -368,3 +368,70 @@ def test_skinny_kernels_that_sum_their_own_slices_build_without_spills():
                 configs[cfg.macros] = cfg
     assert len({dict(m)["MT"] for m in configs}) == 4  # M rounded up to 4, 8, 12, 16
     _assert_no_spills("skinny.cu", "sm_90", configs)
+
+
+_GLOBAL_ACCESS = re.compile(r"\b(ld\.global|st\.global|cp\.async|atom\.|red\.)")
+
+
+def _ptx(source: str, macros, arch: str) -> str:
+    """The PTX NVRTC makes of ``source`` (straight from cuda.bindings.nvrtc: cuda.core asks the
+    driver whether it could load PTX, and a CI machine has no driver)."""
+    from cuda.bindings import nvrtc
+
+    def check(result):
+        err, *rest = result
+        assert int(err) == 0, err
+        return rest[0] if rest else None
+
+    prog = check(nvrtc.nvrtcCreateProgram((source_dir() / source).read_bytes(), source.encode(), 0, [], []))
+    opts = [f"--gpu-architecture={arch.replace('sm_', 'compute_')}", "-std=c++17", f"-I{source_dir()}"]
+    opts += [f"-D{k}={v}" for k, v in macros]
+    try:
+        err, = nvrtc.nvrtcCompileProgram(prog, len(opts), [o.encode() for o in opts])
+        if int(err) != 0:
+            size = check(nvrtc.nvrtcGetProgramLogSize(prog))
+            log = b" " * size
+            check(nvrtc.nvrtcGetProgramLog(prog, log))
+            raise AssertionError(log.decode())
+        size = check(nvrtc.nvrtcGetPTXSize(prog))
+        ptx = b" " * size
+        check(nvrtc.nvrtcGetPTX(prog, ptx))
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+    return ptx.decode()
+
+
+def test_kernels_launched_as_dependent_launches_wait_before_any_global_access():
+    """A plan with ``dependent_launch`` is scheduled before the kernel ahead on its stream has
+    finished: its kernel must wait (griddepcontrol.wait) before its first global load, store,
+    copy or atomic, or it would read inputs still being written. One config per planned sm_90
+    kernel (source, entry, variant), the PTX read in order; and no kernel that lacks the wait
+    is launched that way."""
+    from fastmm.runtime.compiler import nvrtc_unavailable_reason
+
+    if nvrtc_unavailable_reason():
+        pytest.skip(nvrtc_unavailable_reason())
+    picked = {}
+    for arch, cfg in CANDIDATES:
+        if arch == "sm_90":
+            picked.setdefault((cfg.source, cfg.entry, dict(cfg.macros).get("SK_V2"), cfg.dependent_launch), cfg)
+    # v1 skinny is not planned on sm_90 unless forced: add it (its entry calls the wait too)
+    v1 = Skinny()
+    v1.variant = "v1"
+    cfg = v1.configure(Problem.dense(16, 4096, 4096), DeviceFacts.simulated_device("sm_90"))
+    picked[(cfg.source, cfg.entry, 0, cfg.dependent_launch)] = cfg
+    dependent = [c for c in picked.values() if c.dependent_launch]
+    assert {c.family for c in dependent} == {"skinny"} and len(dependent) == 2  # v1 and v2
+    for cfg in picked.values():
+        ptx = _ptx(cfg.source, cfg.macros, cfg.target("sm_90"))
+        body = ptx[ptx.index(f".entry {cfg.entry}"):]
+        wait = body.find("griddepcontrol.wait")
+        first = _GLOBAL_ACCESS.search(body)
+        assert first is not None, cfg.macros
+        if cfg.dependent_launch:
+            assert 0 <= wait < first.start(), (cfg.family, cfg.macros, body[:first.start() + 200])
+            assert "griddepcontrol.launch_dependents" in body[wait:first.start()]
+    # below sm_90 the instructions are not there at all (the launch is never dependent there)
+    cfg = Skinny().configure(Problem.dense(16, 4096, 4096), DeviceFacts.simulated_device("sm_80"))
+    assert not cfg.dependent_launch
+    assert "griddepcontrol" not in _ptx(cfg.source, cfg.macros, "sm_80")

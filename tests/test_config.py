@@ -38,3 +38,12 @@ def test_switches_follow_an_os_environ_replaced_wholesale(monkeypatch):
     with mock.patch.object(os, "environ", {"FASTMM_KERNEL": "skinny", "FASTMM_DISABLE": "1"}):
         assert config.forced_kernel() == "skinny" and config.disabled() is True
     assert config.forced_kernel() == "scalar" and config.disabled() is False
+
+
+def test_dependent_launch_is_on_unless_turned_off(monkeypatch):
+    monkeypatch.delenv("FASTMM_PDL", raising=False)
+    assert config.dependent_launch_enabled() is True
+    for value, on in (("1", True), ("", True), (" on ", True), ("0", False), ("OFF", False), ("no", False),
+                      ("false", False)):
+        monkeypatch.setenv("FASTMM_PDL", value)
+        assert config.dependent_launch_enabled() is on, value

@@ -221,6 +221,35 @@ def test_fused_split_k_gives_the_bits_of_the_second_pass(M, N, K, rel_err, monke
     assert torch.equal(fastmm.matmul(a, b), fused[0])
 
 
+@pytest.mark.parametrize("M,K", [(16, 4096), (1, 4096), (32, 8192), (5, 1000)], ids=str)
+def test_dependent_launches_chained_through_ping_pong_buffers_are_exact(M, K):
+    """Skinny launches are programmatic dependent launches on sm_90+ (scheduled while the kernel
+    ahead finishes): a chain of calls where each reads what the one before wrote and overwrites
+    what the one before read (ping-pong out= buffers, a torch kernel in between) must give what
+    the same chain gives in float64 at every step, on a NaN-poisoned buffer each time."""
+    x0 = randn(M, K)
+    ws = [randn(K, K) / math.sqrt(K) for _ in range(3)]
+    plan = fastmm.explain(x0, ws[0], precision="ieee").plan
+    assert plan is not None and plan.kernel.family == "skinny"
+    major, _ = torch.cuda.get_device_capability()
+    assert plan.kernel.dependent_launch is (major >= 9)
+    bufs = [x0.clone(), torch.full((M, K), NAN, device="cuda")]
+    steps, ref = 12, x0.double()
+    outs = []
+    for i in range(steps):
+        src, dst = bufs[i % 2], bufs[(i + 1) % 2]
+        dst.fill_(NAN)  # a torch kernel between two dependent launches, writing what the next one writes
+        fastmm.matmul(src, ws[i % 3], out=dst)
+        outs.append(dst.clone())  # (a torch copy, reading what the launch just wrote)
+    torch.cuda.synchronize()
+    for i in range(steps):
+        ref = ref @ ws[i % 3].double()
+        got = outs[i].double()
+        assert not torch.isnan(got).any(), f"step {i}: NaN (read before the write ahead of it?)"
+        err = ((got - ref).norm() / ref.norm()).item()
+        assert err <= TOL["ieee"] * (i + 1), f"step {i}: relative error {err:.3g}"
+
+
 def test_fused_split_k_on_two_streams_at_once_uses_separate_counters(rel_err):
     """Queued fused calls on two streams, no sync between: each stream counts in its own
     buffer, so concurrent launches of the same plan never see each other's arrivals."""

@@ -1452,3 +1452,20 @@ def test_long_k_splits_run_in_cluster_pairs_on_sm90_only():
     assert dict(odd.kernel.macros)["STAGES"] == SimtCpAsync.big_tile_split_stages[(9, 0)]
     whole = select(Problem.dense(8448, 4096, 6144), DEV["sm_90"])  # whole waves: no split, 12 stages
     assert whole.kernel.split_k == 1 and dict(whole.kernel.macros)["STAGES"] == SimtCpAsync.big_tile_stages[(9, 0)]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_only_skinny_plans_on_sm90_ask_for_dependent_launch(arch):
+    """Programmatic dependent launch (KernelConfig.dependent_launch) was measured faster for the
+    skinny kernel on the H200 and slower for split-K GEMMs (their reduce's waiting blocks share
+    the SMs): the flag is set for skinny plans on sm_90+ only, and explain shows it."""
+    dev = DEV[arch]
+    for M, N, K in ((1, 4096, 4096), (16, 4096, 4096), (32, 4096, 16384), (256, 256, 65536), (4096, 4096, 4096)):
+        for precision in ("ieee", "tf32"):
+            plan = select(Problem.dense(M, N, K, precision=precision), dev)
+            for cfg in (plan.kernel, plan.reduce, *plan.stagers):
+                if cfg is None:
+                    continue
+                want = cfg.family == "skinny" and dev.cc >= (9, 0)
+                assert cfg.dependent_launch is want, (arch, M, N, K, precision, cfg.family)
+                assert any(k == "launch" for k, _ in cfg.details) is want

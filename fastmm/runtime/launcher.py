@@ -13,6 +13,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import config
 from ..families import DEFAULT_SMEM, KernelConfig
 from ..problem import DeviceFacts
 from .cache import default_cache, kernel_key
@@ -73,8 +74,28 @@ def load(dev: DeviceFacts, cfg: KernelConfig) -> LoadedKernel:
                 _modules[slot] = entry
                 state = res.state
     kernel, _, path = entry
-    lc = LaunchConfig(grid=cfg.grid, block=cfg.block_dims, shmem_size=cfg.smem)
+    lc = launch_config(LaunchConfig, cfg)
     return LoadedKernel(kernel, lc, key, state, path)
+
+
+_pdl_supported = []  # whether this cuda.core's LaunchConfig takes the PDL option, found once
+
+
+def launch_config(LaunchConfig, cfg: KernelConfig):
+    """cuda.core's LaunchConfig of ``cfg``: grid, block, dynamic shared memory, and programmatic
+    dependent launch where the plan asks for it (``cfg.dependent_launch``: the kernel waits on
+    the GPU for the kernel ahead, cuda_src/ptx.cuh) unless FASTMM_PDL=0, or where this cuda.core
+    lacks the option. The kernel is then scheduled while the kernel ahead on the stream
+    finishes: the launch gap between back-to-back kernels is hidden."""
+    if cfg.dependent_launch and config.dependent_launch_enabled() and _pdl_supported != [False]:
+        try:
+            lc = LaunchConfig(grid=cfg.grid, block=cfg.block_dims, shmem_size=cfg.smem,
+                              programmatic_stream_serialization=True)
+            _pdl_supported[:] = [True]
+            return lc
+        except TypeError:  # an older cuda.core: plain launches
+            _pdl_supported[:] = [False]
+    return LaunchConfig(grid=cfg.grid, block=cfg.block_dims, shmem_size=cfg.smem)
 
 
 @contextlib.contextmanager
@@ -137,7 +158,8 @@ def launch_with_maps(loaded: LoadedKernel, stream_handle: int, maps: tuple, args
 
 def maps_launcher(loaded: LoadedKernel):
     """``launch(stream_handle, maps, args)`` for ``loaded``, with everything that does not change
-    between calls looked up once. cuda.core's argument packer takes scalars and pointers only, so
+    between calls looked up once; a plain launch (no programmatic dependent launch: the wgmma
+    kernel does not wait for the kernel ahead, so it must not be scheduled before it ends). cuda.core's argument packer takes scalars and pointers only, so
     this builds the parameter array itself and calls the driver's cuLaunchKernel through ctypes
     (the Python bindings' wrapper cost about 10 us more per call). A CUkernel handle may be
     passed as the function: the stream supplies the context."""
