@@ -78,7 +78,8 @@ class Runner:
         s = api.analyse(a, b)
         self.p, self.offsets = api.build_problem(s, c, "ieee")
         sk = FAMILIES["skinny"]
-        self.cfg = sk.configure_v1(self.p, dev) if kw is None else sk.configure_v2(self.p, dev, **kw)
+        cfg = sk.configure_v1(self.p, dev) if kw is None else sk.configure_v2(self.p, dev, **kw)
+        self.cfg = sk.with_launch_mode(cfg, dev)  # (a dependent launch on sm_90, as planned kernels)
         split = self.cfg.split_k
         self.rcfg = splitk_reduce_config(self.p, dev, split) if split > 1 and not self.cfg.split_fused else None
         self.dev = dev

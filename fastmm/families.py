@@ -633,11 +633,16 @@ class Skinny(Family):
             cfg = self.configure_v2(p, dev, option, **v2)
         else:
             cfg = self.configure_v1(p, dev, option)
-        if dev.cc >= self.dependent_launch_cc:
-            cfg = replace(cfg, dependent_launch=True,
-                          details=cfg.details + (("launch", "programmatic dependent launch: scheduled while the "
-                                                  "kernel ahead on the stream finishes (FASTMM_PDL=0: off)"),))
-        return cfg
+        return self.with_launch_mode(cfg, dev)
+
+    def with_launch_mode(self, cfg, dev):
+        """``cfg`` (from configure_v1 / configure_v2) launched as this family launches on ``dev``:
+        as a programmatic dependent launch from :attr:`dependent_launch_cc` on."""
+        if dev.cc < self.dependent_launch_cc:
+            return cfg
+        return replace(cfg, dependent_launch=True, details=cfg.details + (
+            ("launch", "programmatic dependent launch unless FASTMM_PDL=0: scheduled while the kernel "
+                       "ahead on the stream finishes"),))
 
     def configure_v1(self, p, dev, option=None):
         """The v1 kernel (SK_V2 = 0): one 256-thread block per SM, lanes own 4 columns each."""

@@ -370,7 +370,10 @@ def test_skinny_kernels_that_sum_their_own_slices_build_without_spills():
     _assert_no_spills("skinny.cu", "sm_90", configs)
 
 
-_GLOBAL_ACCESS = re.compile(r"\b(ld\.global|st\.global|cp\.async|atom\.|red\.)")
+#: A PTX instruction that may touch global memory: any load, store, copy, atomic, reduction or
+#: prefetch not in the param, shared, local or const space (generic and volatile forms included);
+#: not cp.async's commit / wait, which touch no memory.
+_GLOBAL_ACCESS = re.compile(r"\b(?:ld|st|atom|red|cp|prefetch)\.(?!param|shared|local|const|async\.(?:commit|wait))\S*")
 
 
 def _ptx(source: str, macros, arch: str) -> str:
@@ -411,17 +414,24 @@ def test_kernels_launched_as_dependent_launches_wait_before_any_global_access():
 
     if nvrtc_unavailable_reason():
         pytest.skip(nvrtc_unavailable_reason())
-    picked = {}
+    picked = {}  # one config per kernel and per skinny variant that changes its first accesses
+    variant = ("SK_V2", "SK_FUSED", "SK_PIPE", "B_VEC", "A_KFAST", "A_VEC")
     for arch, cfg in CANDIDATES:
         if arch == "sm_90":
-            picked.setdefault((cfg.source, cfg.entry, dict(cfg.macros).get("SK_V2"), cfg.dependent_launch), cfg)
-    # v1 skinny is not planned on sm_90 unless forced: add it (its entry calls the wait too)
-    v1 = Skinny()
-    v1.variant = "v1"
-    cfg = v1.configure(Problem.dense(16, 4096, 4096), DeviceFacts.simulated_device("sm_90"))
-    picked[(cfg.source, cfg.entry, 0, cfg.dependent_launch)] = cfg
+            m = dict(cfg.macros)
+            picked.setdefault((cfg.source, cfg.entry, tuple(m.get(k) for k in variant), cfg.dependent_launch), cfg)
+    # variants not planned on sm_90 but reachable through Skinny.variant: v1, and the register path
+    dev = DeviceFacts.simulated_device("sm_90")
+    for forced in ("v1", {"bn": 128, "cpt": 8, "pipe": 0}):
+        fam = Skinny()
+        fam.variant = forced
+        for M, a_t in ((16, False), (16, True), (4, False)):
+            cfg = fam.configure(Problem.dense(M, 4096, 4096, a_t=a_t), dev)
+            picked.setdefault((cfg.source, cfg.entry, tuple(dict(cfg.macros).get(k) for k in variant), True), cfg)
     dependent = [c for c in picked.values() if c.dependent_launch]
-    assert {c.family for c in dependent} == {"skinny"} and len(dependent) == 2  # v1 and v2
+    assert {c.family for c in dependent} == {"skinny"}
+    seen = {(m.get("SK_V2", 0), m.get("SK_FUSED", 0), m.get("SK_PIPE", 0)) for m in (dict(c.macros) for c in dependent)}
+    assert {(0, 0, 0), (1, 0, 1), (1, 1, 1), (1, 0, 0)} <= seen, seen  # v1, v2 plain / fused, register path
     for cfg in picked.values():
         ptx = _ptx(cfg.source, cfg.macros, cfg.target("sm_90"))
         body = ptx[ptx.index(f".entry {cfg.entry}"):]

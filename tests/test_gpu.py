@@ -221,33 +221,67 @@ def test_fused_split_k_gives_the_bits_of_the_second_pass(M, N, K, rel_err, monke
     assert torch.equal(fastmm.matmul(a, b), fused[0])
 
 
+def _chain_reference(x0, ws, steps):
+    """The float64 products x0 @ ws[0] @ ws[1] ... after each of ``steps`` steps (ws cycled)."""
+    ref, out = x0.double(), []
+    for i in range(steps):
+        ref = ref @ ws[i % len(ws)].double()
+        out.append(ref)
+    return out
+
+
+def _check_chain(got, refs, what, first=0):
+    """Step first + i of a chain: got[i] against refs[i], within the tolerance of that many steps."""
+    for i, (g, ref) in enumerate(zip(got, refs), start=first):
+        g = g.double()
+        assert not torch.isnan(g).any(), f"{what}, step {i}: NaN (a launch read before the one ahead wrote?)"
+        err = ((g - ref).norm() / ref.norm()).item()
+        assert err <= TOL["ieee"] * (i + 1), f"{what}, step {i}: relative error {err:.3g}"
+
+
 @pytest.mark.parametrize("M,K", [(16, 4096), (1, 4096), (32, 8192), (5, 1000)], ids=str)
-def test_dependent_launches_chained_through_ping_pong_buffers_are_exact(M, K):
+def test_dependent_launches_chained_back_to_back_are_exact(M, K, monkeypatch):
     """Skinny launches are programmatic dependent launches on sm_90+ (scheduled while the kernel
-    ahead finishes): a chain of calls where each reads what the one before wrote and overwrites
-    what the one before read (ping-pong out= buffers, a torch kernel in between) must give what
-    the same chain gives in float64 at every step, on a NaN-poisoned buffer each time."""
+    ahead finishes; its wait must hold them until that one is done). Chains of calls, each
+    reading what the call before wrote, compared with the same chain in float64 at every step:
+    (1) back to back into NaN-poisoned buffers, nothing queued between the calls; (2) ping-pong
+    out= buffers, nothing between: each call also overwrites what the call before read;
+    (3) ping-pong with torch kernels between (a NaN fill, a copy of each result)."""
+    monkeypatch.delenv("FASTMM_PDL", raising=False)
     x0 = randn(M, K)
     ws = [randn(K, K) / math.sqrt(K) for _ in range(3)]
     plan = fastmm.explain(x0, ws[0], precision="ieee").plan
     assert plan is not None and plan.kernel.family == "skinny"
-    major, _ = torch.cuda.get_device_capability()
-    assert plan.kernel.dependent_launch is (major >= 9)
-    bufs = [x0.clone(), torch.full((M, K), NAN, device="cuda")]
-    steps, ref = 12, x0.double()
-    outs = []
+    dependent = torch.cuda.get_device_capability() >= (9, 0)
+    assert plan.kernel.dependent_launch is dependent
+    lc = launcher.load(plan.device, plan.kernel).launch_config
+    assert bool(getattr(lc, "programmatic_stream_serialization", False)) is dependent
+    steps = 24
+    refs = _chain_reference(x0, ws, steps)
+    torch.cuda.synchronize()
+
+    bufs = [x0] + [torch.full((M, K), NAN, device="cuda") for _ in range(steps)]
     for i in range(steps):
-        src, dst = bufs[i % 2], bufs[(i + 1) % 2]
-        dst.fill_(NAN)  # a torch kernel between two dependent launches, writing what the next one writes
-        fastmm.matmul(src, ws[i % 3], out=dst)
-        outs.append(dst.clone())  # (a torch copy, reading what the launch just wrote)
+        fastmm.matmul(bufs[i], ws[i % 3], out=bufs[i + 1])
+    torch.cuda.synchronize()
+    _check_chain(bufs[1:], refs, "back to back")
+
+    pp = [x0.clone(), torch.full((M, K), NAN, device="cuda")]
     torch.cuda.synchronize()
     for i in range(steps):
-        ref = ref @ ws[i % 3].double()
-        got = outs[i].double()
-        assert not torch.isnan(got).any(), f"step {i}: NaN (read before the write ahead of it?)"
-        err = ((got - ref).norm() / ref.norm()).item()
-        assert err <= TOL["ieee"] * (i + 1), f"step {i}: relative error {err:.3g}"
+        fastmm.matmul(pp[i % 2], ws[i % 3], out=pp[(i + 1) % 2])
+    torch.cuda.synchronize()
+    _check_chain([pp[steps % 2]], refs[-1:], "ping-pong", first=steps - 1)
+
+    pp = [x0.clone(), torch.full((M, K), NAN, device="cuda")]
+    outs = []
+    for i in range(steps):
+        src, dst = pp[i % 2], pp[(i + 1) % 2]
+        dst.fill_(NAN)
+        fastmm.matmul(src, ws[i % 3], out=dst)
+        outs.append(dst.clone())
+    torch.cuda.synchronize()
+    _check_chain(outs, refs, "ping-pong with torch kernels between")
 
 
 def test_fused_split_k_on_two_streams_at_once_uses_separate_counters(rel_err):

@@ -24,7 +24,7 @@ from .sources import source_digest
 @dataclass
 class LoadedKernel:
     kernel: object  # cuda.core Kernel
-    launch_config: object  # cuda.core LaunchConfig (grid/block/smem of the plan)
+    launch_config: object  # cuda.core LaunchConfig (grid/block/smem of the plan; dependent launch or not)
     key: str
     state: str  # how it got here: "compiled", "disk"; "memory" once reused
     path: Path | None
@@ -158,11 +158,11 @@ def launch_with_maps(loaded: LoadedKernel, stream_handle: int, maps: tuple, args
 
 def maps_launcher(loaded: LoadedKernel):
     """``launch(stream_handle, maps, args)`` for ``loaded``, with everything that does not change
-    between calls looked up once; a plain launch (no programmatic dependent launch: the wgmma
-    kernel does not wait for the kernel ahead, so it must not be scheduled before it ends). cuda.core's argument packer takes scalars and pointers only, so
+    between calls looked up once. cuda.core's argument packer takes scalars and pointers only, so
     this builds the parameter array itself and calls the driver's cuLaunchKernel through ctypes
     (the Python bindings' wrapper cost about 10 us more per call). A CUkernel handle may be
-    passed as the function: the stream supplies the context."""
+    passed as the function: the stream supplies the context. Always a plain launch, never a
+    programmatic dependent one: the wgmma kernel does not wait for the kernel ahead."""
     cfg = loaded.launch_config
     head = (int(loaded.kernel.handle), *cfg.grid, *cfg.block, cfg.shmem_size)
     cu_launch = _cu_launch_kernel()
