@@ -88,12 +88,12 @@ def anatomy(M, N, K, macros, rounds):
         if cfg.family == "simt_cp_async":  # the stages, and the pairs' exchange region (families._Simt)
             fam = FAMILIES[cfg.family]
             bm, bn, _ = cfg.tile
-            smem = fam.smem_bytes(bm, bn, m["STAGES"]) + (cfg.block * m["THREAD_M"] * 8 // 2 * 4 if pair else 0)
+            smem = fam.smem_bytes(bm, bn, m["STAGES"]) + (fam.pair_region_bytes(cfg.block, m["THREAD_M"]) if pair else 0)
         cfg = dataclasses.replace(cfg, macros=tuple(m.items()), smem=smem, split_pair=pair)
     second = second_pass_config(problem, dev, cfg)
     loaded, rloaded = launcher.load(dev, cfg), launcher.load(dev, second)
     stream = api._current_stream(dev.index)
-    run = runners.second_pass_runner(loaded, rloaded, cfg, problem, a.device)
+    run = runners.plan_runner(loaded, rloaded, cfg, problem, a.device)
     full = lambda: run(a.data_ptr(), b.data_ptr(), c.data_ptr(), stream)  # noqa: E731
     full()
     err = rel_err(c, a, b)

@@ -36,7 +36,7 @@ def runner_for(a, b, c, stream_k: bool):
     stream = api._current_stream(dev.index)
     second = second_pass_config(problem, dev, cfg)
     if second is not None:
-        run = runners.second_pass_runner(loaded, launcher.load(dev, second), cfg, problem, a.device)
+        run = runners.plan_runner(loaded, launcher.load(dev, second), cfg, problem, a.device)
         return (lambda: run(a.data_ptr(), b.data_ptr(), c.data_ptr(), stream)), cfg
     args = (a.data_ptr(), b.data_ptr(), c.data_ptr()) + runners.gemm_args(problem)
     return (lambda: launcher.launch(loaded, stream, args)), cfg

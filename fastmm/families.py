@@ -344,6 +344,12 @@ class _Simt(Family):
     def smem_bytes(self, bm, bn, stages):
         return 0
 
+    @staticmethod
+    def pair_region_bytes(threads, thread_m):
+        """Shared memory past the pipeline's where a cluster-pair block receives its partner's
+        half tile: half of each thread's thread_m x 8 sums (SPLIT_PAIR in simt_cp_async.cu)."""
+        return threads * thread_m * 8 // 2 * 4
+
     def extra_macros(self, p, dev, bm, bn, split=1, reserve=0):
         return ()
 
@@ -408,7 +414,7 @@ class _Simt(Family):
         # the load modes that spill (12 bytes there, with single-float C stores)
         pair = split > 1 and split % 2 == 0 and self.pair_split and per_sm == 1 and dev.cc >= (9, 0) and not spills
         threads = wm * wn * 32
-        region = threads * tm * 8 // 2 * 4 if pair else 0  # where a block receives its partner's half tile
+        region = self.pair_region_bytes(threads, tm) if pair else 0
         extra = self.extra_macros(p, dev, bm, bn, split, region) + ((("SPLIT_PAIR", 1),) if pair else ())
         macros = (("WARPS_M", wm), ("WARPS_N", wn), ("THREAD_M", tm), ("BK", self.bk), ("A_MODE", a),
                   ("B_MODE", b), ("C_VEC", int(c_vec))) + extra

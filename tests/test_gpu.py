@@ -1043,7 +1043,7 @@ def stream_k_run(a, b, out, sm_count: int):
     cfg = FAMILIES["simt_cp_async"].configure(problem, dev, FAMILIES["simt_cp_async"].tile_options[0] + (1,))
     assert cfg.stream_k is not None, cfg.details
     fix = second_pass_config(problem, dev, cfg)
-    run = runners.second_pass_runner(launcher.load(real, cfg), launcher.load(real, fix), cfg, problem, a.device)
+    run = runners.plan_runner(launcher.load(real, cfg), launcher.load(real, fix), cfg, problem, a.device)
     # The runner takes its workspace from the caching allocator: a NaN-filled block of that size,
     # freed just before, is what it gets, so a slot the kernel fails to write shows as NaN.
     poison = torch.full((cfg.stream_k.workspace_floats(*cfg.tile[:2]),), NAN, device="cuda")

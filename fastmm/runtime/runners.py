@@ -84,21 +84,16 @@ def stream_k_runner(loaded, fixup, cfg, p: Problem, device):
     return run
 
 
-def second_pass_runner(loaded, second, cfg, p: Problem, device):
-    """The runner of a plan whose kernel ``cfg`` needs a second pass ``second``: split-K or
-    stream-K."""
-    if cfg.stream_k is not None:
-        return stream_k_runner(loaded, second, cfg, p, device)
-    return split_runner(loaded, second, cfg.split_slices, p, device)
-
-
 def plan_runner(loaded, second, cfg, p: Problem, device):
     """The runner of a SIMT-style plan (not wgmma) that is more than one plain launch: a fused
-    split-K, or a GEMM with a second pass. None for a single plain launch."""
+    split-K, stream-K with its fixup ``second``, or split-K with its reduce ``second``. None for
+    a single plain launch."""
     if cfg.split_fused:
         return fused_split_runner(loaded, cfg, p, device)
+    if cfg.stream_k is not None:
+        return stream_k_runner(loaded, second, cfg, p, device)
     if second is not None:
-        return second_pass_runner(loaded, second, cfg, p, device)
+        return split_runner(loaded, second, cfg.split_slices, p, device)
     return None
 
 
