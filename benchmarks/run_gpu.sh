@@ -2,11 +2,17 @@
 # The one script to run on the GPU machine, from the repo root, in one call:
 #   bash benchmarks/run_gpu.sh                      # logs and JSON under $OUT (default /tmp)
 #   BENCH_ARGS="--only square4k,unaligned" bash benchmarks/run_gpu.sh
+#   STEPS="tests,bench" MODELS_ARGS="--models llama" bash benchmarks/run_gpu.sh
 # 1. versions (GPU, driver, torch, cuda.core, cuda.bindings, NVRTC)
-# 2. the test suite, GPU tests included (junit XML + log)
-# 3. python -m fastmm: the self-check of every kernel path
-# 4. the benchmark suite vs torch.matmul (JSON), its table printed last
-# Runs every step even when an earlier one fails; exits non-zero if any step failed.
+# 2. tests: the test suite, GPU tests included (junit XML + log)
+# 3. selfcheck: python -m fastmm, the self-check of every kernel path
+# 4. bench: the benchmark suite vs torch.matmul (JSON)
+# 5. accuracy: accuracy against float64 as K grows
+# 6. models: real models on fastmm vs torch (benchmarks/models.py; needs transformers, else skipped)
+# 7. soak: SOAK_MINUTES of mixed calls (benchmarks/soak.py; only when SOAK_MINUTES is set)
+# STEPS (comma list, default all of 2-6, plus soak when SOAK_MINUTES is set) picks steps; the
+# tables of bench and models are printed last. Runs every step even when an earlier one fails;
+# exits non-zero if any step failed.
 set -u -o pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -18,6 +24,8 @@ mkdir -p "$OUT"
 PY=${PYTHON:-python3}
 failed=()
 start=$SECONDS
+STEPS=${STEPS:-tests,selfcheck,bench,accuracy,models${SOAK_MINUTES:+,soak}}
+want() { [[ ",$STEPS," == *",$1,"* ]]; }
 
 step() { echo; echo "=================== $* ($((SECONDS - start)) s)"; }
 
@@ -49,30 +57,68 @@ git status --short 2>/dev/null | head -20 || true
 
 # PYTEST_ARGS: e.g. "tests --ignore=tests/test_compile.py --ignore=tests/test_packaging.py" (the
 # CPU-side compile and packaging tests take minutes and need no GPU)
-step "tests: $PY -m pytest ${PYTEST_ARGS:-tests} -q -rfEs"
-# shellcheck disable=SC2086
-"$PY" -m pytest ${PYTEST_ARGS:-tests} -q -rfEs -p no:cacheprovider --junitxml="$OUT/junit.xml" 2>&1 | tee "$OUT/pytest.log"
-rc=$?; [ "$rc" -eq 0 ] || failed+=("pytest (exit $rc)")
+if want soak; then  # in the background: the tests run beside it (a soak under load); timed steps wait
+    step "soak: $PY benchmarks/soak.py --minutes $SOAK_MINUTES (background)"
+    "$PY" benchmarks/soak.py --minutes "$SOAK_MINUTES" --json "$OUT/soak.json" > "$OUT/soak.log" 2>&1 &
+    soak_pid=$!
+fi
+wait_soak() {
+    if [ -n "${soak_pid:-}" ]; then
+        wait "$soak_pid"; rc=$?; soak_pid=
+        tail -25 "$OUT/soak.log"
+        [ "$rc" -eq 0 ] || failed+=("benchmarks/soak.py (exit $rc)")
+    fi
+}
 
-step "self-check: $PY -m fastmm"
-"$PY" -m fastmm 2>&1 | tee "$OUT/selfcheck.log"
-rc=$?; [ "$rc" -eq 0 ] || failed+=("python -m fastmm (exit $rc)")
+if want tests; then
+    step "tests: $PY -m pytest ${PYTEST_ARGS:-tests} -q -rfEs"
+    # shellcheck disable=SC2086
+    "$PY" -m pytest ${PYTEST_ARGS:-tests} -q -rfEs -p no:cacheprovider --junitxml="$OUT/junit.xml" 2>&1 | tee "$OUT/pytest.log"
+    rc=$?; [ "$rc" -eq 0 ] || failed+=("pytest (exit $rc)")
+fi
 
-step "benchmark: $PY benchmarks/bench.py --json $OUT/bench.json ${BENCH_ARGS:-}"
-# shellcheck disable=SC2086
-"$PY" benchmarks/bench.py --json "$OUT/bench.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"
-rc=$?; [ "$rc" -eq 0 ] || failed+=("benchmarks/bench.py (exit $rc)")
+if want selfcheck; then
+    step "self-check: $PY -m fastmm"
+    "$PY" -m fastmm 2>&1 | tee "$OUT/selfcheck.log"
+    rc=$?; [ "$rc" -eq 0 ] || failed+=("python -m fastmm (exit $rc)")
+fi
 
-step "accuracy against float64 as K grows: $PY benchmarks/accuracy_vs_k.py"
-"$PY" benchmarks/accuracy_vs_k.py 2>&1 | tee "$OUT/accuracy.md"
-rc=$?; [ "$rc" -eq 0 ] || failed+=("benchmarks/accuracy_vs_k.py (exit $rc)")
+wait_soak  # before anything timed
+
+if want bench; then
+    step "benchmark: $PY benchmarks/bench.py --json $OUT/bench.json ${BENCH_ARGS:-}"
+    # shellcheck disable=SC2086
+    "$PY" benchmarks/bench.py --json "$OUT/bench.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"
+    rc=$?; [ "$rc" -eq 0 ] || failed+=("benchmarks/bench.py (exit $rc)")
+fi
+
+if want accuracy; then
+    step "accuracy against float64 as K grows: $PY benchmarks/accuracy_vs_k.py"
+    "$PY" benchmarks/accuracy_vs_k.py 2>&1 | tee "$OUT/accuracy.md"
+    rc=$?; [ "$rc" -eq 0 ] || failed+=("benchmarks/accuracy_vs_k.py (exit $rc)")
+fi
+
+if want models; then
+    if "$PY" -c "import transformers" 2>/dev/null; then
+        step "models: $PY benchmarks/models.py --json $OUT/models.json ${MODELS_ARGS:-}"
+        # shellcheck disable=SC2086
+        "$PY" benchmarks/models.py --json "$OUT/models.json" ${MODELS_ARGS:-} 2>&1 | tee "$OUT/models.log"
+        rc=$?; [ "$rc" -eq 0 ] || failed+=("benchmarks/models.py (exit $rc)")
+    else
+        step "models: skipped (transformers is not installed: pip install 'fastmm[models]', or a wheelhouse)"
+    fi
+fi
 
 step "summary"
-grep -E "^(FAILED|ERROR)|[0-9]+ (passed|failed)" "$OUT/pytest.log" | tail -25 || true
-grep -E "^  FAIL|self-check (passed|FAILED)" "$OUT/selfcheck.log" || true
-if [ -f "$OUT/bench.json" ]; then
+grep -E "^(FAILED|ERROR)|[0-9]+ (passed|failed)" "$OUT/pytest.log" 2>/dev/null | tail -25 || true
+grep -E "^  FAIL|self-check (passed|FAILED)" "$OUT/selfcheck.log" 2>/dev/null || true
+if want bench && [ -f "$OUT/bench.json" ]; then
     echo
     "$PY" benchmarks/bench.py --table-from "$OUT/bench.json"
+fi
+if want models && [ -f "$OUT/models.log" ]; then
+    echo
+    sed -n '/^model | prec/,$p' "$OUT/models.log"
 fi
 echo
 echo "logs: $OUT/versions.txt $OUT/pytest.log $OUT/junit.xml $OUT/selfcheck.log $OUT/bench.log $OUT/bench.json $OUT/accuracy.md"

@@ -7,7 +7,7 @@ compute-sanitizer (memcheck, racecheck, synccheck, initcheck).
     PYTHONPATH=. python benchmarks/sanitize.py --dry-run  # no GPU needed: list the cases and
                                                           # the plans a simulated device gets
 
-What runs: each kernel family forced through ``fastmm.api.matmul_fastmm(..., force=family)`` at
+What runs: each kernel family forced through ``fastmm.dispatch.matmul_fastmm(..., force=family)`` at
 each distinct precision it computes (the SIMT, scalar and skinny kernels build the same cubin for
 every precision, so they run once, at "ieee"; tf32_mma runs at "tf32" and "tf32x3"), plus the
 dispatcher's own choice, including split-K plans (a GEMM writing K slices to a workspace, then
@@ -46,9 +46,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # a source checkout without install
 
-from fastmm import api  # noqa: E402
+from fastmm import dispatch  # noqa: E402
 from fastmm.families import FAMILIES  # noqa: E402
 from fastmm.problem import DeviceFacts  # noqa: E402
+from fastmm.shapes import analyse, build_problem  # noqa: E402
 
 GUARD = 64  # canary floats on each side of the output
 CANARY = -7777.0
@@ -68,7 +69,7 @@ class Case:
     N: int
     K: int
     batch: int = 0  # 0: 2-D operands; n > 0: A, B and C have a leading batch dim of n
-    b_broadcast: bool = False  # with a batch: B stays 2-D (broadcast, batch stride 0)
+    b_broadcast: bool = False  # with a batch: B has a batch dim of 1 (broadcast, batch stride 0)
     a_t: bool = False  # A is a transposed view (column-major)
     b_t: bool = False
     c_t: bool = False  # out is a transposed view
@@ -156,23 +157,25 @@ def make_out(case: Case) -> Operand:
 def operands(case: Case, seed: int):
     gen = torch.Generator().manual_seed(seed)
     a = make_operand(case.batch, case.M, case.K, case.a_t, case.pad, case.offsets[0], gen, case.values)
-    b = make_operand(0 if case.b_broadcast else case.batch, case.K, case.N, case.b_t, case.pad, case.offsets[1],
+    # a broadcast B has a batch dim of 1 (a plain matrix would be folded into one product with A's
+    # rows, as torch.matmul does: then no batch stride of 0 would reach the kernels)
+    b = make_operand(1 if case.b_broadcast else case.batch, case.K, case.N, case.b_t, case.pad, case.offsets[1],
                      gen, case.values)
     return a, b, (None if case.alloc else make_out(case))
 
 
 # ---------------------------------------------------------------------------------------------
-# plans (from the same api functions matmul uses)
+# plans (from the same functions matmul uses)
 
 def plan_of(case: Case, dev_facts: DeviceFacts, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None):
     """The plan fastmm makes for this call on ``dev_facts`` (a CPU stand-in works: only shapes,
     strides and pointer alignment matter, and storage offsets set the alignment the same way)."""
     from fastmm.plan import select
 
-    s = api.analyse(a, b)
+    s = analyse(a, b)
     if c is None:
         c = torch.empty(s.batch + (s.M, s.N))
-    problem, _ = api.build_problem(s, c, case.precision)
+    problem, _ = build_problem(s, c, case.precision)
     return select(problem, dev_facts, case.family)
 
 
@@ -478,7 +481,7 @@ def torch_stand_in(a, b, out, precision, force):
 
 def run_case(case: Case, device: torch.device | None, dev_facts: DeviceFacts, seed: int, mm=None) -> Result:
     """Plan ``case``; unless ``device`` is None, run it (on fastmm, or on ``mm`` standing in for
-    ``api.matmul_fastmm``) and check the result, the guard zone and the inputs."""
+    ``dispatch.matmul_fastmm``) and check the result, the guard zone and the inputs."""
     for attempt in range(20):  # integer sums can cancel to an all-zero product: draw again
         a_op, b_op, c_op = operands(case, seed + 100_003 * attempt)
         a_cpu, b_cpu = a_op.view(a_op.base), b_op.view(b_op.base)
@@ -498,7 +501,7 @@ def run_case(case: Case, device: torch.device | None, dev_facts: DeviceFacts, se
     a, b = a_op.view(a_base), b_op.view(b_base)
     out = c_op.view(c_base) if c_op else None
     with torch.no_grad():
-        result, used, reason = (mm or api.matmul_fastmm)(a, b, out, case.precision, case.family)
+        result, used, reason = (mm or dispatch.matmul_fastmm)(a, b, out, case.precision, case.family)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     if reason is not None:
@@ -555,8 +558,8 @@ def main(argv=None) -> int:
             print("sanitize: no CUDA device (use --dry-run to list the cases)", file=sys.stderr)
             return 2
         device = torch.device("cuda", torch.cuda.current_device())
-        facts = api.device_facts(device.index)
-        why = api._runtime_reason()
+        facts = dispatch.device_facts(device.index)
+        why = dispatch.runtime_reason()
         if why is not None:
             print(f"sanitize: fastmm cannot run its kernels here: {why}", file=sys.stderr)
             return 2

@@ -38,6 +38,9 @@
 #define CP_MIN_BLOCKS ((THREAD_M == 8 && BK == 8) ? 384 / THREADS : MIN_BLOCKS)
 #endif
 
+#define A_RING_BACK ((STAGES - 1) * (A_TILE_FLOATS * 4))  // bytes from the last stage to stage 0
+#define B_RING_BACK ((STAGES - 1) * (B_TILE_FLOATS * 4))
+
 #if __CUDA_ARCH__ >= 800
 // p + bytes, opaque to the compiler: the pointer stays one 64-bit value (one add per copy)
 // instead of being re-derived from its parts.
@@ -183,9 +186,16 @@ __device__ __forceinline__ void tile_product(const float* Ab, const float* Bb, i
     // Tile kt (stage (kt - kt_begin) % STAGES) is read at shared addresses at / bt (this thread's
     // fragments); tile kt + STAGES - 1 is copied to a_wr / b_wr (unit 0) in the stage tile kt - 1
     // was read from, free once every warp passed this iteration's barrier. All stepped, not
-    // recomputed: the stage index itself is never formed.
+    // recomputed: the stage index itself is never formed. From the last stage the read addresses
+    // step back to stage 0 by a constant (A_RING_BACK, B_RING_BACK), and a copy address is a read
+    // address plus a constant: the loops hold no stage-0 address. Kernels with many copy pointers
+    // (single-float A and B along k on the 128 x 256 tile: 4 + 8) sit at the 255-register cap,
+    // where NVRTC 13.0's ptxas spilled a stage-0 address (an 8-byte stack frame, reloaded every
+    // k-tile; the 64 x 64 tile at its 168-register cap likewise); this form needs two registers
+    // fewer, for at most 2 more integer instructions per k-tile (of 600-1150; issue 16).
     const unsigned a_rd = smem_addr(As + am), b_rd = smem_addr(Bs + bn);
     const unsigned a_last = a_rd + (STAGES - 1) * (A_TILE_FLOATS * 4);
+    const unsigned a_to_wr = ca.dst - a_rd, b_to_wr = cb.dst - b_rd;
     unsigned at = a_rd, bt = b_rd;
     unsigned a_wr = ca.dst + (STAGES - 1) * (A_TILE_FLOATS * 4);
     unsigned b_wr = cb.dst + (STAGES - 1) * (B_TILE_FLOATS * 4);
@@ -206,11 +216,11 @@ __device__ __forceinline__ void tile_product(const float* Ab, const float* Bb, i
         });
         a_koff += ca.kstep;
         b_koff += cb.kstep;
-        a_wr = at + (ca.dst - a_rd);
-        b_wr = bt + (cb.dst - b_rd);
+        a_wr = at + a_to_wr;
+        b_wr = bt + b_to_wr;
         const bool wrap = at == a_last;
-        at = wrap ? a_rd : at + A_TILE_FLOATS * 4;
-        bt = wrap ? b_rd : bt + B_TILE_FLOATS * 4;
+        at = wrap ? at - A_RING_BACK : at + A_TILE_FLOATS * 4;
+        bt = wrap ? bt - B_RING_BACK : bt + B_TILE_FLOATS * 4;
     }
     // Tail: the last tiles (at most STAGES); its copies, if any, are the last tile, which is
     // partial when K % BK != 0 (or, when the main loop ran no iteration, all tiles after the
@@ -226,11 +236,11 @@ __device__ __forceinline__ void tile_product(const float* Ab, const float* Bb, i
             }
             cp_async_commit();
         });
-        a_wr = at + (ca.dst - a_rd);
-        b_wr = bt + (cb.dst - b_rd);
+        a_wr = at + a_to_wr;
+        b_wr = bt + b_to_wr;
         const bool wrap = at == a_last;
-        at = wrap ? a_rd : at + A_TILE_FLOATS * 4;
-        bt = wrap ? b_rd : bt + B_TILE_FLOATS * 4;
+        at = wrap ? at - A_RING_BACK : at + A_TILE_FLOATS * 4;
+        bt = wrap ? bt - B_RING_BACK : bt + B_TILE_FLOATS * 4;
     }
     cp_async_wait<0>();
     __syncthreads();  // all reads of shared memory done before the next tile's prologue

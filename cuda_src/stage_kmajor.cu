@@ -99,9 +99,13 @@ extern "C" __global__ void __launch_bounds__(256) fastmm_stage_kmajor(
     const float* __restrict__ src, float* __restrict__ dst, float* __restrict__ dst2,
     i64 R_, i64 K_, i64 sR, i64 sK, i64 ld, i64 batch_inner, i64 batch_total, i64 s0, i64 s1) {
     const int R = (int)R_, K = (int)K_;
+    // 32-bit batch index (the planner keeps every size below 2^31): with a 64-bit one, z / inner
+    // and z % inner were a call to the 64-bit division routine, around which ptxas kept values on
+    // the stack (16-byte frame, 12 bytes spilled with SPLIT and single-float reads; issue 16).
+    const int inner = (int)batch_inner, total = (int)batch_total;
     const int tiles_k = (K + TILE - 1) / TILE;
     const int r0 = (int)(blockIdx.x / tiles_k) * TILE, k0 = (int)(blockIdx.x % tiles_k) * TILE;
-    for (i64 z = blockIdx.z; z < batch_total; z += gridDim.z)
-        stage_tile(src + (z / batch_inner) * s0 + (z % batch_inner) * s1, dst + z * R_ * ld, dst2 + z * R_ * ld,
-                   R, K, sR, sK, ld, r0, k0);
+    for (int z = blockIdx.z; z < total; z += gridDim.z)
+        stage_tile(src + (i64)(z / inner) * s0 + (i64)(z % inner) * s1, dst + (i64)z * R_ * ld,
+                   dst2 + (i64)z * R_ * ld, R, K, sR, sK, ld, r0, k0);
 }

@@ -374,9 +374,22 @@ extern "C" __global__ void __launch_bounds__(THREADS) fastmm_tf32_mma(FASTMM_PAR
     const int g = lane / 4, t = lane % 4;  // the mma fragment coordinates of this lane
     const int wm = (warp / WARPS_N) * WARP_M, wn = (warp % WARPS_N) * WARP_N;
 
+#if FRAG_PIPE
     for (int z = blockIdx.z; z < batch_total; z += gridDim.z) {
         FASTMM_BATCH_OFFSETS(z)
         for (int tile = blockIdx.x; tile < tiles_m * tiles_n; tile += gridDim.x) {
+#else
+    // The block's (batch, tile) pairs in the order of two grid-stride loops (batches outer) as one
+    // loop, with C's pointer formed in the epilogue: the batch's pointers are not held through
+    // the k-loop (6 registers). tf32x3 (two accumulator sets) sits at the 255-register cap, where
+    // NVRTC 13.5's ptxas spilled (8-16 bytes with single-float copies; issue 16). FRAG_PIPE keeps
+    // the nested loops: no spill there, and its k-loop's code is as measured (NOTES run 12).
+    const int tiles = tiles_m * tiles_n;
+    for (int z = blockIdx.z, tile = blockIdx.x; z < batch_total && tile < tiles;) {
+        const float* Ab = A + (i64)(z / batch_inner) * sA0 + (i64)(z % batch_inner) * sA1;
+        const float* Bb = B + (i64)(z / batch_inner) * sB0 + (i64)(z % batch_inner) * sB1;
+        {
+#endif
             int tm, tn;
             tile_coords<8>(tile, tiles_m, tiles_n, tm, tn);
             const int m0 = tm * BM, n0 = tn * BN;
@@ -556,6 +569,9 @@ extern "C" __global__ void __launch_bounds__(THREADS) fastmm_tf32_mma(FASTMM_PAR
             cp_async_wait<0>();
             __syncthreads();
 
+#if !FRAG_PIPE
+            float* Cb = C + (i64)(z / batch_inner) * sC0 + (i64)(z % batch_inner) * sC1 + (i64)blockIdx.y * sC0;
+#endif
             // Epilogue: acc[i][j][2 h + e] is A-role row arole_row(i, h, g), B-role column
             // 8 j + 2 t + e. Without the swap that is (m, n), stored as pairs along n (e); with it
             // (n, m), and the A-role rows 2 g, 2 g + 1 (h) are the adjacent pair along n.
@@ -580,6 +596,13 @@ extern "C" __global__ void __launch_bounds__(THREADS) fastmm_tf32_mma(FASTMM_PAR
 #endif
                     }
         }
+#if !FRAG_PIPE
+        tile += gridDim.x;
+        if (tile >= tiles) {
+            tile = blockIdx.x;
+            z += gridDim.z;
+        }
+#endif
     }
 #endif
 }

@@ -198,7 +198,7 @@ def _rel_err(c, a, b) -> float:
 def self_check(device, out=_say) -> int:
     """Force each kernel path on every case, and run the dispatcher's own choice at each
     precision; compare with float64. Returns the number of failures."""
-    from . import api
+    from . import dispatch
     from .families import FAMILIES
     from .problem import PRECISIONS
     from .runtime.device import device_facts
@@ -220,7 +220,7 @@ def self_check(device, out=_say) -> int:
                 shape = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1])
                 c = torch.full(shape, float("nan"), device=device)
                 with torch.no_grad():
-                    _, plan, fallback = api.matmul_fastmm(a, b, c, prec, force=fam)
+                    _, plan, fallback = dispatch.matmul_fastmm(a, b, c, prec, force=fam)
                 torch.cuda.synchronize(device)
                 if fallback is not None:
                     bad.append(f"{name}: ran torch.matmul instead ({fallback})")
@@ -291,7 +291,7 @@ def cmd_check(args) -> int:
         return check_without_gpu(reason, args)
     device = torch.device("cuda", args.device if args.device is not None else torch.cuda.current_device())
     torch.cuda.set_device(device)
-    from .api import _runtime_reason
+    from .dispatch import runtime_reason as _runtime_reason
     from .runtime.device import device_facts
 
     facts = device_facts(device.index)
@@ -428,7 +428,7 @@ def _operands(args, device):
 
 
 def cmd_explain(args) -> int:
-    from .api import resolve_precision
+    from .precision import resolve_precision
 
     precision = resolve_precision(args.precision)
     if args.simulate is None and gpu_reason() is None:

@@ -22,6 +22,11 @@ TUNE_ENV = "FASTMM_TUNE"
 #: are then launched plainly, each scheduled only after the kernel ahead on the stream ended.
 #: Read when a plan is prepared (set it before the first call).
 PDL_ENV = "FASTMM_PDL"
+#: ``1``: trust a kernel cache folder (and its ``tuning/`` folder) that is shared: writable by
+#: group or others, or owned by another user. By default fastmm loads nothing from such a folder
+#: (fastmm/runtime/cache.py: the cubins it holds run in this process). With it set, entries and
+#: tuning files are also written readable by all (0o644), so the other users can load them.
+CACHE_TRUST_SHARED_ENV = "FASTMM_CACHE_TRUST_SHARED"
 
 
 def _reader(name: str):
@@ -74,6 +79,11 @@ def tune_on_first_use() -> bool:
 def dependent_launch_enabled() -> bool:
     value = os.environ.get(PDL_ENV)
     return value is None or value.strip().lower() not in {"0", "false", "no", "off"}
+
+
+def cache_trust_shared() -> bool:
+    """Whether the user vouches for a shared cache folder (``FASTMM_CACHE_TRUST_SHARED=1``)."""
+    return _flag(CACHE_TRUST_SHARED_ENV)
 
 
 def cache_dir() -> Path:

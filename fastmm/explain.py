@@ -5,7 +5,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .api import _not_served_reason, analyse, build_problem, plan_for, resolve_precision
+from .dispatch import not_served_reason, plan_for
+from .precision import resolve_precision
+from .shapes import analyse, build_problem, result_matrix
 from .plan import Plan
 
 
@@ -55,16 +57,14 @@ def explain(a: torch.Tensor, b: torch.Tensor, *, precision: str | None = None,
     """What :func:`fastmm.matmul` would do with these operands (nothing is computed or compiled)."""
     requested = resolve_precision(precision)
     shapes = {"a_shape": tuple(a.shape), "b_shape": tuple(b.shape)}
-    reason = _not_served_reason(a, b)
+    reason = not_served_reason(a, b)
     device = str(a.device)
     if reason is not None:
         return Explanation(device, None, shapes, requested, None, None, fallback=reason)
     s = analyse(a, b)
-    if out is not None and tuple(out.shape) == s.out_shape:
-        # restore the squeezed N dim first: for 1-D @ 1-D out is 0-d, and only this order works
-        c = s.matrix_view(out)
-    else:  # what matmul allocates: contiguous (a meta tensor stands in; its pointer reads as 0)
-        c = torch.empty(s.batch + (s.M, s.N), device="meta")
+    c = s.matrix_view(out) if out is not None and tuple(out.shape) == s.out_shape else None
+    if c is None:  # what matmul allocates (a meta tensor stands in; its pointer reads as 0)
+        c = result_matrix(s.batch + (s.M, s.N), "meta")
     p, offsets = build_problem(s, c, requested)
     index = a.device.index if a.device.index is not None else torch.cuda.current_device()
     plan = plan_for(p, index)
@@ -103,9 +103,13 @@ def cache_state(plan: Plan) -> str:
     cache = default_cache()
     target = plan.kernel.target(plan.device.arch)
     path = cache.path_for(plan.kernel.family + "-" + target, key)
+    memory_only = cache.memory_only_reason()  # e.g. an untrusted folder (fastmm/runtime/cache.py)
     if slot is not None:
         origin = {"compiled": "compiled by this process", "disk": "loaded from the disk cache"}[slot[1]]
-        return f"in memory ({origin}); file {slot[2] or '(memory-only cache)'}"
-    if cache.read(path, target, key) is not None:
+        where = slot[2] or (f"(memory-only cache: {memory_only})" if memory_only else "(memory-only cache)")
+        return f"in memory ({origin}); file {where}"
+    if cache.read(path, target, key) is not None:  # (None for an entry or folder the trust policy refuses)
         return f"on disk, not loaded yet: {path}"
+    if memory_only:
+        return f"not compiled yet: the first call compiles it and keeps it in memory only ({memory_only})"
     return f"not compiled yet: the first call compiles it into {path}"

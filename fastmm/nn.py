@@ -2,8 +2,10 @@
 
 It is a subclass of ``torch.nn.Linear`` with the same constructor, parameters and state_dict keys,
 so checkpoints load both ways and ``isinstance(m, torch.nn.Linear)`` still holds. The forward is
-``torch.ops.fastmm.matmul(x, weight.t(), precision)`` (the transposed weight is a view: fastmm
-reads it column-major, nothing is copied) followed by the bias add.
+:func:`fastmm.ops.linear`: ``x @ weight.t()`` (the transposed weight is a view: fastmm reads it
+K-contiguous, nothing is copied), x's leading dims folded into one product, the bias added in
+place on the fresh result; in eager mode through an autograd.Function (no custom-op dispatch
+per call), under torch.compile as the registered op ``fastmm::linear``.
 
 Cases fastmm does not compute go to ``torch.nn.functional.linear`` unchanged:
 - inputs or parameters that are not plain float32 tensors (fastmm computes float32 only), or that
@@ -17,9 +19,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .api import autocast_half_active, resolve_precision
+from . import ops
+from .api import matmul as fastmm_matmul
+from .precision import autocast_half_active, resolve_precision
 
-__all__ = ["Linear", "plain_tensor"]
+__all__ = ["Linear", "MultiheadAttention", "plain_tensor"]
 
 _OP_DEVICES = ("cuda", "cpu")
 
@@ -55,12 +59,7 @@ class Linear(torch.nn.Linear):
                 or input.dim() == 0 or input.device.type not in _OP_DEVICES \
                 or autocast_half_active(input.device.type):
             return F.linear(input, weight, bias)
-        out = torch.ops.fastmm.matmul(input, weight.t(), resolve_precision(self.precision))
-        if bias is not None:
-            # Out of place, so autograd and torch.compile see plain functional ops (torch.compile
-            # fuses the add into one pointwise kernel; eager pays one more output-sized buffer).
-            out = out + bias
-        return out
+        return ops.linear(input, weight, bias, self.precision)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + (f", precision={self.precision!r}" if self.precision is not None else "")
@@ -101,3 +100,98 @@ def _share_state(src: torch.nn.Module, dst: torch.nn.Module) -> None:
     # Module.compile() stores a compiled call bound to src; dst must not run src's forward
     if dst.__dict__.get("_compiled_call_impl") is not None:
         dst.__dict__["_compiled_call_impl"] = None
+
+
+# ---------------------------------------------------------------------------------------------
+# nn.MultiheadAttention with its projections on fastmm
+
+class MultiheadAttention(torch.nn.MultiheadAttention):
+    """``torch.nn.MultiheadAttention`` whose projections run on fastmm (:func:`fastmm.ops.linear`)
+    and whose attention core is ``F.scaled_dot_product_attention`` (its own kernels); with
+    ``need_weights=True`` the scores and the weighted sum are fastmm products too, since the
+    weights must be returned. Same parameters and state_dict as the module it was made from
+    (:func:`fastmm.patch` turns one into the other in place). Options fastmm does not implement
+    (``bias_k`` / ``bias_v``, ``add_zero_attn``, non-float32 tensors, autocast to a half dtype)
+    run torch's own forward."""
+
+    precision: str | None = None
+
+    def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
+                average_attn_weights=True, is_causal=False):
+        tensors = (query, key, value)
+        if self.bias_k is not None or self.add_zero_attn or not all(plain_tensor(t) for t in tensors) \
+                or query.device.type not in _OP_DEVICES or autocast_half_active(query.device.type) \
+                or not all(plain_tensor(p) for p in self.parameters()):
+            return super().forward(query, key, value, key_padding_mask=key_padding_mask, need_weights=need_weights,
+                                   attn_mask=attn_mask, average_attn_weights=average_attn_weights,
+                                   is_causal=is_causal)
+        batched = query.dim() == 3
+        self_attention = query is key and key is value  # (one in_proj product for all three)
+        if not batched:
+            query, key, value = (t.unsqueeze(1) for t in tensors)
+            key_padding_mask = key_padding_mask.unsqueeze(0) if key_padding_mask is not None else None
+        elif self.batch_first:
+            query, key, value = (t.transpose(0, 1) for t in (query, key, value))
+        L, N, E = query.shape
+        S = key.shape[0]
+        H, D = self.num_heads, self.head_dim
+        if self._qkv_same_embed_dim:
+            wq, wk, wv = self.in_proj_weight.chunk(3)
+        else:
+            wq, wk, wv = self.q_proj_weight, self.k_proj_weight, self.v_proj_weight
+        bq = bk = bv = None
+        if self.in_proj_bias is not None:
+            bq, bk, bv = self.in_proj_bias.chunk(3)
+        prec = self.precision
+        if self._qkv_same_embed_dim and self_attention:
+            q, k, v = ops.linear(query, self.in_proj_weight, self.in_proj_bias, prec).chunk(3, dim=-1)
+        else:
+            q, k, v = ops.linear(query, wq, bq, prec), ops.linear(key, wk, bk, prec), ops.linear(value, wv, bv, prec)
+        # (L, N, H*D) -> (N, H, L, D)
+        q = q.reshape(L, N, H, D).permute(1, 2, 0, 3)
+        k = k.reshape(S, N, H, D).permute(1, 2, 0, 3)
+        v = v.reshape(S, N, H, D).permute(1, 2, 0, 3)
+        mask = _additive_mask(attn_mask, key_padding_mask, N, H, L, S, q.dtype)
+        dropout = self.dropout if self.training else 0.0
+        weights = None
+        if need_weights:
+            scores = fastmm_matmul(q, k.transpose(-1, -2), precision=prec) * (D ** -0.5)
+            if mask is not None:
+                scores = scores + mask
+            elif is_causal:
+                scores = scores.masked_fill(torch.ones(L, S, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+            weights = torch.softmax(scores, dim=-1)
+            probs = F.dropout(weights, dropout) if dropout > 0 else weights
+            out = fastmm_matmul(probs, v, precision=prec)
+            weights = weights.mean(dim=1) if average_attn_weights else weights
+            if not batched:
+                weights = weights.squeeze(0)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout,
+                                                 is_causal=is_causal and mask is None)
+        out = out.permute(2, 0, 1, 3).reshape(L, N, E)
+        out = ops.linear(out, self.out_proj.weight, self.out_proj.bias, prec)
+        if not batched:
+            out = out.squeeze(1)
+        elif self.batch_first:
+            out = out.transpose(0, 1)
+        return out, weights
+
+
+def _additive_mask(attn_mask, key_padding_mask, N, H, L, S, dtype):
+    """torch MHA's two masks as one float mask broadcastable to (N, H, L, S): True (bool) means
+    "may not attend" there, as in nn.MultiheadAttention; float masks are added."""
+    mask = None
+    if attn_mask is not None:
+        m = attn_mask
+        if m.dtype == torch.bool:
+            m = torch.zeros(m.shape, dtype=dtype, device=m.device).masked_fill(m, float("-inf"))
+        mask = m.reshape(N, H, L, S) if m.dim() == 3 else m
+    if key_padding_mask is not None:
+        kp = key_padding_mask
+        if kp.dtype == torch.bool:
+            kp = torch.zeros(kp.shape, dtype=dtype, device=kp.device).masked_fill(kp, float("-inf"))
+        kp = kp.reshape(N, 1, 1, S)
+        mask = kp if mask is None else mask + kp
+    return mask
+

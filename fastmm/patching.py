@@ -1,24 +1,22 @@
-"""Putting fastmm into existing models: swap their ``nn.Linear`` modules, or route the matmuls of a
+"""Putting fastmm into existing models: convert their matmul modules, or route the matmuls of a
 block of code.
 
-- :func:`patch` / :func:`unpatch`: replace every plain ``torch.nn.Linear`` in a model by
-  :class:`fastmm.nn.Linear` (and back), sharing the Parameter objects, so optimizers, tied weights
-  and checkpoints are unaffected.
+- :func:`patch` / :func:`unpatch`: every plain ``torch.nn.Linear`` becomes :class:`fastmm.nn.Linear`
+  (and back), sharing the Parameter objects; ``nn.MultiheadAttention`` (projections on fastmm,
+  attention core on ``F.scaled_dot_product_attention``), GPT-2's ``Conv1D`` where
+  ``transformers`` is imported, and any class given to :func:`register` /
+  :func:`register_linear_like` are converted in place (their class changes; the object, its
+  Parameters, state_dict and hooks stay). Optimizers, tied weights and checkpoints are unaffected.
 - :func:`use_fastmm`: a ``torch.overrides.TorchFunctionMode`` that routes ``torch.matmul``, ``@``,
-  ``torch.mm``, ``torch.bmm`` and ``torch.nn.functional.linear`` (function and method forms) on
-  float32 tensors through ``torch.ops.fastmm.matmul`` for a block of code, whichever module
-  makes the call (but see below for torch functions written in Python).
+  ``torch.mm``, ``torch.bmm``, ``torch.nn.functional.linear``, ``torch.addmm``, ``torch.baddbmm``
+  and ``torch.addbmm`` (function and method forms) on float32 tensors through fastmm for a block
+  of code, whichever module makes the call.
 
-What neither reaches: ``nn.MultiheadAttention`` (and so the attention half of ``nn.Transformer*``
-layers) keeps its projections in ``in_proj_weight`` and in ``out_proj``, a
-``NonDynamicallyQuantizableLinear`` subclass, and computes them in
-``F.multi_head_attention_forward`` straight from the weights; ``out_proj.forward`` is never
-called, so swapping it would change nothing, and patch leaves it (and every other subclass of
-``nn.Linear``) alone. The mode does not reach inside either: a torch function mode sees each
-public torch function once, at the outermost level, and ``F.multi_head_attention_forward`` is a
-Python function that dispatches ``__torch_function__`` itself, so the mode is handed the whole
-call and the matmuls inside it run on torch (torch takes a mode off the stack while its handler
-runs).
+What the mode does not reach: torch functions written in Python that dispatch
+``__torch_function__`` themselves (``F.multi_head_attention_forward``): a torch function mode
+sees each public torch function once, at the outermost level, and torch takes the mode off the
+stack while its handler runs, so the matmuls inside run on torch. :func:`patch` converts
+``nn.MultiheadAttention`` modules instead. :func:`fastmm.coverage` lists what ran where.
 
 Inference fast path: in eval mode without grad, ``nn.TransformerEncoderLayer`` runs a fused
 kernel that reads ``linear1.weight`` / ``linear2.weight`` directly, bypassing the patched modules
@@ -27,52 +25,145 @@ does running inside :func:`use_fastmm` (torch skips the fast path while a functi
 """
 from __future__ import annotations
 
+import sys
+
 import torch
 from torch.overrides import TorchFunctionMode
 
+from . import ops
 from .api import matmul as _fastmm_matmul
-from .api import autocast_half_active, resolve_precision
-from .nn import Linear, plain_tensor
+from .precision import autocast_half_active, resolve_precision
+from .nn import Linear, MultiheadAttention, plain_tensor
 
-__all__ = ["patch", "unpatch", "use_fastmm", "FastmmMode"]
+__all__ = ["patch", "unpatch", "register", "register_linear_like", "use_fastmm", "FastmmMode"]
 
 
 # ---------------------------------------------------------------------------------------------
 # module swapping
 
-def _swap(model: torch.nn.Module, source: type, convert) -> torch.nn.Module:
-    """Replace every child whose type is exactly ``source`` by ``convert(child)``. A module that
-    appears at several places (shared) becomes one new module at all of them."""
-    if type(model) is source:
-        return convert(model)
+def _swap(model: torch.nn.Module, convert) -> torch.nn.Module:
+    """Replace every child that ``convert`` turns into another module (None: leave it). A module
+    that appears at several places (shared) becomes one new module at all of them."""
+    top = convert(model)
+    if top is not None:
+        return top
     done: dict[int, torch.nn.Module] = {}
     for parent in list(model.modules()):
         for name, child in list(parent._modules.items()):
-            if child is not None and type(child) is source:
-                new = done.get(id(child))
+            if child is None:
+                continue
+            new = done.get(id(child))
+            if new is None:
+                new = convert(child)
                 if new is None:
-                    new = done[id(child)] = convert(child)
-                setattr(parent, name, new)
+                    continue
+                done[id(child)] = new
+            setattr(parent, name, new)
     return model
 
 
-def patch(model: torch.nn.Module, precision: str | None = None) -> torch.nn.Module:
-    """Swap every ``torch.nn.Linear`` in ``model`` (exact type; subclasses and modules already
-    patched are left alone) for a :class:`fastmm.nn.Linear` that uses the same Parameters.
+#: class -> its fastmm subclass, for modules converted by changing their class in place (the
+#: object, its Parameters, buffers and hooks stay the same; only forward differs).
+_SUBCLASSES: dict[type, type] = {}
 
-    Works in place and returns ``model``; if ``model`` itself is an ``nn.Linear`` the converted
-    module is returned (use the return value). ``precision`` is given to every swapped layer
+
+def register(cls: type, fastmm_cls: type) -> None:
+    """Have :func:`patch` convert modules of exactly ``cls`` to ``fastmm_cls`` (a subclass of
+    ``cls`` whose ``forward`` computes on fastmm, e.g. with :func:`fastmm.ops.linear` or
+    :func:`fastmm.ops.addmm`, and reads ``self.precision``), and :func:`unpatch` back. The
+    conversion changes the module's class in place: same object, Parameters, state_dict keys and
+    hooks. See :func:`register_linear_like` for the common case."""
+    if not (isinstance(cls, type) and isinstance(fastmm_cls, type) and issubclass(fastmm_cls, cls)):
+        raise TypeError("register(cls, fastmm_cls): fastmm_cls must be a subclass of cls")
+    _SUBCLASSES[cls] = fastmm_cls
+
+
+def register_linear_like(cls: type, *, weight: str = "weight", bias: str | None = "bias",
+                         layout: str = "out_in") -> type:
+    """Register a Linear-like module class: its ``forward(x)`` is ``x @ W.t() + b``
+    (``layout="out_in"``: W stored [out, in], as nn.Linear) or ``x @ W + b`` (``"in_out"``: W
+    stored [in, out], as GPT-2's Conv1D), with W and b the attributes named ``weight`` and
+    ``bias`` (``bias=None``: none). Returns the fastmm subclass that :func:`patch` will use."""
+    if layout not in ("out_in", "in_out"):
+        raise ValueError(f"layout must be 'out_in' or 'in_out', got {layout!r}")
+
+    def forward(self, x):
+        w = getattr(self, weight)
+        b = getattr(self, bias) if bias is not None else None
+        if not (plain_tensor(x) and plain_tensor(w) and (b is None or plain_tensor(b))) or x.dim() == 0 \
+                or autocast_half_active(x.device.type):
+            return cls.forward(self, x)
+        if layout == "out_in":
+            return ops.linear(x, w, b, self.precision)
+        rows = x.reshape(-1, x.shape[-1])
+        out = ops.addmm(b, rows, w, precision=self.precision) if b is not None else \
+            _fastmm_matmul(rows, w, precision=self.precision)
+        return out.view(x.shape[:-1] + (w.shape[1],))
+
+    sub = type(f"Fastmm{cls.__name__}", (cls,), {"forward": forward, "precision": None,
+                                                  "__doc__": f"{cls.__name__} computed by fastmm ({layout})."})
+    register(cls, sub)
+    return sub
+
+
+def _register_known() -> None:
+    """nn.MultiheadAttention always; transformers' Conv1D where transformers is imported (never
+    imported here: it is no dependency)."""
+    _SUBCLASSES.setdefault(torch.nn.MultiheadAttention, MultiheadAttention)
+    pytorch_utils = sys.modules.get("transformers.pytorch_utils")
+    conv1d = getattr(pytorch_utils, "Conv1D", None)
+    if conv1d is not None and conv1d not in _SUBCLASSES:
+        register_linear_like(conv1d, layout="in_out")
+
+
+def patch(model: torch.nn.Module, precision: str | None = None) -> torch.nn.Module:
+    """Put ``model``'s matmul modules on fastmm: every ``torch.nn.Linear`` (exact type) becomes a
+    :class:`fastmm.nn.Linear` using the same Parameters; ``nn.MultiheadAttention``, GPT-2's
+    ``Conv1D`` (where ``transformers`` is imported) and classes given to :func:`register` /
+    :func:`register_linear_like` are converted in place to their fastmm subclass. Subclasses of
+    these and modules already patched are left alone.
+
+    Works in place and returns ``model``; if ``model`` itself is converted to a new module that
+    is returned (use the return value). ``precision`` is given to every converted module
     (``None``: follow ``torch.set_float32_matmul_precision`` at call time).
     """
     if precision is not None:
         resolve_precision(precision)
-    return _swap(model, torch.nn.Linear, lambda m: Linear.from_linear(m, precision=precision))
+    _register_known()
+
+    def convert(m):
+        if type(m) is torch.nn.Linear:
+            return Linear.from_linear(m, precision=precision)
+        sub = _SUBCLASSES.get(type(m))
+        if sub is not None:
+            m.__class__ = sub
+            m.precision = precision
+            return m
+        if isinstance(m, tuple(_SUBCLASSES.values()) + (Linear,)) and m.__dict__.get("precision") != precision \
+                and precision is not None:
+            m.precision = precision  # patched before: take the new precision
+        return None
+
+    return _swap(model, convert)
 
 
 def unpatch(model: torch.nn.Module) -> torch.nn.Module:
     """Undo :func:`patch`: every :class:`fastmm.nn.Linear` becomes a plain ``torch.nn.Linear`` with
-    the same Parameters. In place; returns ``model`` (or the converted module if ``model`` is one)."""
-    return _swap(model, Linear, Linear.to_linear)
+    the same Parameters, and converted modules get their original class back. In place; returns
+    ``model`` (or the converted module if ``model`` is one)."""
+    originals = {sub: cls for cls, sub in _SUBCLASSES.items()}
+
+    def convert(m):
+        if type(m) is Linear:
+            return Linear.to_linear(m)
+        cls = originals.get(type(m))
+        if cls is not None:
+            m.__class__ = cls
+            m.__dict__.pop("precision", None)
+            return m
+        return None
+
+    return _swap(model, convert)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -120,7 +211,7 @@ class FastmmMode(TorchFunctionMode):
             and not autocast_half_active(dev.type)
 
     def _mm(self, a, b):
-        return torch.ops.fastmm.matmul(a, b, resolve_precision(self.precision))
+        return _fastmm_matmul(a, b, precision=self.precision)  # (autograd and compile routes inside)
 
     # one handler per call form; NotImplemented hands the call to torch as it was made
 
@@ -175,8 +266,64 @@ class FastmmMode(TorchFunctionMode):
             return NotImplemented  # unusual bias shapes: torch's broadcasting rules and errors
         if not self._takes(x, w, *(() if bias is None else (bias,))):
             return NotImplemented
-        out = self._mm(x, w.t())
-        return out if bias is None else out + bias
+        return ops.linear(x, w, bias, self.precision)
+
+    def _addmm(self, args, kwargs):
+        c, a, b, beta, alpha = _add_operands(args, kwargs, "mat1", "mat2")
+        if c is None or a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0] or not self._takes(c, a, b):
+            return NotImplemented
+        try:
+            torch.broadcast_shapes(c.shape, (a.shape[0], b.shape[1]))
+        except RuntimeError:
+            return NotImplemented  # torch's own error
+        return ops.addmm(c, a, b, beta=beta, alpha=alpha, precision=self.precision)
+
+    def _baddbmm(self, args, kwargs):
+        c, a, b, beta, alpha = _add_operands(args, kwargs, "batch1", "batch2")
+        if c is None or a.dim() != 3 or b.dim() != 3 or a.shape[0] != b.shape[0] or a.shape[2] != b.shape[1] \
+                or not self._takes(c, a, b):
+            return NotImplemented
+        try:
+            torch.broadcast_shapes(c.shape, (a.shape[0], a.shape[1], b.shape[2]))
+        except RuntimeError:
+            return NotImplemented
+        return _scale_add(self._mm(a, b), c, beta, alpha)
+
+    def _addbmm(self, args, kwargs):
+        c, a, b, beta, alpha = _add_operands(args, kwargs, "batch1", "batch2")
+        if c is None or a.dim() != 3 or b.dim() != 3 or a.shape[0] != b.shape[0] or a.shape[2] != b.shape[1] \
+                or not self._takes(c, a, b):
+            return NotImplemented
+        try:
+            torch.broadcast_shapes(c.shape, (a.shape[1], b.shape[2]))
+        except RuntimeError:
+            return NotImplemented
+        # sum over the batch of a_i @ b_i = one product with K = batch x k: (n, batch*k) @ (batch*k, p)
+        nb, n, k = a.shape
+        prod = self._mm(a.transpose(0, 1).reshape(n, nb * k), b.reshape(nb * k, b.shape[2]))
+        return _scale_add(prod, c, beta, alpha)
+
+
+def _add_operands(args, kwargs, first: str, second: str):
+    """(c, a, b, beta, alpha) of ``f(c, a, b, *, beta=1, alpha=1)`` (torch.addmm and kin), or
+    Nones for any other call form (torch then takes it as it was made)."""
+    names = ("input", first, second)
+    if len(args) > 3 or any(k not in names + ("beta", "alpha") for k in kwargs) \
+            or any(n in kwargs for n in names[:len(args)]):
+        return None, None, None, None, None
+    c, a, b = (list(args) + [kwargs.get(n) for n in names[len(args):]])[:3]
+    beta, alpha = kwargs.get("beta", 1), kwargs.get("alpha", 1)
+    if not all(isinstance(t, torch.Tensor) for t in (c, a, b)) or isinstance(beta, torch.Tensor) \
+            or isinstance(alpha, torch.Tensor) or a.dim() == 0 or b.dim() == 0:
+        return None, None, None, None, None
+    return c, a, b, beta, alpha
+
+
+def _scale_add(prod: torch.Tensor, c: torch.Tensor, beta, alpha) -> torch.Tensor:
+    """beta * c + alpha * prod (beta = 0: c ignored, NaN included, as torch does)."""
+    if alpha != 1:
+        prod = prod * alpha
+    return prod if beta == 0 else prod + (c if beta == 1 else c * beta)
 
 
 _T = torch.Tensor
@@ -190,6 +337,12 @@ _ROUTES = {
     torch.bmm: FastmmMode._bmm_call,
     _T.bmm: FastmmMode._bmm_call,
     torch.nn.functional.linear: FastmmMode._linear,
+    torch.addmm: FastmmMode._addmm,
+    _T.addmm: FastmmMode._addmm,
+    torch.baddbmm: FastmmMode._baddbmm,
+    _T.baddbmm: FastmmMode._baddbmm,
+    torch.addbmm: FastmmMode._addbmm,
+    _T.addbmm: FastmmMode._addbmm,
 }
 
 

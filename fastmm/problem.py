@@ -2,7 +2,7 @@
 alignment and precision. Plain frozen dataclasses (hashable: a Problem is the plan-cache key)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 PRECISIONS = ("ieee", "tf32", "tf32x3")
 
@@ -85,3 +85,10 @@ class Problem:
         if s[0] == 1:
             return "column-major"
         return "strided"
+
+
+def transposed(p: Problem) -> Problem:
+    """The problem C^T = B^T A^T: the same memory, with the roles of A and B exchanged."""
+    return replace(p, M=p.N, N=p.M, a_strides=p.b_strides[::-1], b_strides=p.a_strides[::-1],
+                   c_strides=p.c_strides[::-1], a_batch_strides=p.b_batch_strides, b_batch_strides=p.a_batch_strides,
+                   a_align=p.b_align, b_align=p.a_align, a_padded=p.b_padded, b_padded=p.a_padded)

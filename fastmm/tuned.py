@@ -1,7 +1,7 @@
 """What tuning leaves for the planner: the shape bucket a problem falls in, and the measured choice
 stored for a bucket.
 
-Pure Python like :mod:`fastmm.plan`: the api layer finds a stored record for a problem's bucket
+Pure Python like :mod:`fastmm.plan`: fastmm.dispatch finds a stored record for a problem's bucket
 (:mod:`fastmm.runtime.tuning_store`), turns it into a :class:`TunedChoice`, and hands it to
 :func:`fastmm.plan.select`, which uses it where it still applies.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .families import _vec_ok
+from .families import vec_ok
 from .problem import Problem
 
 _LAYOUT_LETTER = {"row-major": "r", "column-major": "c", "strided": "s"}
@@ -27,9 +27,9 @@ def _vector_readable(p: Problem, which: str) -> bool:
         "a": (p.a_strides, p.a_batch_strides, p.a_align), "b": (p.b_strides, p.b_batch_strides, p.b_align),
         "c": (p.c_strides, p.c_batch_strides, p.c_align)}[which]
     if s_col == 1:
-        return _vec_ok(cols, s_row, batch, align)
+        return vec_ok(cols, s_row, batch, align)
     if s_row == 1:
-        return _vec_ok(rows, s_col, batch, align)
+        return vec_ok(rows, s_col, batch, align)
     return False
 
 

@@ -31,7 +31,10 @@ from pathlib import Path
 
 import torch
 
-from . import api
+from . import dispatch, fast_path
+from .errors import warn_once
+from .precision import resolve_precision
+from .shapes import Shapes, analyse, build_problem, result_matrix
 from .plan import Plan, candidate_choices, select
 from .problem import Problem
 from .runtime.compiler import CompileError
@@ -136,18 +139,20 @@ def tune(a: torch.Tensor, b: torch.Tensor, precision: str | None = None, *, out:
     if not torch.cuda.is_available():
         raise RuntimeError("fastmm.tune times kernels on a CUDA GPU, and there is none "
                            "(torch.cuda.is_available() is False)")
-    reason = api._not_served_reason(a, b)
+    reason = dispatch.not_served_reason(a, b)
     if reason is not None:
         raise ValueError(f"fastmm.tune: fastmm's kernels cannot serve these operands: {reason}")
     _refuse_while_capturing()
-    precision = api.resolve_precision(precision)
-    s = api.analyse(a, b)
+    precision = resolve_precision(precision)
+    s = analyse(a, b)
     if out is None:
-        c = torch.empty(s.batch + (s.M, s.N), dtype=torch.float32, device=a.device)
+        c = result_matrix(s.batch + (s.M, s.N), a.device)
     elif tuple(out.shape) != s.out_shape or out.dtype != torch.float32 or out.device != a.device:
         raise ValueError(f"out must be a float32 tensor of shape {s.out_shape} on {a.device}")
     else:
         c = s.matrix_view(out)
+        if c is None:  # rows that cannot be one view of out: time on a buffer of its own
+            c = result_matrix(s.batch + (s.M, s.N), a.device)
     index = a.device.index if a.device.index is not None else torch.cuda.current_device()
     return _tune(s, c, precision, index, repeats, warmup, _only(candidates), persist)
 
@@ -222,15 +227,15 @@ class _Reference:
         return math.sqrt(num / den) if den else math.sqrt(num)
 
 
-def _tune(s: api.Shapes, c: torch.Tensor, precision: str, index: int, repeats: int, warmup: int,
+def _tune(s: Shapes, c: torch.Tensor, precision: str, index: int, repeats: int, warmup: int,
           only, persist: bool) -> TuneResult:
     from .runtime import launcher
 
     with torch.no_grad(), torch.cuda.device(index):
-        dev = api.device_facts(index)
+        dev = dispatch.device_facts(index)
         s = dataclasses.replace(s, a=_fresh_like(s.a, True), b=_fresh_like(s.b, True))
         c = _fresh_like(c, False)
-        problem, offsets = api.build_problem(s, c, precision)
+        problem, offsets = build_problem(s, c, precision)
         bucket = bucket_of(problem)
         heuristic = select(problem, dev)
         if heuristic.kernel is None:
@@ -264,8 +269,8 @@ def _tune(s: api.Shapes, c: torch.Tensor, precision: str, index: int, repeats: i
                 result.note = f"failed to compile: {str(exc).splitlines()[0]}"
                 continue
 
-            def call(plan=plan, loaded=loaded, reduce=reduce):
-                api._launch_plan(plan, loaded, reduce, s, c, problem, offsets, index)
+            def call(hit=dispatch.Prepared(plan, loaded, reduce)):
+                dispatch.launch_plan(hit, s, c, problem, offsets, index)
 
             c.fill_(float("nan"))
             call()
@@ -323,7 +328,7 @@ def _store(index: int, bucket: str, problem: Problem, best: CandidateResult, heu
         record.update(heuristic_family=heuristic.choice.family, heuristic_option=list(heuristic.choice.option),
                       heuristic_ms=heuristic.time_ms)
     path = store_for(index).put(bucket, record)
-    api.forget_plans()  # cached plans of this bucket were made without the record
+    fast_path.forget_plans()  # cached plans of this bucket were made without the record
     return path
 
 
@@ -334,7 +339,7 @@ _tried: set[tuple[int, str]] = set()
 _tried_guard = threading.Lock()
 
 
-def tune_on_first_use(s: api.Shapes, c: torch.Tensor, problem: Problem, index: int) -> None:
+def tune_on_first_use(s: Shapes, c: torch.Tensor, problem: Problem, index: int) -> None:
     """Tune the bucket of a call's problem the first time this process meets it, unless a tuned
     choice is stored already; then the call proceeds (with the new choice). Never while a CUDA
     graph is captured or torch.compile traces; a failure warns once and leaves the heuristics."""
@@ -342,7 +347,7 @@ def tune_on_first_use(s: api.Shapes, c: torch.Tensor, problem: Problem, index: i
         return
     if s.K == 0 or c.numel() == 0:
         return
-    dev = api.device_facts(index)
+    dev = dispatch.device_facts(index)
     if dev.simulated:
         return
     bucket = bucket_of(problem)
@@ -350,13 +355,13 @@ def tune_on_first_use(s: api.Shapes, c: torch.Tensor, problem: Problem, index: i
         if (index, bucket) in _tried:
             return
         _tried.add((index, bucket))
-    if api.tuned_choice(problem, dev) is not None:
+    if dispatch.tuned_choice(problem, dev) is not None:
         return
     try:
         _tune(s, c, problem.precision, index, DEFAULT_REPEATS, DEFAULT_WARMUP, None, True)
     except Exception as exc:  # e.g. out of memory for the float64 reference: the heuristics serve
-        api._warn_once(f"fastmm: tuning {bucket} on first use failed ({type(exc).__name__}: {exc}); "
+        warn_once(f"fastmm: tuning {bucket} on first use failed ({type(exc).__name__}: {exc}); "
                        "the heuristic choice serves it")
 
 
-api.first_use_tuner = tune_on_first_use
+dispatch.first_use_tuner = tune_on_first_use

@@ -1,5 +1,9 @@
-"""Shared fixtures: an isolated kernel cache, the CUDA skip, and the float64 error measure."""
+"""Shared fixtures: an isolated kernel cache, the CUDA skip, the one error measure against float64,
+and a simulated H200 whose kernels are emulated on the CPU (tests/emulation.py)."""
 from __future__ import annotations
+
+import importlib
+import math
 
 import pytest
 import torch
@@ -35,11 +39,28 @@ def tmp_cache(tmp_path, monkeypatch):
     return folder
 
 
-def relative_error(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> float:
-    """||c - a@b||_F / ||a@b||_F with the reference and the difference in float64."""
-    ref = torch.matmul(a.double(), b.double())
+def relative_error(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor | None = None, *,
+                   scale: str = "product") -> float:
+    """||c - ref||_F / ||ref||_F, in float64: ref = a @ b, or ``a`` itself where ``b`` is None (a
+    reference computed already). ``scale="abs"``: divided by || |A| @ |B| ||_F instead (rounding
+    errors are bounded element-wise by a multiple of (|A| |B|)_ij, so this stays meaningful where
+    the product cancels or K is tiny). Where the scale is zero (a zero reference, K = 0), the
+    error is 0.0 for an exact result and inf otherwise."""
+    if b is None:
+        assert scale == "product", "scale='abs' needs the operands"
+        ref = a.detach().double()
+    else:
+        ref = torch.matmul(a.detach().double(), b.detach().double())
     assert tuple(c.shape) == tuple(ref.shape), f"result shape {tuple(c.shape)} != reference {tuple(ref.shape)}"
-    return ((c.double() - ref).norm() / ref.norm()).item()
+    diff = (c.detach().double() - ref).norm().item()
+    if scale == "abs":
+        norm = torch.matmul(a.detach().double().abs(), b.detach().double().abs()).norm().item()
+    else:
+        assert scale == "product", scale
+        norm = ref.norm().item()
+    if norm == 0.0:
+        return 0.0 if diff == 0.0 else math.inf
+    return diff / norm
 
 
 @pytest.fixture
@@ -48,13 +69,13 @@ def rel_err():
     return relative_error
 
 
-def run_forced(a, b, family, precision, out=None):
-    """``fastmm.api.matmul_fastmm`` forced onto ``family``: (result, plan). Skips where the GPU
+def run_forced(a, b, family, precision, out=None, variants=()):
+    """``fastmm.dispatch.matmul_fastmm`` forced onto ``family``: (result, plan). Skips where the GPU
     cannot run the family (e.g. cp.async on sm75); a fallback to torch fails the test."""
-    from fastmm import api
+    from fastmm import dispatch
 
     try:
-        result, plan, reason = api.matmul_fastmm(a, b, out, precision, force=family)
+        result, plan, reason = dispatch.matmul_fastmm(a, b, out, precision, force=family, variants=variants)
     except ValueError as exc:
         # the GPU cannot run the family
         if any(why in str(exc) for why in ("needs sm", "sm_90a instruction")):
@@ -64,36 +85,88 @@ def run_forced(a, b, family, precision, out=None):
     return result, plan
 
 
-def simulate_h200(monkeypatch):
-    """CPU tensors pass for CUDA ones on a simulated H200 with an empty plan cache: the setting of
-    the CPU emulation fixtures (tests/test_fast_path.py, tests/test_wgmma_host.py), which then
-    replace the launcher with their kernel emulations. Current stream: 7. Returns the record
-    they fill: ``launches`` (theirs to append to) and ``slow_calls``, the calls that took the
-    full path (api._run)."""
-    import importlib
-    import types
+class _OnCuda:
+    """A CPU tensor as fastmm.dispatch.not_served_reason sees it on the simulated GPU: on cuda:0,
+    everything else its own (dtype, layout, ...), so the other rules still apply."""
 
-    from fastmm import api
+    device = torch.device("cuda", 0)
+
+    def __init__(self, t):
+        self._t = t
+
+    def __getattr__(self, name):
+        return getattr(self._t, name)
+
+
+def simulate_h200(monkeypatch):
+    """CPU tensors pass for CUDA ones (float32 ones: fastmm.dispatch.not_served_reason still applies
+    its other rules) on a simulated H200 with a usable runtime, empty plan caches (fastmm.dispatch's
+    PLANS, fastmm.fast_path's ENTRIES) and no warning given yet: the setting of the emulated GPU
+    (the ``emulated_gpu`` fixture, which also replaces the launcher). Current stream: 7. Returns
+    the record (tests/emulation.py EmulatedGpu) whose ``slow_calls`` counts the calls that took
+    the full path (fastmm.dispatch.run)."""
+    from emulation import EmulatedGpu
+    from fastmm import dispatch, errors, fast_path
     from fastmm.problem import DeviceFacts
 
     explain_module = importlib.import_module("fastmm.explain")  # (fastmm.explain is the function)
-    monkeypatch.setattr(api, "_not_served_reason", lambda a, b: None)
-    monkeypatch.setattr(explain_module, "_not_served_reason", lambda a, b: None)
-    monkeypatch.setattr(api, "device_facts", lambda index: DeviceFacts.simulated_device("sm_90", index))
+    real_reason = dispatch.not_served_reason  # (it looks up runtime_reason in the module: patched below)
+
+    def served_as_if_on_cuda(a, b):
+        return real_reason(_OnCuda(a), _OnCuda(b))
+
+    monkeypatch.setattr(dispatch, "runtime_reason", lambda: None)
+    monkeypatch.setattr(dispatch, "not_served_reason", served_as_if_on_cuda)
+    monkeypatch.setattr(explain_module, "not_served_reason", served_as_if_on_cuda)
+    monkeypatch.setattr(dispatch, "device_facts", lambda index: DeviceFacts.simulated_device("sm_90", index))
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
-    monkeypatch.setattr(api, "_current_stream", lambda index: 7)
-    monkeypatch.setattr(api, "_prepared", {})
-    monkeypatch.setattr(api, "_fast", {})
-    monkeypatch.setattr(api, "_failed", {})
+    monkeypatch.setattr(dispatch, "current_stream", lambda index: 7)
+    monkeypatch.setattr(dispatch, "PLANS", dispatch.PlanCache())
+    monkeypatch.setattr(fast_path, "ENTRIES", {})
+    monkeypatch.setattr(errors, "_warned", set())
     for name in ("FASTMM_KERNEL", "FASTMM_TUNE", "FASTMM_DISABLE"):
         monkeypatch.delenv(name, raising=False)
-    gpu = types.SimpleNamespace(launches=[], slow_calls=0)
-    real_run = api._run
+    gpu = EmulatedGpu()
+    real_run = dispatch.run
 
     def counting_run(*args, **kwargs):
         gpu.slow_calls += 1
         return real_run(*args, **kwargs)
 
-    monkeypatch.setattr(api, "_run", counting_run)
+    monkeypatch.setattr(dispatch, "run", counting_run)
     return gpu
+
+
+@pytest.fixture
+def emulated_gpu(tmp_cache, monkeypatch):
+    """A simulated H200 (:func:`simulate_h200`) whose launches are emulated on the CPU
+    (tests/emulation.py): fastmm.matmul on CPU tensors then runs fastmm's own plans, launch
+    arguments and runners, and the kernels compute C from the memory those arguments point at.
+    Yields the record of launches (``launches``, ``families``) and full-path calls (``slow_calls``)."""
+    import emulation
+    from fastmm.runtime import arrivals
+
+    gpu = simulate_h200(monkeypatch)
+    emulation.install(monkeypatch, gpu)
+    arrivals.forget()  # (the emulated stream's counters live in CPU memory made during the test)
+    yield gpu
+    emulation.forget()
+    arrivals.forget()
+
+
+class CudaLooking:
+    """Just enough of a CUDA float32 tensor for fastmm.dispatch.not_served_reason (keywords
+    change one attribute: dtype, device, layout, is_sparse, complex)."""
+
+    def __init__(self, *shape, dtype=torch.float32, device="cuda:0", layout=torch.strided, is_sparse=False,
+                 complex=False):
+        self.shape = torch.Size(shape)
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.is_sparse = is_sparse
+        self.layout = layout
+        self._complex = complex
+
+    def is_complex(self):
+        return self._complex

@@ -1,6 +1,8 @@
-"""torch.matmul semantics of fastmm.matmul / fastmm.explain on the CPU (fastmm.api,
-fastmm.explain, fastmm.config): errors worded as torch words them, CPU results identical to
-torch's, ``out=`` rules, precision resolution, and how a call becomes a Problem for the planner.
+"""fastmm.matmul's public semantics (fastmm.api): errors worded as torch words them, unknown
+precisions refused, ``out=`` rules, K = 0, where a call goes (the autograd op, torch for autocast,
+the full or the steady-state path), and fastmm.explain's answer. Results are checked on the
+emulated GPU (conftest.emulated_gpu), where fastmm's own plans and launch arguments compute them;
+on CPU tensors fastmm hands every call to torch (tests/test_dispatch.py checks that decision).
 """
 from __future__ import annotations
 
@@ -10,12 +12,8 @@ import pytest
 import torch
 
 import fastmm
-from fastmm import api
-from fastmm.families import LOAD_ELEM_FAST, LOAD_ELEM_K, LOAD_VEC_FAST, LOAD_VEC_K
-from fastmm.plan import select
-from fastmm.problem import DeviceFacts
-
-SM90 = DeviceFacts.simulated_device("sm_90")
+from fastmm import api, ops
+from conftest import relative_error
 
 
 def outcome(fn):
@@ -28,17 +26,11 @@ def outcome(fn):
 
 
 def noncontig(t: torch.Tensor) -> torch.Tensor:
-    """The same values with the last two dims stored column-major (other strides, other torch paths)."""
+    """The same values with the last two dims stored column-major (other strides, other torch
+    paths), in memory from torch.empty (which the emulated GPU knows as memory)."""
     if t.dim() < 2:
         return t
-    return t.transpose(-1, -2).contiguous().transpose(-1, -2)
-
-
-@pytest.fixture
-def restore_float32_precision():
-    old = torch.get_float32_matmul_precision()
-    yield
-    torch.set_float32_matmul_precision(old)
+    return torch.empty(t.shape[:-2] + (t.shape[-1], t.shape[-2])).transpose(-1, -2).copy_(t)
 
 
 # --- errors ------------------------------------------------------------------------------------
@@ -66,6 +58,8 @@ MISMATCHED = [
 @pytest.mark.parametrize("layout", ["contiguous", "column-major"])
 @pytest.mark.parametrize("sa,sb", MISMATCHED, ids=[f"{a}@{b}" for a, b in MISMATCHED])
 def test_shape_errors_are_torchs_errors(sa, sb, layout):
+    """fastmm checks shapes itself (fastmm.shapes.analyse) before anything else, on every device:
+    its errors must read as torch's, whose wording depends on the operands' strides."""
     a, b = torch.randn(sa), torch.randn(sb)
     if layout == "column-major":
         a, b = noncontig(a), noncontig(b)
@@ -75,6 +69,13 @@ def test_shape_errors_are_torchs_errors(sa, sb, layout):
     assert outcome(lambda: fastmm.matmul(a, b, precision="tf32")) == expected
     out = torch.empty(0)
     assert outcome(lambda: fastmm.matmul(a, b, out=out)) == outcome(lambda: torch.matmul(a, b, out=torch.empty(0)))
+
+
+def test_shape_errors_on_the_gpu_path_are_torchs_errors(emulated_gpu):
+    for sa, sb in MISMATCHED[:12]:
+        a, b = torch.randn(sa), torch.randn(sb)
+        assert outcome(lambda: fastmm.matmul(a, b)) == outcome(lambda: torch.matmul(a, b)), (sa, sb)
+    assert emulated_gpu.launches == []
 
 
 def test_2d_shape_error_names_both_shapes():
@@ -89,7 +90,9 @@ def test_0d_error_says_at_least_1d():
 
 
 @pytest.mark.parametrize("case", ["dtype_mismatch", "not_a_tensor", "out_with_grad", "out_wrong_dtype", "out_int"])
-def test_other_errors_are_torchs_errors(case):
+def test_other_errors_are_torchs_errors(emulated_gpu, case):
+    """Calls fastmm does not take (a dtype mismatch, a list, an out= with autograd, an out of
+    another dtype) go to torch, which raises its own error: on the GPU path too."""
     a, b = torch.randn(3, 4), torch.randn(4, 5)
     calls = {
         "dtype_mismatch": ((a, b.double()), {}),
@@ -102,13 +105,13 @@ def test_other_errors_are_torchs_errors(case):
     expected = outcome(lambda: torch.matmul(*args, **kwargs))
     assert expected is not None
     assert outcome(lambda: fastmm.matmul(*args, **kwargs)) == expected
+    assert emulated_gpu.launches == []
 
 
 @pytest.mark.parametrize("bad", ["bogus", "IEEE", "fp32", "highest", ""])
 def test_unknown_precision_raises_listing_the_allowed_values(bad):
     a, b = torch.randn(3, 4), torch.randn(4, 5)
-    for call in (lambda: fastmm.matmul(a, b, precision=bad), lambda: fastmm.explain(a, b, precision=bad),
-                 lambda: api.resolve_precision(bad)):
+    for call in (lambda: fastmm.matmul(a, b, precision=bad), lambda: fastmm.explain(a, b, precision=bad)):
         with pytest.raises(ValueError) as exc:
             call()
         for allowed in ("'ieee'", "'tf32'", "'tf32x3'", "None"):
@@ -116,53 +119,7 @@ def test_unknown_precision_raises_listing_the_allowed_values(bad):
         assert repr(bad) in str(exc.value)
 
 
-# --- precision ---------------------------------------------------------------------------------
-
-@pytest.mark.parametrize("setting,expected", [("highest", "ieee"), ("high", "tf32"), ("medium", "tf32")])
-def test_precision_none_follows_torch_float32_matmul_setting(restore_float32_precision, setting, expected):
-    torch.set_float32_matmul_precision(setting)
-    assert api.resolve_precision(None) == expected
-    assert fastmm.explain(torch.randn(3, 4), torch.randn(4, 5)).precision_requested == expected
-
-
-def test_precision_none_follows_the_cuda_tf32_flag(restore_float32_precision):
-    torch.set_float32_matmul_precision("highest")
-    torch.backends.cuda.matmul.allow_tf32 = True
-    assert api.resolve_precision(None) == "tf32"
-    torch.backends.cuda.matmul.allow_tf32 = False
-    assert api.resolve_precision(None) == "ieee"
-
-
-def test_precision_none_survives_mixed_torch_precision_apis(restore_float32_precision):
-    # set_float32_matmul_precision then allow_tf32: torch 2.13's own getter raises here
-    torch.set_float32_matmul_precision("high")
-    torch.backends.cuda.matmul.allow_tf32 = False
-    assert api.resolve_precision(None) == "ieee"
-    torch.backends.cuda.matmul.allow_tf32 = True
-    assert api.resolve_precision(None) == "tf32"
-
-
-@pytest.mark.parametrize("precision", ["ieee", "tf32", "tf32x3"])
-def test_explicit_precision_is_kept(restore_float32_precision, precision):
-    for setting in ("highest", "high"):
-        torch.set_float32_matmul_precision(setting)
-        assert api.resolve_precision(precision) == precision
-
-
-@pytest.mark.parametrize("setting", ["highest", "high", "medium"])
-@pytest.mark.parametrize("precision,tf32", [("ieee", False), ("tf32", True), ("tf32x3", False)])
-def test_torch_fallback_precision_is_applied_then_restored(restore_float32_precision, setting, precision, tf32):
-    torch.set_float32_matmul_precision(setting)
-    with api._torch_precision(precision):
-        assert torch.backends.cuda.matmul.allow_tf32 is tf32
-    assert torch.get_float32_matmul_precision() == setting  # the user's setting, still readable
-    with pytest.raises(KeyError):
-        with api._torch_precision(precision):
-            raise KeyError("restored on errors too")
-    assert torch.get_float32_matmul_precision() == setting
-
-
-# --- CPU tensors: exactly torch's results ------------------------------------------------------
+# --- results: fastmm's own plans on the emulated GPU -------------------------------------------
 
 SHAPES = [
     ((4,), (4,)),
@@ -177,6 +134,9 @@ SHAPES = [
     ((2, 1, 3, 4), (5, 4, 6)),
     ((2, 1, 3, 4), (1, 5, 4, 6)),
     ((1, 3, 4), (7, 4, 2)),
+    ((40, 70), (70, 50)),  # a tiled family (M * N > 1024)
+    ((3, 40, 70), (70,)),
+    ((2, 33, 48), (2, 48, 40)),
     ((0, 4), (4, 5)),  # M = 0
     ((3, 4), (4, 0)),  # N = 0
     ((3, 0), (0, 5)),  # K = 0: zeros
@@ -187,8 +147,8 @@ SHAPES = [
 ]
 
 
-def _operands(sa, sb, layout, dtype):
-    a, b = torch.randn(sa, dtype=dtype), torch.randn(sb, dtype=dtype)
+def _operands(sa, sb, layout):
+    a, b = torch.randn(sa), torch.randn(sb)
     if layout == "column-major":
         a, b = noncontig(a), noncontig(b)
     elif layout == "expanded" and a.dim() >= 3:
@@ -196,46 +156,49 @@ def _operands(sa, sb, layout, dtype):
     return a, b
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("layout", ["contiguous", "column-major", "expanded"])
 @pytest.mark.parametrize("sa,sb", SHAPES, ids=[f"{a}@{b}" for a, b in SHAPES])
-def test_cpu_results_are_exactly_torchs(sa, sb, layout, dtype):
-    a, b = _operands(sa, sb, layout, dtype)
+def test_results_have_torchs_shape_and_float64_accuracy_and_inputs_stay_unchanged(emulated_gpu, sa, sb, layout):
+    """Every broadcasting form, 1-D operands, empty dims and K = 0, through fastmm.matmul at every
+    precision: computed by fastmm's plans (a launch wherever the result has elements and K > 0)."""
+    a, b = _operands(sa, sb, layout)
     a0, b0 = a.clone(), b.clone()
-    expected = torch.matmul(a, b)
+    expected = torch.matmul(a.double(), b.double())
     for precision in (None, "ieee", "tf32", "tf32x3"):
+        emulated_gpu.clear()
         got = fastmm.matmul(a, b, precision=precision)
-        assert got.shape == expected.shape and got.dtype == expected.dtype and got.device == expected.device
-        assert torch.equal(got, expected)
+        assert got.shape == expected.shape and got.dtype == torch.float32
+        assert relative_error(got, expected) <= 1e-6
+        assert bool(emulated_gpu.launches) == (expected.numel() > 0 and a.shape[-1] > 0)
     assert torch.equal(a, a0) and torch.equal(b, b0)  # inputs never modified
 
 
-def test_k_zero_gives_zeros():
+def test_k_zero_gives_zeros(emulated_gpu):
     got = fastmm.matmul(torch.randn(3, 0), torch.randn(0, 5))
     assert torch.equal(got, torch.zeros(3, 5))
     out = torch.full((3, 5), float("nan"))
     assert fastmm.matmul(torch.randn(3, 0), torch.randn(0, 5), out=out) is out
     assert torch.equal(out, torch.zeros(3, 5))
+    assert emulated_gpu.launches == []
 
 
-@pytest.mark.parametrize("sa,sb", SHAPES[:12], ids=[f"{a}@{b}" for a, b in SHAPES[:12]])
-def test_out_of_the_right_shape_is_filled_and_returned(sa, sb):
+# --- out= ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("sa,sb", SHAPES[:15], ids=[f"{a}@{b}" for a, b in SHAPES[:15]])
+def test_out_of_the_right_shape_is_filled_and_returned_without_a_warning(emulated_gpu, sa, sb):
+    """(torch itself warns for 1-D @ 2-D with a right-shaped out: it resizes out to (1, N)
+    inside; fastmm's rule, torch's documented one, resizes only an out of another shape.)"""
     a, b = torch.randn(sa), torch.randn(sb)
-    expected = torch.matmul(a, b)
-    theirs_out, out = torch.full(expected.shape, float("nan")), torch.full(expected.shape, float("nan"))
-    with warnings.catch_warnings(record=True) as theirs:
-        warnings.simplefilter("always")
-        torch.matmul(a, b, out=theirs_out)
-    with warnings.catch_warnings(record=True) as ours:
-        warnings.simplefilter("always")
+    expected = torch.matmul(a.double(), b.double())
+    out = torch.full(expected.shape, float("nan"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
         assert fastmm.matmul(a, b, out=out) is out
-    # torch itself warns for 1-D @ 2-D (it resizes out to (1, N) internally): the same warnings
-    assert [str(w.message) for w in ours] == [str(w.message) for w in theirs]
-    assert out.shape == expected.shape and torch.equal(out, expected)
+    assert relative_error(out, expected) <= 1e-6
 
 
-def test_out_of_the_wrong_shape_is_resized_with_torchs_warning():
-    a, b = torch.randn(3, 4), torch.randn(4, 5)
+def test_out_of_the_wrong_shape_is_resized_with_torchs_warning(emulated_gpu):
+    a, b = torch.randn(30, 40), torch.randn(40, 50)
     with warnings.catch_warnings(record=True) as theirs:
         warnings.simplefilter("always")
         torch.matmul(a, b, out=torch.empty(2, 2))
@@ -243,43 +206,60 @@ def test_out_of_the_wrong_shape_is_resized_with_torchs_warning():
     with warnings.catch_warnings(record=True) as ours:
         warnings.simplefilter("always")
         assert fastmm.matmul(a, b, out=out) is out
-    assert [str(w.message) for w in ours] == [str(w.message) for w in theirs] and len(ours) == 1
-    assert out.shape == (3, 5) and torch.equal(out, a @ b)
+    assert len(ours) == len(theirs) == 1 and str(theirs[0].message).startswith(str(ours[0].message))
+    assert out.shape == (30, 50) and relative_error(out, a, b) <= 1e-6
+    assert emulated_gpu.launches  # fastmm computed it
 
 
-def test_out_with_no_elements_is_resized_silently():
-    a, b = torch.randn(3, 4), torch.randn(4, 5)
+def test_out_with_no_elements_is_resized_silently(emulated_gpu):
+    a, b = torch.randn(30, 40), torch.randn(40, 50)
     out = torch.empty(0)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         fastmm.matmul(a, b, out=out)
-    assert out.shape == (3, 5) and torch.equal(out, a @ b)
+    assert out.shape == (30, 50) and relative_error(out, a, b) <= 1e-6
 
 
-def test_gpu_path_resize_rule_words_the_warning_as_torch():
-    """``api._resize_out`` applies torch's rule on the CUDA path; its text must be torch's."""
-    with warnings.catch_warnings(record=True) as theirs:
-        warnings.simplefilter("always")
-        torch.matmul(torch.randn(3, 4), torch.randn(4, 5), out=torch.empty(2, 2))
-    out = torch.empty(2, 2)
-    with warnings.catch_warnings(record=True) as ours:
-        warnings.simplefilter("always")
-        api._resize_out(out, (3, 5))
-    assert len(ours) == 1 and ours[0].category is UserWarning
-    assert str(theirs[0].message).startswith(str(ours[0].message))
-    assert out.shape == (3, 5)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        api._resize_out(torch.empty(0), (3, 5))  # zero elements: silent
-        api._resize_out(out, (3, 5))  # already right: nothing to do
+@pytest.mark.parametrize("kind", ["a", "b", "other-half", "transposed-a"])
+def test_out_overlapping_an_input_gives_the_product_of_the_inputs_before_the_call(emulated_gpu, kind):
+    n = 48
+    buf = torch.randn(2, n, n)
+    a, b = buf[0], torch.randn(n, n)
+    out = {"a": a, "b": b, "other-half": buf[1], "transposed-a": a.T}[kind]
+    a0, b0 = a.clone(), b.clone()
+    assert fastmm.matmul(a, b, out=out) is out
+    assert relative_error(out, a0, b0) <= 1e-6 and emulated_gpu.launches
 
 
-def test_overlap_helpers():
-    x = torch.randn(8, 8)
-    assert api._overlaps(x, x) and api._overlaps(x[2:], x[:, 3]) and api._overlaps(x.T, x)
-    assert not api._overlaps(x, torch.randn(8, 8)) and not api._overlaps(x[:0], x)
-    assert api._has_internal_overlap(torch.randn(1, 4).expand(3, 4))
-    assert not api._has_internal_overlap(x.T) and not api._has_internal_overlap(torch.randn(1, 4).expand(1, 4))
+# --- where a call goes -------------------------------------------------------------------------
+
+def test_a_call_that_needs_gradients_goes_to_the_autograd_op(emulated_gpu, monkeypatch):
+    routed = []
+    real = ops.matmul_autograd
+    monkeypatch.setattr(ops, "matmul_autograd",
+                        lambda a, b, precision: routed.append(precision) or real(a, b, precision))
+    a, b = torch.randn(40, 30, requires_grad=True), torch.randn(30, 50)
+    y = fastmm.matmul(a, b, precision="tf32x3")
+    assert routed == ["tf32x3"] and y.requires_grad
+    with torch.no_grad():
+        assert not fastmm.matmul(a, b).requires_grad and len(routed) == 1
+
+
+def test_an_autocast_half_matmul_goes_to_torch_in_that_dtype(emulated_gpu, monkeypatch):
+    handed = []
+    real = api.torch_matmul
+    monkeypatch.setattr(api, "torch_matmul", lambda a, b, out: handed.append(out) or real(a, b, out))
+    a, b = torch.randn(40, 30), torch.randn(30, 50)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = fastmm.matmul(a, b)
+    assert y.dtype == torch.bfloat16 and handed == [None] and emulated_gpu.launches == []
+
+
+def test_the_second_call_of_a_layout_takes_the_steady_state_path(emulated_gpu):
+    for _ in range(3):
+        a, b = torch.randn(40, 70), torch.randn(70, 50)
+        assert relative_error(fastmm.matmul(a, b, precision="ieee"), a, b) <= 1e-6
+    assert emulated_gpu.slow_calls == 1 and len(emulated_gpu.launches) == 3
 
 
 # --- explain ------------------------------------------------------------------------------------
@@ -299,123 +279,20 @@ def test_fastmm_disable_makes_explain_report_it(monkeypatch):
     exp = fastmm.explain(a, b)
     assert exp.kernel is None and "FASTMM_DISABLE=1" in exp.fallback
     assert "FASTMM_DISABLE=1" in str(exp)
-    assert torch.equal(fastmm.matmul(a, b), a @ b)
     monkeypatch.setenv("FASTMM_DISABLE", "0")
     assert "FASTMM_DISABLE" not in fastmm.explain(a, b).fallback
 
 
-# --- how a call becomes a Problem (the CUDA path's bookkeeping, checked on CPU tensors) ---------
-
-def _align_of(t: torch.Tensor) -> int:
-    return next(n for n in (16, 8, 4, 1) if t.data_ptr() % n == 0)
-
-
-def _problem(a, b, c=None, precision="ieee"):
-    s = api.analyse(a, b)
-    if c is None:
-        c = torch.empty(s.batch + (s.M, s.N))
-    return api.build_problem(s, c, precision)
-
-
-@pytest.mark.parametrize("offset", [0, 1, 2, 3])
-def test_storage_offset_sets_alignment_and_vector_loads(offset):
-    base = torch.randn(64 * 64 + 8)
-    a = base[offset:offset + 64 * 64].view(64, 64)
-    b = torch.randn(64, 64)
-    p, offsets = _problem(a, b)
-    assert offsets == [(0, 0, 0)]
-    assert p.a_align == _align_of(a) and p.b_align == _align_of(b)
-    assert (p.a_align == 16) == (a.data_ptr() % 16 == 0)
-    m = dict(select(p, SM90, force="simt_float4").kernel.macros)
-    if p.a_align < 16:
-        assert m["A_MODE"] in (LOAD_ELEM_K, LOAD_ELEM_FAST)
-    else:
-        assert m["A_MODE"] == LOAD_VEC_K
-
-
-@pytest.mark.parametrize("offset", [0, 1, 2, 3])
-def test_skinny_b_vec_follows_the_real_tensors_layout(offset, monkeypatch):
-    """What skinny's B_VEC sees for real operands: B's storage offset, a transposed B view, a
-    row-strided slice of B, and a vector A (M = 1). (On the v1 kernel, whose macros are just
-    these two; v2 decides B_VEC by the same rule, checked in test_plan's random problems.)"""
-    from fastmm.families import Skinny
-
-    monkeypatch.setattr(Skinny, "variant", "v1")
-    K, N = 96, 2048
-    base = torch.randn(K * N + 8)
-    b = base[offset:offset + K * N].view(K, N)
-    p, _ = _problem(torch.randn(8, K), b)
-    plan = select(p, SM90)
-    assert plan.kernel.family == "skinny" and p.b_align == _align_of(b)
-    assert dict(plan.kernel.macros)["B_VEC"] == int(b.data_ptr() % 16 == 0)
-    p, _ = _problem(torch.randn(K), b)  # 1-D a: M = 1
-    assert p.M == 1 and dict(select(p, SM90).kernel.macros) == {"MT": 8, "B_VEC": int(b.data_ptr() % 16 == 0)}
-    if offset == 0:
-        p, _ = _problem(torch.randn(24, K), torch.randn(N, K).T)  # B^T view: k-contiguous
-        assert p.b_strides == (1, K) and dict(select(p, SM90).kernel.macros) == {"MT": 32, "B_VEC": 0}
-        p, _ = _problem(torch.randn(9, K), torch.randn(K, N + 4)[:, :N])  # rows N + 4 apart: still float4
-        assert dict(select(p, SM90).kernel.macros) == {"MT": 16, "B_VEC": 1}
-        p, _ = _problem(torch.randn(9, K), torch.randn(K, N + 1)[:, :N])  # rows N + 1 apart: not
-        assert dict(select(p, SM90).kernel.macros) == {"MT": 16, "B_VEC": 0}
-
-
-def test_transposed_and_sliced_views_become_strides():
-    a, b = torch.randn(40, 24).T, torch.randn(32, 40).T  # (24, 40) m-contiguous, (40, 32) k-contiguous
-    p, _ = _problem(a, b)
-    assert (p.M, p.N, p.K) == (24, 32, 40)
-    assert p.a_strides == (1, 24) and p.b_strides == (1, 40) and p.c_strides == (32, 1)
-    m = dict(select(p, SM90, force="simt_float4").kernel.macros)
-    assert m["A_MODE"] == LOAD_VEC_FAST and m["B_MODE"] == LOAD_VEC_K
-    wide = torch.randn(24, 45)
-    p, _ = _problem(wide[:, :40], torch.randn(40, 32))  # row-strided slice
-    assert p.a_strides == (45, 1)
-    assert dict(select(p, SM90, force="simt_float4").kernel.macros)["A_MODE"] == LOAD_ELEM_K
-
-
-def test_vectors_and_size_one_dims_get_normalized_strides():
-    p, _ = _problem(torch.randn(7), torch.randn(7, 9))  # 1-D a: M = 1
-    assert (p.M, p.N, p.K) == (1, 9, 7) and p.a_strides == (1, 1)
-    p, _ = _problem(torch.randn(5, 7), torch.randn(7))  # 1-D b: N = 1
-    assert (p.M, p.N, p.K) == (5, 1, 7) and p.b_strides == (1, 1) and p.c_strides == (1, 1)
-
-
-def test_broadcast_batch_gets_zero_batch_strides():
-    M, N, K = 5, 6, 7
-    a, b = torch.randn(2, 1, M, K), torch.randn(3, K, N)
-    p, offsets = _problem(a, b)
-    assert (p.batch_inner, p.batch_total) == (3, 6) and offsets == [(0, 0, 0)]
-    assert p.a_batch_strides == (M * K, 0) and p.b_batch_strides == (0, K * N)
-    assert p.c_batch_strides == (3 * M * N, M * N)
-
-
-def test_contiguous_batch_dims_merge_into_one():
-    M, N, K = 5, 6, 7
-    p, offsets = _problem(torch.randn(2, 3, M, K), torch.randn(2, 3, K, N))
-    assert (p.batch_inner, p.batch_total) == (6, 6) and offsets == [(0, 0, 0)]
-    assert p.a_batch_strides[1] == M * K and p.b_batch_strides[1] == K * N
-
-
-def test_three_unmergeable_batch_dims_loop_over_the_outer_one():
-    M, N, K = 5, 6, 7
-    a, b = torch.randn(2, 1, 4, M, K), torch.randn(1, 3, 4, K, N)
-    p, offsets = _problem(a, b)
-    assert (p.batch_inner, p.batch_total) == (4, 12)
-    assert offsets == [(0, 0, 0), (4 * M * K, 0, 12 * M * N)]  # element offsets of A, B, C per launch
-
-
-def test_explain_problem_fields_match_build_problem():
-    """explain() describes what build_problem produces; on CPU it falls back before that, so
-    check the pieces it uses on a simulated plan instead."""
-    a, b = torch.randn(2, 33, 20), torch.randn(20, 17)
-    p, offsets = _problem(a, b, precision="tf32")
-    plan = select(p, SM90)
-    assert plan.problem is p and plan.kernel is not None and len(offsets) == 1
-    assert p.layout_of("a") == "row-major" and p.a_batch_strides == (0, 33 * 20) and p.b_batch_strides == (0, 0)
-
-
-def test_outer_batch_dim_of_size_zero_has_no_launch_and_does_not_crash():
-    M, N, K = 5, 6, 7
-    a, b = torch.randn(0, 1, 4, M, K), torch.randn(1, 3, 4, K, N)
-    p, offsets = _problem(a, b)
-    assert offsets == [] and (p.M, p.N, p.K) == (M, N, K)
-    assert fastmm.matmul(a, b).shape == (0, 3, 4, M, N)
+def test_explain_describes_the_plan_the_call_then_runs(emulated_gpu):
+    """explain() plans the problem as the call builds it (batch strides, layouts, launches) and
+    names the kernel the call then launches."""
+    a, b = torch.randn(2, 33, 20), torch.randn(2, 20, 17)
+    exp = fastmm.explain(a, b, precision="tf32")
+    p = exp.plan.problem
+    assert exp.kernel is not None and exp.launch["launches"] == 1
+    assert p.layout_of("a") == "row-major" and p.a_batch_strides == (0, 33 * 20) and p.b_batch_strides == (0, 20 * 17)
+    assert exp.shapes["batch"] == (2,) and (exp.shapes["M"], exp.shapes["N"], exp.shapes["K"]) == (33, 17, 20)
+    fastmm.matmul(a, b, precision="tf32")
+    assert emulated_gpu.families == [exp.kernel]
+    (hit,) = fastmm.dispatch.PLANS.prepared.values()
+    assert hit.plan == exp.plan  # the same problem, the same plan

@@ -204,10 +204,54 @@ def test_folder_refusing_new_files_degrades_to_memory_with_one_warning(tmp_path,
     def refuse(*args, **kwargs):
         raise PermissionError(errno.EACCES, "Permission denied")
 
+    class RefusingCreation:  # os as the cache sees it: creating a file (an entry's lock) is refused
+        def __getattr__(self, name):
+            return getattr(os, name)
+
+        @staticmethod
+        def open(path, flags, *args, **kwargs):
+            if flags & os.O_CREAT:
+                refuse()
+            return os.open(path, flags, *args, **kwargs)
+
     monkeypatch.setattr(cache_module.tempfile, "NamedTemporaryFile", refuse)
     monkeypatch.setattr(cache_module.tempfile, "mkstemp", refuse)
+    monkeypatch.setattr(cache_module, "os", RefusingCreation())
     _assert_memory_only(DiskCache(tmp_path))
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_folder_that_cannot_be_written_still_serves_what_it_holds(tmp_path, monkeypatch):
+    """A read-only folder (an admin's precompiled cache; simulated so it also runs as root): its
+    entries load; a kernel it lacks is compiled and kept in memory, with one warning."""
+    held = DiskCache(tmp_path).get_or_compile(NAME, KEY, ARCH, FakeCompiler(b"precompiled")).path
+    before = sorted(p.name for p in tmp_path.iterdir())
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    class ReadOnly:  # os and tempfile as the cache sees them: nothing can be created
+        def __getattr__(self, name):
+            return getattr(os, name)
+
+        @staticmethod
+        def open(path, flags, *args, **kwargs):
+            if flags & os.O_CREAT:
+                refuse()
+            return os.open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(cache_module, "os", ReadOnly())
+    monkeypatch.setattr(cache_module.tempfile, "mkstemp", refuse)
+    cache, fake = DiskCache(tmp_path), FakeCompiler()
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        hit = cache.get_or_compile(NAME, KEY, ARCH, fake)
+        misses = [cache.get_or_compile(NAME, key, ARCH, fake) for key in ("e" * 64, "f" * 64)]
+        again = cache.get_or_compile(NAME, KEY, ARCH, fake)
+    assert (hit.state, hit.cubin, hit.path) == ("disk", b"precompiled", held) and again.state == "disk"
+    assert [(r.state, r.cubin, r.path) for r in misses] == [("compiled", PAYLOAD, None)] * 2 and fake.calls == 2
+    assert len(cache_warnings(record)) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
 
 
 def test_folder_under_a_regular_file_degrades_to_memory_with_one_warning(tmp_path):

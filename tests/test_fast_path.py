@@ -1,133 +1,40 @@
-"""The steady-state path of fastmm.matmul (api._remember_fast / api._launch_fast) on the CPU.
+"""The steady-state path of fastmm.matmul (fastmm.fast_path: key_of, remember, launch) on the
+emulated GPU (conftest.emulated_gpu, tests/emulation.py).
 
-CPU tensors pass for CUDA ones on a simulated H200, and the kernels are emulated in Python with
-the argument conventions of cuda_src/common.cuh and cuda_src/splitk_reduce.cu, reading and
-writing the tensors' memory through their data pointers. So the first call of a shape (the full
-path, api._launch_plan) and every later one (the entry api._remember_fast stored) both really
-compute C, and must agree with torch and with each other launch for launch.
+CPU tensors pass for CUDA ones on a simulated H200 and the kernels are emulated from their
+arguments, reading and writing the tensors' memory through their data pointers. So the first call
+of a layout (the full path, fastmm.dispatch) and every later one (the FastEntry that
+fast_path.remember stored) both really compute C: they must be right, and queue the same
+launches (pointers aside). The key must tell apart every layout whose plan differs: the same
+shapes with other strides are another problem.
 """
 from __future__ import annotations
-
-import ctypes
 
 import pytest
 import torch
 
 import fastmm
-from fastmm import api
-from fastmm.runtime import arrivals, launcher
-from conftest import simulate_h200
+from fastmm import dispatch, fast_path
+from conftest import relative_error
 
 NAN = float("nan")
 
 
-#: Storages the emulated kernels may touch (every tensor made by torch.empty / randn / full while
-#: emulated_gpu is on, kept alive by this list): an argument pointing elsewhere fails the test
-#: instead of writing over the process's memory.
-_memory: list = []
-
-
-def _floats(ptr: int, shape, strides) -> torch.Tensor:
-    """A float32 view of the memory at ``ptr`` (non-negative strides, in elements)."""
-    n = 1 + sum((d - 1) * s for d, s in zip(shape, strides)) if all(shape) else 0
-    assert any(s.data_ptr() <= ptr and ptr + 4 * n <= s.data_ptr() + s.nbytes() for s in _memory), (
-        f"a kernel argument reaches outside every tensor: {n} floats at {ptr:#x}")
-    flat = torch.frombuffer((ctypes.c_float * max(n, 1)).from_address(ptr), dtype=torch.float32)
-    return flat.as_strided(shape, strides)
-
-
-def _emulate(cfg, args) -> None:
-    """Run the kernel ``cfg`` (the fake launcher.load returns the config itself) on ``args``."""
-    if cfg.family == "splitk_reduce":
-        w, c, M, N, S, scm, scn = args
-        work = _floats(w, (S, M, N), (M * N, N, 1))
-        total = torch.zeros(M, N)
-        for s in range(S):  # fixed order, in float32, as the kernel sums
-            total += work[s]
-        _floats(c, (M, N), (scm, scn)).copy_(total)
-        return
-    fused = args[20:]  # a fused split-K launch: (out, its strides, arrival counters)
-    assert len(fused) == (4 if cfg.split_fused else 0)
-    (pa, pb, pc, M, N, K, sam, sak, sbk, sbn, scm, scn, inner, total,
-     sa0, sa1, sb0, sb1, sc0, sc1) = args[:20]
-    split, bk = cfg.split_k, cfg.tile[2]
-    per = -(-(-(-K // bk)) // split)  # k-tiles per block row, as split_range()
-    for z in range(total):
-        za, zb = z // inner, z % inner
-        a = _floats(pa + 4 * (za * sa0 + zb * sa1), (M, K), (sam, sak))
-        b = _floats(pb + 4 * (za * sb0 + zb * sb1), (K, N), (sbk, sbn))
-        for y in range(split):
-            k0, k1 = min(K, y * per * bk), min(K, (y + 1) * per * bk)
-            part = (a[:, k0:k1].double() @ b[k0:k1].double()).float()
-            if cfg.split_pair:  # cluster pairs: rows 2j and 2j + 1 add into slice j
-                c = _floats(pc + 4 * (za * sc0 + zb * sc1 + (y // 2) * sc0), (M, N), (scm, scn))
-                c.copy_(part if y % 2 == 0 else c + part)
-            else:
-                c = _floats(pc + 4 * (za * sc0 + zb * sc1 + y * sc0), (M, N), (scm, scn))
-                c.copy_(part)
-    if fused:  # the last block of each column tile sums the slices in order; counters start at 0
-        out, som, son, counters = fused
-        tiles = cfg.arrival_counters
-        count = torch.frombuffer((ctypes.c_int32 * tiles).from_address(counters), dtype=torch.int32)
-        assert not count.any(), "arrival counters not zero at the launch"
-        for _ in range(split):  # every block of a tile arrives; the last one puts the count back
-            count += 1
-        assert (count == split).all()
-        count.zero_()
-        sums = torch.zeros(M, N)
-        for y in range(split):
-            sums += _floats(pc + 4 * y * sc0, (M, N), (scm, scn))
-        _floats(out, (M, N), (som, son)).copy_(sums)
-
-
-@pytest.fixture
-def emulated_gpu(tmp_cache, monkeypatch):
-    """A simulated H200 whose launches are emulated on the CPU; records (family, args) of every
-    launch and counts the calls that took the full path (api._run)."""
-    gpu = simulate_h200(monkeypatch)
-
-    def launch(cfg, stream, args):
-        assert stream == 7  # the current stream
-        gpu.launches.append((cfg.family, tuple(args)))
-        _emulate(cfg, args)
-
-    def recorded(make):
-        def made(*args, **kwargs):
-            t = make(*args, **kwargs)
-            if t.device.type == "cpu":
-                _memory.append(t.untyped_storage())
-            return t
-        return made
-
-    monkeypatch.setattr(torch, "empty", recorded(torch.empty))
-    monkeypatch.setattr(torch, "randn", recorded(torch.randn))
-    monkeypatch.setattr(torch, "full", recorded(torch.full))
-    monkeypatch.setattr(launcher, "load", lambda dev, cfg: cfg)
-    monkeypatch.setattr(launcher, "launch", launch)
-    yield gpu
-    del _memory[:]
-    arrivals.forget()  # (the emulated stream's counters live in CPU memory)
-
-
-def _same_launches(first, later, workspace: bool) -> None:
+def _same_launches(first, later) -> None:
     """``later`` queues what ``first`` queued: the same kernels and arguments, except the data
-    pointers of A, B, C (fresh tensors) and of the workspace, which only has to be the one the
-    GEMM wrote and the reduce read."""
-    assert [f for f, _ in later] == [f for f, _ in first]
-    for (_, x), (_, y) in zip(first, later):
-        skip = 2 if len(x) == 7 else 3  # (workspace, c) of the reduce; (a, b, c) of a GEMM
-        if len(x) == 24:  # a fused split-K GEMM: also its out; the same arrival counters
-            assert x[skip:20] + x[21:] == y[skip:20] + y[21:]
-        else:
-            assert x[skip:] == y[skip:]
-    if workspace and len(later) == 2:
-        assert later[0][1][2] == later[1][1][0]
+    pointers (fresh tensors, a fresh workspace); a GEMM and its reduce share their workspace."""
+    assert [x.rest for x in later] == [x.rest for x in first]
+    if len(later) == 2 and later[1].family == "splitk_reduce":
+        assert later[0].pointers[2] == later[1].pointers[0]
 
 
 def _check(c, a, b) -> None:
-    assert not torch.isnan(c).any()
-    ref = a.double() @ b.double()
-    assert ((c.double() - ref).norm() / ref.norm()).item() <= 1e-6
+    assert not torch.isnan(c).any(), "an element of C was not written"
+    assert relative_error(c, a, b) <= 1e-6
+
+
+def _entry(a, b, out, precision):
+    return fast_path.ENTRIES.get(fast_path.key_of(a, b, out, precision))
 
 
 SPLIT_SHAPES = [(16, 4096, 4096, "ieee", "skinny"), (16, 4096, 4096, "tf32", "skinny"),
@@ -159,47 +66,63 @@ def test_split_k_plans_take_the_fast_path_with_the_full_paths_launches(emulated_
     _check(c, a, b)
     assert gpu.slow_calls == 1
     first = list(gpu.launches)
-    assert [f for f, _ in first] == [family] + ([] if fused else ["splitk_reduce"])
-    key = api._fast_key(a, b, out, precision)
-    entry = api._fast[key]
-    assert entry and entry[7] is not None  # a fast entry with its runner (the reduce pass or the counters)
+    assert gpu.families == [family] + ([] if fused else ["splitk_reduce"])
+    entry = _entry(a, b, out, precision)
+    assert isinstance(entry, fast_path.FastEntry) and entry.runner is not None  # the reduce pass or the counters
     for _ in range(3):
         a, b = torch.randn(M, K), torch.randn(K, N)
         out = make_out()
-        del gpu.launches[:]
+        gpu.clear()
         c = fastmm.matmul(a, b, precision=precision, out=out)
         assert out is None or c is out
         assert c.shape == (M, N) and (out is not None or c.is_contiguous())
         _check(c, a, b)
-        _same_launches(first, gpu.launches, workspace=True)
+        _same_launches(first, gpu.launches)
     assert gpu.slow_calls == 1  # every later call took the fast path
 
 
-def test_one_launch_plans_still_take_the_fast_path(emulated_gpu):
+def test_a_one_launch_plan_is_a_fast_entry_of_one_plain_launch(emulated_gpu):
     gpu = emulated_gpu
-    a, b = torch.randn(2, 96, 80), torch.randn(80, 72)  # batched, B broadcast
+    a, b = torch.randn(2, 96, 80), torch.randn(80, 72)  # N-D @ a matrix: folded into one (192, 72) product
     assert fastmm.explain(a, b, precision="ieee").plan.reduce is None
     _check(fastmm.matmul(a, b, precision="ieee"), a, b)
     first = list(gpu.launches)
-    assert len(first) == 1 and api._fast[api._fast_key(a, b, None, "ieee")][7] is None
+    entry = _entry(a, b, None, "ieee")
+    assert len(first) == 1 and entry.runner is None and entry.kernel is first[0].cfg
+    assert entry.tail == first[0].args[3:]  # the arguments after the three pointers, as the full path passed them
+    assert (entry.view_shape, entry.out_shape, entry.extents) == ((192, 72), (2, 96, 72), None)
     a, b = torch.randn(2, 96, 80), torch.randn(80, 72)
-    del gpu.launches[:]
+    gpu.clear()
     c = fastmm.matmul(a, b, precision="ieee")
     assert c.shape == (2, 96, 72)
     _check(c, a, b)
-    _same_launches(first, gpu.launches, workspace=False)
+    _same_launches(first, gpu.launches)
     assert gpu.slow_calls == 1
 
 
+def test_a_vector_operand_gets_the_squeezed_result_from_the_fast_path(emulated_gpu):
+    """1-D B: the kernel writes an (M, 1) view; the entry returns matmul's (M,) shape."""
+    a = torch.randn(300, 70)
+    for _ in range(3):
+        v = torch.randn(70)
+        c = fastmm.matmul(a, v, precision="ieee")
+        assert c.shape == (300,)
+        _check(c, a, v)
+    entry = _entry(a, v, None, "ieee")
+    assert (entry.view_shape, entry.out_shape) == ((300, 1), (300,))
+    assert emulated_gpu.slow_calls == 1
+
+
 def test_split_k_plans_with_staged_operands_stay_on_the_full_path(emulated_gpu):
-    """A staged operand is copied per call (the kernel reads the copy): never a fast entry."""
+    """An operand torch copies per call (the kernel reads the copy): never a fast entry, and
+    remembered as such (NOT_FAST) so the next call does not analyse the layout again."""
     gpu = emulated_gpu
     a, b = torch.randn(64, 8191), torch.randn(8191, 1024)  # rows of A: 8191 floats, not 16-byte aligned
     plan = fastmm.explain(a, b, precision="tf32").plan
-    assert plan.staging and plan.reduce is not None, plan.describe()
+    assert plan.staging and not plan.stagers and plan.reduce is not None, plan.describe()
     for _ in range(3):
         _check(fastmm.matmul(a, b, precision="tf32"), a, b)
-    assert api._fast[api._fast_key(a, b, None, "tf32")] == ()
+    assert _entry(a, b, None, "tf32") is fast_path.NOT_FAST
     assert gpu.slow_calls == 3
 
 
@@ -209,13 +132,126 @@ def test_an_out_overlapping_an_input_is_not_written_by_the_split_k_fast_path(emu
     M, N, K = 16, 4096, 4096  # M * K == M * N: A and out can be the same floats
     a, b, out = torch.randn(M, K), torch.randn(K, N), torch.full((M, N), NAN)
     fastmm.matmul(a, b, precision="ieee", out=out)
-    key = api._fast_key(a, b, out, "ieee")
-    assert api._fast[key][7] is not None
+    key = fast_path.key_of(a, b, out, "ieee")
+    assert fast_path.ENTRIES[key].runner is not None
     a2 = torch.randn(M, K)
     out2 = a2.view(M, N)
-    assert api._fast_key(a2, b, out2, "ieee") == key
+    assert fast_path.key_of(a2, b, out2, "ieee") == key
     expected = a2.double() @ b.double()
     assert fastmm.matmul(a2, b, precision="ieee", out=out2) is out2
-    assert ((out2.double() - expected).norm() / expected.norm()).item() <= 1e-6
+    assert relative_error(out2, expected) <= 1e-6
     assert emulated_gpu.slow_calls == 2
 
+
+# --- the key: every layout whose plan differs is another key ---------------------------------------
+
+M_, N_, K_ = 96, 80, 72  # one launch of simt_cp_async (ieee)
+
+OTHER_LAYOUTS = {
+    # which operand gets other strides (same shape, same 16-byte alignment): (a, b, out) makers
+    "a-transposed": lambda: (torch.randn(K_, M_).t(), torch.randn(K_, N_), None),
+    "b-transposed": lambda: (torch.randn(M_, K_), torch.randn(N_, K_).t(), None),
+    "a-row-pitch": lambda: (torch.randn(M_, K_ + 8)[:, :K_], torch.randn(K_, N_), None),
+    "out-transposed": lambda: (torch.randn(M_, K_), torch.randn(K_, N_), torch.full((N_, M_), NAN).t()),
+    "out-row-pitch": lambda: (torch.randn(M_, K_), torch.randn(K_, N_), torch.full((M_, N_ + 4), NAN)[:, :N_]),
+}
+
+
+@pytest.mark.parametrize("layout", list(OTHER_LAYOUTS))
+def test_the_same_shapes_with_other_strides_are_planned_again_and_computed_right(emulated_gpu, layout):
+    """Contiguous operands first (their entry is stored), then the same shapes with one operand
+    strided otherwise: the key holds the strides, so that call plans its own layout (a key
+    without them launched the contiguous plan on a transposed A: relative error 1.41), and the
+    entry of each layout then serves its own later calls."""
+    gpu = emulated_gpu
+    with_out = layout.startswith("out")
+
+    def contiguous():
+        return torch.randn(M_, K_), torch.randn(K_, N_), torch.full((M_, N_), NAN) if with_out else None
+
+    for make in (contiguous, OTHER_LAYOUTS[layout], contiguous, OTHER_LAYOUTS[layout]):
+        a, b, out = make()
+        c = fastmm.matmul(a, b, precision="ieee", out=out)
+        assert out is None or c is out
+        _check(c, a, b)
+    assert gpu.slow_calls == 2  # each layout planned once, then served by its own entry
+    assert len(fast_path.ENTRIES) == 2
+
+
+def _at(shape, offset, fill=None):
+    """A tensor of ``shape`` starting ``offset`` floats into its storage (offset 1: 4-byte aligned)."""
+    n = shape[0] * shape[1]
+    base = torch.randn(n + 4) if fill is None else torch.full((n + 4,), fill)
+    return base[offset:offset + n].view(shape)
+
+
+ALIGNMENTS = {
+    # which operand moves 4 bytes off its 16-byte alignment: (a, b, out) makers for an offset
+    "a": lambda o: (_at((K_, M_), o).t(), torch.randn(K_, N_), None),  # m-contiguous A: float4 along m
+    "b": lambda o: (torch.randn(M_, K_), _at((K_, N_), o), None),  # float4 along n
+    "out": lambda o: (torch.randn(M_, K_), torch.randn(K_, N_), _at((M_, N_), o, NAN)),  # float4 stores
+}
+
+
+@pytest.mark.parametrize("which", list(ALIGNMENTS))
+def test_the_same_layout_at_another_pointer_alignment_is_planned_again(emulated_gpu, which):
+    """16-byte aligned operands first (their plan loads and stores float4), then the same shapes
+    and strides 4 bytes into the storage: the key holds each pointer's alignment, so that call
+    gets a plan of single-float accesses (the emulated kernels check every vector's alignment)."""
+    for offset in (0, 1, 0, 1):
+        a, b, out = ALIGNMENTS[which](offset)
+        c = fastmm.matmul(a, b, precision="ieee", out=out)
+        _check(c, a, b)
+    assert emulated_gpu.slow_calls == 2 and len(fast_path.ENTRIES) == 2
+    at = {"a": 0, "b": 1, "out": 2}[which]
+    vectors = {x.pointers[at] % 16 == 0: dict(x.cfg.macros) for x in emulated_gpu.launches}  # aligned -> macros
+    mode = {"a": "A_MODE", "b": "B_MODE", "out": "C_VEC"}[which]
+    assert vectors[True][mode] != vectors[False][mode]
+
+
+def test_the_forced_family_and_precision_are_part_of_the_key(emulated_gpu, monkeypatch):
+    gpu = emulated_gpu
+    a, b = torch.randn(M_, K_), torch.randn(K_, N_)
+    _check(fastmm.matmul(a, b, precision="ieee"), a, b)
+    monkeypatch.setenv("FASTMM_KERNEL", "scalar")
+    gpu.clear()
+    _check(fastmm.matmul(a, b, precision="ieee"), a, b)
+    assert gpu.families == ["scalar"]
+    monkeypatch.delenv("FASTMM_KERNEL")
+    gpu.clear()
+    _check(fastmm.matmul(a, b, precision="tf32"), a, b)
+    assert gpu.families == ["tf32_mma"]
+    assert gpu.slow_calls == 3
+
+
+def test_an_out_that_was_resized_leaves_no_entry(emulated_gpu):
+    """The key holds out's shape before the call; an out that needed resizing must not leave an
+    entry that writes M x N floats into the next out of that old shape."""
+    a, b = torch.randn(M_, K_), torch.randn(K_, N_)
+    for _ in range(2):
+        small = torch.empty(0)
+        assert fastmm.matmul(a, b, precision="ieee", out=small) is small
+        assert small.shape == (M_, N_)
+        _check(small, a, b)
+    assert fast_path.ENTRIES == {} and emulated_gpu.slow_calls == 2
+
+
+def test_forget_plans_drops_every_plan_and_entry(emulated_gpu):
+    a, b = torch.randn(M_, K_), torch.randn(K_, N_)
+    fastmm.matmul(a, b, precision="ieee")
+    assert dispatch.PLANS.prepared and fast_path.ENTRIES
+    fast_path.forget_plans()
+    assert dispatch.PLANS.prepared == {} and fast_path.ENTRIES == {}
+    _check(fastmm.matmul(a, b, precision="ieee"), a, b)
+    assert emulated_gpu.slow_calls == 2
+
+
+def test_the_entries_are_bounded(emulated_gpu, monkeypatch):
+    """Past MAX_CACHED_SHAPES the entries (and the plans) are emptied and refilled: a workload of
+    ever-new shapes does not grow them without end."""
+    monkeypatch.setattr(dispatch, "MAX_CACHED_SHAPES", 3)
+    b = torch.randn(K_, N_)
+    for rows in range(40, 48):
+        a = torch.randn(rows, K_)
+        _check(fastmm.matmul(a, b, precision="ieee"), a, b)
+        assert 1 <= len(fast_path.ENTRIES) <= 3 and 1 <= len(dispatch.PLANS.prepared) <= 3

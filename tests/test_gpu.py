@@ -1,6 +1,6 @@
 """fastmm's kernels on a real GPU, against a float64 reference (skipped without CUDA).
 
-Each kernel family is forced through ``api.matmul_fastmm(..., force=family)`` (the test checks the
+Each kernel family is forced through ``dispatch.matmul_fastmm(..., force=family)`` (the test checks the
 plan really used it), and the default path runs through ``fastmm.matmul`` (checking explain says a
 fastmm kernel, not torch, served it). Tolerances, relative Frobenius error vs float64:
 ieee 1e-5, tf32 1e-3, tf32x3 1e-6. Inputs are fresh ``torch.randn`` values for every check.
@@ -14,11 +14,12 @@ import pytest
 import torch
 
 import fastmm
-from fastmm import api
-from fastmm.families import FAMILIES
+from fastmm import dispatch, fast_path, ops
+from fastmm.families import FAMILIES, Skinny
 from fastmm.plan import TINY_OUTPUTS
 from fastmm.runtime import launcher
-from conftest import run_forced
+from fastmm.shapes import analyse, build_problem
+from conftest import relative_error, run_forced
 
 pytestmark = pytest.mark.cuda
 
@@ -41,18 +42,13 @@ def randn(*shape) -> torch.Tensor:
     return torch.randn(*shape, device="cuda")
 
 
-def rel(x: torch.Tensor, ref: torch.Tensor) -> float:
-    return ((x.double() - ref.double()).norm() / ref.double().norm()).item()
-
-
 def check(c, a, b, precision, rel_err) -> None:
     assert not torch.isnan(c).any(), "NaN in the result (an output element was not written?)"
     err = rel_err(c, a, b)
     if c.numel() < 64 and err > TOL[precision]:
         # A handful of long dot products can cancel (|a.b| << |a||b|), and then even a correctly
         # rounded fp32 sum has a large relative error: measure those against |A||B| instead.
-        scale = torch.matmul(a.double().abs(), b.double().abs()).norm().item()
-        err = (c.double() - torch.matmul(a.double(), b.double())).norm().item() / scale
+        err = relative_error(c, a, b, scale="abs")
     assert err <= TOL[precision], f"relative error {err:.3g} > {TOL[precision]} ({precision})"
 
 
@@ -148,8 +144,9 @@ def test_split_k_plans_take_the_fast_path_and_stay_correct(out_kind, M, N, K, pr
         assert out is None or c is out
         assert c.shape == (M, N) and (out is not None or c.is_contiguous())
         check(c, a, b, precision, rel_err)
-        entry = api._fast.get(api._fast_key(a, b, out, precision))
-        assert entry and entry[7] is not None, "no fast entry with its split runner after a call"
+        entry = fast_path.ENTRIES.get(fast_path.key_of(a, b, out, precision))
+        assert isinstance(entry, fast_path.FastEntry) and entry.runner is not None, (
+            "no fast entry with its split runner after a call")
     first = fastmm.matmul(a, b, precision=precision, out=make_out()).clone()
     for _ in range(3):
         assert torch.equal(fastmm.matmul(a, b, precision=precision, out=make_out()), first)  # fixed-order sum
@@ -197,12 +194,11 @@ def _eager_counters_are_zero() -> None:
 
 
 @pytest.mark.parametrize("M,N,K", FUSED_SPLIT, ids=str)
-def test_fused_split_k_gives_the_bits_of_the_second_pass(M, N, K, rel_err, monkeypatch):
+def test_fused_split_k_gives_the_bits_of_the_second_pass(M, N, K, rel_err):
     """The skinny kernel's own slice sums (last block per column tile) add the slices in the
-    order splitk_reduce does: the same bits as the two-launch plan, into a NaN-poisoned out,
-    and every arrival counter is 0 again afterwards."""
-    from fastmm.families import Skinny
-
+    order splitk_reduce does: the same bits as the two-launch plan (the variant
+    Skinny(fuse_split=False), planned and cached apart from the registry's skinny), into a
+    NaN-poisoned out, and every arrival counter is 0 again afterwards."""
     a, b = randn(M, K), randn(K, N)
     plan = _fused_plan_or_skip(a, b)
     fused = []
@@ -213,12 +209,12 @@ def test_fused_split_k_gives_the_bits_of_the_second_pass(M, N, K, rel_err, monke
     check(fused[0], a, b, "ieee", rel_err)
     assert torch.equal(fused[0], fused[1])
     _eager_counters_are_zero()
-    monkeypatch.setattr(Skinny, "fuse_split", False)
-    monkeypatch.setattr(api, "_prepared", {})
-    monkeypatch.setattr(api, "_fast", {})
-    two = fastmm.explain(a, b, precision="ieee").plan
-    assert two.reduce is not None and two.kernel.grid == plan.kernel.grid
-    assert torch.equal(fastmm.matmul(a, b), fused[0])
+    out = torch.full((M, N), NAN, device="cuda")
+    result, two, reason = dispatch.matmul_fastmm(a, b, out, "ieee", variants=(Skinny(fuse_split=False),))
+    assert reason is None and result is out, reason
+    assert two.kernel.family == "skinny" and not two.kernel.split_fused and two.reduce is not None
+    assert two.reduce.family == "splitk_reduce" and two.kernel.grid == plan.kernel.grid  # the same slices
+    assert torch.equal(out, fused[0])
 
 
 def _chain_reference(x0, ws, steps):
@@ -233,9 +229,8 @@ def _chain_reference(x0, ws, steps):
 def _check_chain(got, refs, what, first=0):
     """Step first + i of a chain: got[i] against refs[i], within the tolerance of that many steps."""
     for i, (g, ref) in enumerate(zip(got, refs), start=first):
-        g = g.double()
         assert not torch.isnan(g).any(), f"{what}, step {i}: NaN (a launch read before the one ahead wrote?)"
-        err = ((g - ref).norm() / ref.norm()).item()
+        err = relative_error(g, ref)
         assert err <= TOL["ieee"] * (i + 1), f"{what}, step {i}: relative error {err:.3g}"
 
 
@@ -572,8 +567,8 @@ def test_a_refused_tensor_map_falls_back_to_torch(monkeypatch, rel_err):
         raise tensor_map.TensorMapError("refused (test)")
 
     monkeypatch.setattr(tensor_map, "encode", refuse)
-    monkeypatch.setattr(api, "_prepared", {})
-    monkeypatch.setattr(api, "_fast", {})
+    monkeypatch.setattr(dispatch, "PLANS", dispatch.PlanCache())
+    monkeypatch.setattr(fast_path, "ENTRIES", {})
     a, b = randn(2048, 1024), randn(1024, 1536)
     out = torch.full((2048, 1536), NAN, device="cuda")
     assert fastmm.matmul(a, b, out=out, precision="tf32") is out
@@ -589,7 +584,7 @@ def test_wgmma_tf32x3_with_an_odd_number_of_k_steps_past_the_short_k(rel_err):
     c, plan = forced_plan(a, b, "wgmma_tf32", "tf32x3")
     assert dict(plan.kernel.macros)["PROMOTE_EVERY"] == 2
     check(c, a, b, "tf32x3", rel_err)
-    assert rel(c, a.double() @ b.double()) <= 3e-7
+    assert relative_error(c, a.double() @ b.double()) <= 3e-7
 
 
 def test_out_errors_are_torchs_errors():
@@ -647,7 +642,7 @@ def test_operands_past_2_31_elements(tall_a, family, precision):
     b = randn(1024, 8)
     c = forced(tall_a, b, family, precision)
     for rows in (slice(0, 64), slice(-64, None)):
-        assert rel(c[rows], tall_a[rows].double() @ b.double()) <= TOL[precision]
+        assert relative_error(c[rows], tall_a[rows].double() @ b.double()) <= TOL[precision]
 
 
 # --- the skinny family (M <= 32) ------------------------------------------------------------------
@@ -659,7 +654,7 @@ SKINNY_K = (1, 7, 256, 257, 4096, 16384)
 
 def forced_plan(a, b, family, precision, out=None):
     """``a @ b`` on ``family`` (no skip: for families every supported GPU runs): (result, plan)."""
-    result, plan, reason = api.matmul_fastmm(a, b, out, precision, force=family)
+    result, plan, reason = dispatch.matmul_fastmm(a, b, out, precision, force=family)
     assert reason is None, f"fell back to torch: {reason}"
     assert plan is not None and plan.kernel.family == family
     assert plan.precision_used == (precision if family in TENSOR_CORE_FAMILIES else "ieee")
@@ -723,7 +718,7 @@ SKINNY_BATCHED = [
     ((3, 16, 256), (3, 256, 4096)),  # batch 3
     ((16, 4096), (3, 4096, 1024)),  # A broadcast over the batch (stride 0)
     ((1, 9, 300), (3, 300, 130)),  # A broadcast through a size-1 dim
-    ((3, 32, 257), (257, 1028)),  # B broadcast
+    ((3, 32, 257), (1, 257, 1028)),  # B broadcast (a plain matrix B would be folded: M = 96)
     ((2, 1, 31, 257), (3, 257, 128)),  # broadcast both ways
     ((5, 1, 40), (5, 40, 4096)),  # M = 1
     ((2, 1, 4, 8, 40), (1, 3, 4, 40, 130)),  # three batch dims that cannot merge: two launches
@@ -754,10 +749,10 @@ def test_skinny_batch_beyond_the_grid_z_limit(rel_err):
 
 def test_skinny_k_zero_and_empty_shapes():
     out = torch.full((16, 300), NAN, device="cuda")
-    assert api.matmul_fastmm(randn(16, 0), randn(0, 300), out, "ieee", force="skinny")[0] is out
+    assert dispatch.matmul_fastmm(randn(16, 0), randn(0, 300), out, "ieee", force="skinny")[0] is out
     assert torch.equal(out, torch.zeros(16, 300, device="cuda"))
-    assert api.matmul_fastmm(randn(0, 16), randn(16, 300), None, "ieee", force="skinny")[0].shape == (0, 300)
-    assert api.matmul_fastmm(randn(16, 16), randn(16, 0), None, "ieee", force="skinny")[0].shape == (16, 0)
+    assert dispatch.matmul_fastmm(randn(0, 16), randn(16, 300), None, "ieee", force="skinny")[0].shape == (0, 300)
+    assert dispatch.matmul_fastmm(randn(16, 16), randn(16, 0), None, "ieee", force="skinny")[0].shape == (16, 0)
 
 
 @pytest.mark.parametrize("M,N,K", [(1, 130, 257), (17, 4099, 4096), (32, 1024, 16384)], ids=str)
@@ -900,7 +895,7 @@ def test_wgmma_is_the_default_tf32_path_for_large_products(rel_err):
         c = fastmm.matmul(a, b, precision="tf32")
         assert fastmm.explain(a, b, precision="tf32").kernel == "wgmma_tf32"
         check(c, a, b, "tf32", rel_err)
-        assert rel(c, a.double() @ b.double()) <= 3e-4 or c.numel() < 2**20
+        assert relative_error(c, a.double() @ b.double()) <= 3e-4 or c.numel() < 2**20
 
 
 @pytest.mark.parametrize("precision", ["tf32", "tf32x3"])
@@ -920,7 +915,8 @@ def test_wgmma_steady_state_calls_with_new_operands_stay_correct(precision, rel_
             check(out, a, b, precision, rel_err)
             if i == 0:
                 assert fastmm.explain(a, b, precision=precision).kernel == "wgmma_tf32", (shape_a, shape_b)
-        assert api._fast[api._fast_key(a, b, out, precision)], "no steady-state entry after four calls"
+        entry = fast_path.ENTRIES.get(fast_path.key_of(a, b, out, precision))
+        assert isinstance(entry, fast_path.FastEntry), "no steady-state entry after four calls"
 
 
 def test_wgmma_tf32x3_error_on_randn_2048_cubed_beats_fp32():
@@ -929,7 +925,7 @@ def test_wgmma_tf32x3_error_on_randn_2048_cubed_beats_fp32():
     c, plan = forced_plan(a, b, "wgmma_tf32", "tf32x3")
     ref = a.double() @ b.double()
     with _no_tf32():
-        err, fp32 = rel(c, ref), rel(torch.matmul(a, b), ref)
+        err, fp32 = relative_error(c, ref), relative_error(torch.matmul(a, b), ref)
     assert err <= 3.0e-7 and err < fp32, (err, fp32)  # issue 5: <= 3e-7 (cuBLAS fp32: ~8e-7)
 
 
@@ -942,8 +938,8 @@ def test_tf32x3_is_never_less_accurate_than_fp32_along_k(family, K):
     ref = a.double() @ b.double()
     c, _ = forced_plan(a, b, family, "tf32x3")
     with _no_tf32():
-        fp32 = rel(torch.matmul(a, b), ref)
-    assert rel(c, ref) <= max(fp32, 1e-7), (K, rel(c, ref), fp32)
+        fp32 = relative_error(torch.matmul(a, b), ref)
+    assert relative_error(c, ref) <= max(fp32, 1e-7), (K, relative_error(c, ref), fp32)
 
 
 class _no_tf32:
@@ -978,14 +974,14 @@ def test_wgmma_tf32x3_propagates_inf_and_nan_as_fp32_does():
     assert torch.equal(torch.isnan(c), torch.isnan(ref)) and torch.equal(torch.isinf(c), torch.isinf(ref))
     assert torch.equal(c[torch.isinf(ref)], ref[torch.isinf(ref)].float())
     finite = torch.isfinite(ref)
-    assert rel(c[finite], ref[finite]) <= TOL["tf32x3"]
+    assert relative_error(c[finite], ref[finite]) <= TOL["tf32x3"]
 
 
 def test_wgmma_error_on_randn_2048_cubed_is_within_the_tf32_bound():
     needs_sm90()
     a, b = randn(2048, 2048), randn(2048, 2048)
     c, _ = forced_plan(a, b, "wgmma_tf32", "tf32")
-    assert rel(c, a.double() @ b.double()) <= 3.0e-4  # issue 5's bound (cvt.rna mma.sync: ~1.9e-4)
+    assert relative_error(c, a.double() @ b.double()) <= 3.0e-4  # issue 5's bound (cvt.rna mma.sync: ~1.9e-4)
 
 
 # --- split-K gives the same bits every run ----------------------------------------------------------
@@ -1036,8 +1032,8 @@ def stream_k_run(a, b, out, sm_count: int):
     real = device_facts(index)
     if real.cc < (8, 0):
         pytest.skip("cp.async needs sm80+")
-    s = api.analyse(a, b)
-    problem, offsets = api.build_problem(s, s.matrix_view(out), "ieee")
+    s = analyse(a, b)
+    problem, offsets = build_problem(s, s.matrix_view(out), "ieee")
     assert len(offsets) == 1
     dev = dataclasses.replace(real, sm_count=sm_count)
     cfg = FAMILIES["simt_cp_async"].configure(problem, dev, FAMILIES["simt_cp_async"].tile_options[0] + (1,))
@@ -1049,7 +1045,7 @@ def stream_k_run(a, b, out, sm_count: int):
     poison = torch.full((cfg.stream_k.workspace_floats(*cfg.tile[:2]),), NAN, device="cuda")
     del poison
     (oa, ob, oc), = offsets
-    run(a.data_ptr() + 4 * oa, b.data_ptr() + 4 * ob, out.data_ptr() + 4 * oc, api._current_stream(index))
+    run(a.data_ptr() + 4 * oa, b.data_ptr() + 4 * ob, out.data_ptr() + 4 * oc, dispatch.current_stream(index))
     return cfg
 
 
@@ -1101,8 +1097,9 @@ def test_stream_k_is_the_default_for_a_partial_last_wave_and_takes_the_fast_path
     for _ in range(3):
         a, b = randn(M, K), randn(K, N)
         check(fastmm.matmul(a, b, precision="ieee"), a, b, "ieee", rel_err)
-        entry = api._fast.get(api._fast_key(a, b, None, "ieee"))
-        assert entry and entry[7] is not None, "no fast entry with the fixup pass after a call"
+        entry = fast_path.ENTRIES.get(fast_path.key_of(a, b, None, "ieee"))
+        assert isinstance(entry, fast_path.FastEntry) and entry.runner is not None, (
+            "no fast entry with the fixup pass after a call")
     out = torch.full((M, N), NAN, device="cuda")
     first = fastmm.matmul(a, b, precision="ieee", out=out).clone()
     check(first, a, b, "ieee", rel_err)
@@ -1116,15 +1113,15 @@ def test_skinny_operands_past_2_31_elements(tall_a):
     a = randn(4, rows)  # B = tall_a: K = rows, N = 1024, k * sBk passes 2^31
     c = forced_plan(a, tall_a, "skinny", "ieee")[0]
     for cols in (slice(0, 16), slice(-16, None)):
-        assert rel(c[:, cols], a.double() @ tall_a[:, cols].double()) <= TOL["ieee"]
+        assert relative_error(c[:, cols], a.double() @ tall_a[:, cols].double()) <= TOL["ieee"]
     a = randn(3, 1024)  # B = tall_a^T: N = rows, n * sBn passes 2^31
     c = forced_plan(a, tall_a.T, "skinny", "ieee")[0]
     for r in (slice(0, 64), slice(-64, None)):
-        assert rel(c[:, r], a.double() @ tall_a[r].T.double()) <= TOL["ieee"]
+        assert relative_error(c[:, r], a.double() @ tall_a[r].T.double()) <= TOL["ieee"]
     a = tall_a.T[:8]  # A = (8, rows) with k-stride 1024: k * sAk passes 2^31
     b = randn(rows, 16)
     c = forced_plan(a, b, "skinny", "ieee")[0]
-    assert rel(c, a.double() @ b.double()) <= TOL["ieee"]
+    assert relative_error(c, a.double() @ b.double()) <= TOL["ieee"]
 
 
 # --- explain and the cache ------------------------------------------------------------------------
@@ -1156,8 +1153,8 @@ def test_explain_on_cuda_for_inputs_torch_serves():
 def test_cache_state_goes_from_compiled_to_memory_to_disk(tmp_cache, monkeypatch, rel_err):
     # an empty in-process state, as in a new process
     monkeypatch.setattr(launcher, "_modules", {})
-    monkeypatch.setattr(api, "_prepared", {})
-    monkeypatch.setattr(api, "_fast", {}, raising=False)
+    monkeypatch.setattr(dispatch, "PLANS", dispatch.PlanCache())
+    monkeypatch.setattr(fast_path, "ENTRIES", {})
     a, b = randn(300, 200), randn(200, 100)
     exp = fastmm.explain(a, b, precision="ieee")
     assert exp.cache.startswith("not compiled yet") and str(tmp_cache) in exp.cache
@@ -1255,8 +1252,8 @@ def test_cuda_graph_capture_after_warmup_replays_with_new_values(precision, M, N
 
 def test_capturing_an_unwarmed_shape_raises_and_says_warm_up(tmp_cache, monkeypatch):
     monkeypatch.setattr(launcher, "_modules", {})  # nothing loaded in this process
-    monkeypatch.setattr(api, "_prepared", {})
-    monkeypatch.setattr(api, "_fast", {}, raising=False)
+    monkeypatch.setattr(dispatch, "PLANS", dispatch.PlanCache())
+    monkeypatch.setattr(fast_path, "ENTRIES", {})
     a, b = randn(200, 136), randn(136, 168)
     graph = torch.cuda.CUDAGraph()
     with pytest.raises(RuntimeError, match="(?i)warm"):
@@ -1284,17 +1281,33 @@ def test_custom_op_gradients_match_float64(precision, sa, sb):
     b64 = b.detach().double().requires_grad_()
     y64 = torch.matmul(a64, b64)
     y64.backward(g.double())
-    assert rel(y.detach(), y64.detach()) <= TOL[precision]
-    assert rel(a.grad, a64.grad) <= TOL[precision]
-    assert rel(b.grad, b64.grad) <= TOL[precision]
+    assert relative_error(y.detach(), y64.detach()) <= TOL[precision]
+    assert relative_error(a.grad, a64.grad) <= TOL[precision]
+    assert relative_error(b.grad, b64.grad) <= TOL[precision]
 
 
-def test_fastmm_matmul_backward_uses_fastmm_and_matches_float64():
+def test_fastmm_matmul_backward_runs_fastmm_kernels_and_matches_float64(monkeypatch):
+    """The forward and both backward products (grad @ b^T, a^T @ grad) are products fastmm's
+    kernels served (no fallback reason; first calls of their layouts, so each takes the full
+    path, where they are counted), and the gradients match float64."""
+    served = []  # the fallback reason of every product the fastmm op computed (None: kernels ran)
+    real = dispatch.matmul_fastmm
+
+    def counting(a, b, out, precision, *args, **kwargs):
+        result = real(a, b, out, precision, *args, **kwargs)
+        served.append(result[2])
+        return result
+
+    monkeypatch.setattr(dispatch, "matmul_fastmm", counting)  # (the eager route looks it up here)
+    fast_path.forget_plans()  # no steady-state entry left from an earlier test
     a, b = randn(64, 48).requires_grad_(), randn(48, 80).requires_grad_()
-    fastmm.matmul(a, b, precision="ieee").square().sum().backward()
+    y = fastmm.matmul(a, b, precision="ieee")
+    assert served == [None]
+    y.square().sum().backward()
+    assert served == [None, None, None], served
     a64, b64 = a.detach().double().requires_grad_(), b.detach().double().requires_grad_()
     (a64 @ b64).square().sum().backward()
-    assert rel(a.grad, a64.grad) <= 1e-5 and rel(b.grad, b64.grad) <= 1e-5
+    assert relative_error(a.grad, a64.grad) <= 1e-5 and relative_error(b.grad, b64.grad) <= 1e-5
 
 
 CUDA_OPCHECK = {
@@ -1328,7 +1341,7 @@ def test_torch_compile_fullgraph_equals_eager_on_cuda(precision, rel_err):
     a, b = randn(4, 96, 80), randn(80, 72)
     compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
     got, eager = compiled(a, b), f(a, b)
-    assert rel(got, eager) <= TOL[precision]
+    assert relative_error(got, eager) <= TOL[precision]
     check(got / 2, torch.relu(a), b, precision, rel_err)
     torch._dynamo.reset()
 

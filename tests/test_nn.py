@@ -14,8 +14,10 @@ import torch.nn.functional as F
 
 import fastmm
 import fastmm.api
+import fastmm.dispatch
 import fastmm.ops
 from fastmm.nn import Linear
+from conftest import relative_error
 
 HAS_CUDA = torch.cuda.is_available()
 
@@ -39,8 +41,10 @@ def _keep_matmul_precision():
 
 
 class Calls:
-    """Records every call of fastmm.api.matmul_fastmm (the function the fastmm op runs):
-    its precision and, after it returned, the reason it fell back to torch (None: kernels ran)."""
+    """Records every product fastmm computes: each call of ``fast_path.compute`` (the eager route:
+    plain and autograd calls, steady-state entries included) and of ``dispatch.matmul_fastmm``
+    from the registered ops (torch.compile). For each: its precision and, after it returned, the
+    reason it fell back to torch (None: fastmm's kernels ran)."""
 
     def __init__(self):
         self.precisions: list[str] = []
@@ -57,24 +61,32 @@ class Calls:
 @pytest.fixture
 def calls(monkeypatch):
     record = Calls()
-    original = fastmm.api.matmul_fastmm
+    fallbacks = []  # every dispatch.fallback, in order: tells a served call from a handed-over one
+    real_fallback, real_compute, real_op_path = (fastmm.dispatch.fallback, fastmm.fast_path.compute,
+                                                 fastmm.ops.matmul_fastmm)
 
-    def counting(a, b, out, precision, *args, **kwargs):
+    def fallback(a, b, out, precision, reason):
+        fallbacks.append(reason)
+        return real_fallback(a, b, out, precision, reason)
+
+    def compute(a, b, out, precision):
         record.precisions.append(precision)
-        result = original(a, b, out, precision, *args, **kwargs)
+        seen = len(fallbacks)
+        result = real_compute(a, b, out, precision)
+        record.fallbacks.append(fallbacks[-1] if len(fallbacks) > seen else None)
+        return result
+
+    def op_path(a, b, out, precision, *args, **kwargs):
+        record.precisions.append(precision)
+        result = real_op_path(a, b, out, precision, *args, **kwargs)
         record.fallbacks.append(result[2])
         return result
 
-    # ops.py imported the name; patch both so the count holds whichever one is used
-    monkeypatch.setattr(fastmm.api, "matmul_fastmm", counting)
-    monkeypatch.setattr(fastmm.ops, "matmul_fastmm", counting, raising=False)
+    monkeypatch.setattr(fastmm.dispatch, "fallback", fallback)
+    for module in (fastmm.api, fastmm.ops):  # the eager route: both import compute by name
+        monkeypatch.setattr(module, "compute", compute)
+    monkeypatch.setattr(fastmm.ops, "matmul_fastmm", op_path)  # the registered ops
     return record
-
-
-def rel(x: torch.Tensor, ref: torch.Tensor) -> float:
-    """Relative Frobenius error of x against ref, measured in float64."""
-    ref = ref.detach().double()
-    return ((x.detach().double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
 class Model(torch.nn.Module):
@@ -165,19 +177,18 @@ def test_linear_forward_backward_equal_torch_on_cpu(calls, shape, bias):
     torch.testing.assert_close(x2.grad, x.grad, rtol=1e-6, atol=1e-6)
     for p, q in zip(ours.parameters(), ref.parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-6, atol=1e-6)
-    assert len(calls) >= 1  # forward (and backward) went through the fastmm op
+    assert len(calls) == 3  # the forward and both backward products (input and weight) ran on the fastmm op
 
 
 def test_linear_weight_is_passed_transposed_without_copy(monkeypatch):
     seen = []
-    op = torch.ops.fastmm.matmul
+    real = fastmm.ops.compute
 
-    class Spy:
-        def __call__(self, a, b, precision):
-            seen.append(b)
-            return op(a, b, precision)
+    def spy(a, b, out, precision):  # the eager route's one product
+        seen.append(b)
+        return real(a, b, out, precision)
 
-    monkeypatch.setattr(torch.ops.fastmm, "matmul", Spy())
+    monkeypatch.setattr(fastmm.ops, "compute", spy)
     m = Linear(8, 4)
     m(torch.randn(3, 8))
     (b,) = seen
@@ -313,14 +324,16 @@ def test_transformer_model_patched_matches_unpatched_cpu(calls):
     assert sum(type(m) is Linear for m in ours.modules()) == 6  # linear1/2 of two layers + 2 in the MLP
     out_ref, loss_ref = loss_of(ref, x, target)
     out, loss = loss_of(ours, x, target)
-    assert len(calls) == 6
+    # linear1/linear2 of two layers + the MLP's two; each layer's attention: its in_proj (one
+    # product for q, k and v) and its out_proj (patch converts nn.MultiheadAttention too)
+    assert len(calls) == 6 + 2 * 2
     torch.testing.assert_close(out, out_ref, rtol=1e-5, atol=1e-6)
     loss_ref.backward()
     loss.backward()
     g_ref, g = grads(ref), grads(ours)
     assert g.keys() == g_ref.keys()
     for name in g:
-        assert rel(g[name], g_ref[name]) <= 1e-5, name
+        assert relative_error(g[name], g_ref[name]) <= 1e-5, name
 
     for model in (ref, ours):
         torch.optim.SGD(model.parameters(), lr=0.1).step()
@@ -344,7 +357,7 @@ def test_unpatched_transformer_model_under_the_mode_cpu(calls):
     torch.testing.assert_close(out, out_ref, rtol=1e-5, atol=1e-6)
     g_ref = grads(ref)
     for name, g in grads(ours).items():
-        assert rel(g, g_ref[name]) <= 1e-5, name
+        assert relative_error(g, g_ref[name]) <= 1e-5, name
 
 
 def test_inference_fast_path_bypasses_patched_layers_unless_disabled(calls):
@@ -362,11 +375,11 @@ def test_inference_fast_path_bypasses_patched_layers_unless_disabled(calls):
             torch.testing.assert_close(ours(x), expected, rtol=1e-5, atol=1e-5)
         finally:
             torch.backends.mha.set_fastpath_enabled(old)
-        assert len(calls) == 6
+        assert len(calls) == 6 + 2 * 2  # the Linear layers, and each attention's two projections
         calls.clear()
         with fastmm.use_fastmm(devices=CPU_ROUTE):
             torch.testing.assert_close(ours(x), expected, rtol=1e-5, atol=1e-5)
-        assert len(calls) == 6
+        assert len(calls) == 6 + 2 * 2
 
 
 # ---------------------------------------------------------------------------------------------
@@ -490,7 +503,8 @@ def test_compiled_graph_holds_fastmm_op_and_follows_precision_setting():
     graphs = []
 
     def backend(gm, example_inputs):
-        graphs.append([n.args[2] for n in gm.graph.nodes
+        # the precision is the last argument of every fastmm op (matmul and linear alike)
+        graphs.append([n.args[-1] for n in gm.graph.nodes
                        if n.op == "call_function" and "fastmm" in str(n.target)])
         return gm.forward
 
@@ -517,7 +531,7 @@ def test_compiled_mode_function_cpu():
         torch.testing.assert_close(compiled(a, b, w), f(a, b, w))
     assert explanation.graph_break_count == 0
     code = explanation.graphs[0].code
-    assert code.count("fastmm.matmul") == 2
+    assert code.count("fastmm.matmul") == 1 and code.count("fastmm.linear") == 1  # a @ b, and F.linear
 
 
 # ---------------------------------------------------------------------------------------------
@@ -554,9 +568,10 @@ def _check(out, g, refs, tol, precision):
     for name in ["<output>", *g]:
         ours, theirs, exact = (out, out_t, out_64) if name == "<output>" else (g[name], g_t[name], g_64[name])
         if precision != "tf32":
-            assert rel(ours, theirs) <= tol and rel(ours, exact) <= tol, name
-        elif rel(ours, theirs) > tol:
-            assert rel(ours, exact) <= 1.5 * rel(theirs, exact), (name, rel(ours, theirs), rel(ours, exact), rel(theirs, exact))
+            assert relative_error(ours, theirs) <= tol and relative_error(ours, exact) <= tol, name
+        elif relative_error(ours, theirs) > tol:
+            assert relative_error(ours, exact) <= 1.5 * relative_error(theirs, exact), (
+                name, relative_error(ours, theirs), relative_error(ours, exact), relative_error(theirs, exact))
 
 
 @needs_cuda
@@ -594,7 +609,7 @@ def test_transformer_model_cuda(calls, precision, routing, compiled):
     for model in (ref, ours):
         torch.optim.SGD(model.parameters(), lr=0.1).step()
     for (n, p), (_, q) in zip(ours.named_parameters(), ref.named_parameters()):
-        assert rel(p, q) <= TOL[precision], n
+        assert relative_error(p, q) <= TOL[precision], n
 
 
 @needs_cuda
@@ -621,7 +636,8 @@ def test_autocast_cuda_hands_half_matmuls_to_torch(calls):
         torch.testing.assert_close(out_mode, out_ref)
     assert len(calls) == 0
     ours(x)
-    assert len(calls) == 6 and all(r is None for r in calls.fallbacks)
+    # the Linear layers, and each attention's in_proj and out_proj, all on fastmm's kernels
+    assert len(calls) == 6 + 2 * 2 and all(r is None for r in calls.fallbacks)
 
 
 @needs_cuda
@@ -632,4 +648,4 @@ def test_mode_routes_cuda_by_default(calls):
         c = a @ b
         a.cpu() @ b.cpu()  # CPU not routed by default
     assert len(calls) == 1 and calls.fallbacks == [None]
-    assert rel(c, a.double() @ b.double()) <= 1e-6
+    assert relative_error(c, a, b) <= 1e-6

@@ -1,5 +1,7 @@
-"""fastmm as torch.library custom ops (fastmm.ops) on CPU inputs: opcheck of both ops, gradients
-through fastmm.matmul, and torch.compile seeing one opaque op."""
+"""fastmm as torch.library custom ops (fastmm.ops): opcheck of both ops on CPU inputs (where the ops
+hand the product to torch), the ops and the backward's products computed by fastmm's kernels on
+the emulated GPU (conftest.emulated_gpu), gradients through fastmm.matmul, and torch.compile
+seeing one opaque op."""
 from __future__ import annotations
 
 import pytest
@@ -7,6 +9,7 @@ import torch
 from torch.library import opcheck
 
 import fastmm  # noqa: F401  (registers torch.ops.fastmm.*)
+from conftest import relative_error
 
 
 def r(*shape, grad=False, dtype=torch.float32):
@@ -60,12 +63,27 @@ def test_opcheck_matmul_out(case):
     opcheck(torch.ops.fastmm.matmul_out, (a, b, "ieee", out))
 
 
-def test_ops_compute_torchs_result():
-    a, b = r(2, 3, 4), r(4, 5)
-    assert torch.equal(torch.ops.fastmm.matmul(a, b, "ieee"), a @ b)
-    out = torch.full((2, 3, 5), float("nan"))
+def test_ops_compute_the_product_with_fastmm_kernels(emulated_gpu):
+    a, b = torch.randn(2, 30, 40), torch.randn(40, 50)
+    assert relative_error(torch.ops.fastmm.matmul(a, b, "ieee"), a, b) <= 1e-6
+    out = torch.full((2, 30, 50), float("nan"))
     assert torch.ops.fastmm.matmul_out(a, b, "ieee", out) is None
-    assert torch.equal(out, a @ b)
+    assert relative_error(out, a, b) <= 1e-6
+    assert len(emulated_gpu.launches) == 2  # one kernel launch per op call
+
+
+def test_the_backward_products_are_fastmm_launches(emulated_gpu):
+    """grad_a = grad @ b^T and grad_b = a^T @ grad (summed over the broadcast batch dim) run as
+    fastmm products on transposed views: one launch each, no copies of a, b or grad."""
+    a = torch.randn(2, 30, 40).requires_grad_()
+    b = torch.randn(40, 50).requires_grad_()
+    y = fastmm.matmul(a, b, precision="ieee")
+    assert len(emulated_gpu.launches) == 1
+    g = torch.randn(2, 30, 50)
+    y.backward(g)
+    assert len(emulated_gpu.launches) == 3
+    grad_a, grad_b = g.double() @ b.detach().double().T, (a.detach().double().transpose(-1, -2) @ g.double()).sum(0)
+    assert relative_error(a.grad, grad_a) <= 1e-6 and relative_error(b.grad, grad_b) <= 1e-6
 
 
 def test_functional_op_result_is_contiguous_and_not_an_input():
@@ -117,18 +135,30 @@ def test_gradient_of_one_side_only():
     assert b.grad is None
 
 
-def test_grad_goes_through_the_custom_op():
+def test_grad_takes_the_eager_autograd_function_and_the_op_under_a_dispatch_mode():
+    """Eager calls with grad use fastmm's autograd.Function (no custom-op dispatch per call); a
+    TorchDispatchMode (here FlopCounterMode) gets the registered op, whose autograd it sees."""
+    from torch.utils.flop_counter import FlopCounterMode
+
     a, b = r(3, 4, grad=True), r(4, 5)
     y = fastmm.matmul(a, b)
-    assert y.requires_grad and y.grad_fn is not None
-    assert "fastmm" in type(y.grad_fn).__name__.lower() or "fastmm" in str(y.grad_fn.name()).lower()
+    assert y.requires_grad and type(y.grad_fn).__name__ == "_MatmulBackward"
+    with FlopCounterMode(display=False) as counter:
+        z = fastmm.matmul(a, b)
+    assert "fastmm" in str(z.grad_fn.name()).lower()
+    assert sum(counter.get_flop_counts()["Global"].values()) == 2 * 3 * 4 * 5
 
 
-def test_no_grad_mode_returns_a_plain_tensor():
-    a, b = r(3, 4, grad=True), r(4, 5)
+def test_no_grad_mode_returns_a_plain_tensor_computed_without_the_autograd_op(emulated_gpu, monkeypatch):
+    def refuse(*args):
+        raise AssertionError("fastmm.matmul took the autograd op under no_grad")
+
+    monkeypatch.setattr(fastmm.ops, "matmul_autograd", refuse)
+    a, b = torch.randn(30, 40).requires_grad_(), torch.randn(40, 50)
     with torch.no_grad():
         y = fastmm.matmul(a, b)
-    assert not y.requires_grad and torch.equal(y, (a @ b).detach())
+    assert not y.requires_grad and y.grad_fn is None
+    assert relative_error(y, a, b) <= 1e-6 and emulated_gpu.launches
 
 
 # --- torch.compile -----------------------------------------------------------------------------

@@ -1,5 +1,7 @@
 """The dispatcher (fastmm.plan, fastmm.families, fastmm.problem) on simulated devices: which kernel
 each problem gets, with which load modes and launch geometry, and why the others were rejected.
+(The split-K and stream-K wave models on their own: tests/test_work_split.py; skinny v2's geometry:
+tests/test_skinny_v2.py.)
 
 Geometry checks use the definitions in cuda_src/ (tile sizes, shared-memory layouts), so a
 mismatch between the Python side and the kernels shows up here, on a CPU.
@@ -12,12 +14,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import fastmm.families.simt_core as simt_core
 from fastmm.families import (FAMILIES, LOAD_ELEM_FAST, LOAD_ELEM_K, LOAD_NAMES, LOAD_VEC_FAST, LOAD_VEC_K,
-                             MAX_GRID_Z, MAX_SPLIT, MIN_KTILES_PER_SPLIT, SPLIT_COST, effective_split, split_cap,
-                             split_k_for)
-import fastmm.plan
-from fastmm.families import SimtCpAsync, Skinny
-from fastmm.plan import INT32_MAX, MIN_CC, STAGE_MIN_FLOP_PER_BYTE, TINY_OUTPUTS, select
+                             MAX_GRID_Z, MAX_SPLIT, SimtCpAsync, Skinny, second_pass_config, split_cap, split_k_for)
+from fastmm.families.simt_core import STAGE_MIN_FLOP_PER_BYTE
+from fastmm.families.work_split import MIN_KTILES_PER_SPLIT, split_time
+from fastmm.plan import INT32_MAX, MIN_CC, TINY_OUTPUTS, Plan, select
 from fastmm.problem import DeviceFacts, Problem
 from test_skinny_v2 import check_v2 as check_skinny_v2
 from test_skinny_v2 import stage_floats as v2_stage_floats
@@ -40,8 +42,8 @@ def rejected(plan) -> dict:
     return dict(plan.rejected)
 
 
-def forced(p: Problem, arch: str, family: str):
-    plan = select(p, DEV[arch], force=family)
+def forced(p: Problem, arch: str, family: str, variants=()):
+    plan = select(p, DEV[arch], force=family, variants=variants)
     assert plan.kernel is not None and plan.kernel.family == family
     return plan
 
@@ -354,7 +356,7 @@ def test_just_above_the_tiny_limit_gets_a_tiled_kernel(arch):
 def no_staging(monkeypatch):
     """Plans that read every operand in place, so the tests below check the kernels' own load
     modes on misaligned memory (staging, which copies such operands first, is tested apart)."""
-    monkeypatch.setattr(fastmm.plan, "STAGE_MIN_FLOP_PER_BYTE", float("inf"))
+    monkeypatch.setattr(simt_core, "STAGE_MIN_FLOP_PER_BYTE", float("inf"))
 
 # --- load modes: no vector access where the layout or alignment forbids it ----------------------
 
@@ -715,40 +717,7 @@ def test_simt_float4_and_scalar_never_split_k():
             plan = select(p, DEV[arch], force=family)
             assert plan.kernel.split_k == 1 and plan.reduce is None
 
-# --- split_k_for: the wave model of the tiled families -------------------------------------------
-
-def _wave_cost(tiles: int, split: int, slots: int) -> float:
-    """The model the brief for split_k_for gives: waves of blocks per split, plus SPLIT_COST per extra split."""
-    return -(-tiles * split // slots) / split * (1 + SPLIT_COST * (split - 1))
-
-
-@settings(max_examples=300, deadline=None)
-@given(K=st.integers(1, 1 << 22), batch=st.sampled_from([1, 1, 2, 7, 70_000]), arch=st.sampled_from(ARCHS),
-       tiles=st.integers(1, 20_000), bk=st.sampled_from([8, 32]), blocks_per_sm=st.sampled_from([1, 2]))
-def test_split_k_for_properties(K, batch, arch, tiles, bk, blocks_per_sm):
-    dev = DEV[arch]
-    p = Problem.dense(64, 64, K, batch=batch)
-    split = split_k_for(p, dev, tiles, bk, blocks_per_sm)
-    k_tiles = -(-K // bk)
-    slots = dev.sm_count * blocks_per_sm
-    limit = max(1, min(max(MAX_SPLIT, slots // tiles), k_tiles // MIN_KTILES_PER_SPLIT))
-    assert 1 <= split <= limit  # never more than K-tiles / 16, nor than 64 or one wave's worth
-    if tiles >= 2 * slots:
-        assert split == 1  # two or more waves of tiles: the gain is a fraction of the last wave
-    if split > 1:
-        assert batch == 1  # the workspace holds the slices of one product
-        assert k_tiles // split >= MIN_KTILES_PER_SPLIT
-        costs = {s: _wave_cost(tiles, s, slots) for s in range(1, limit + 1)}
-        best = min(s for s, c in costs.items() if c == min(costs.values()))  # ties go to fewer splits
-        assert costs[best] < costs[1]  # splits only where the model says it pays
-        # ... and the count is the model's choice reduced to the block rows that get k-tiles
-        assert split == effective_split(k_tiles, best)
-        per = -(-k_tiles // split)
-        assert (split - 1) * per < k_tiles  # the last block row has work
-        assert tiles % slots != 0  # whole waves of tiles never split
-    if batch > 1 or k_tiles < 2 * MIN_KTILES_PER_SPLIT:
-        assert split == 1
-
+# --- split-K in the tiled families (the wave model itself: tests/test_work_split.py) ----------------
 
 @pytest.mark.parametrize("arch", SM80_PLUS)
 @pytest.mark.parametrize("family,precision", [("simt_cp_async", "ieee"), ("tf32_mma", "tf32"), ("tf32_mma", "tf32x3")])
@@ -911,18 +880,16 @@ def test_m_33_does_not_pick_skinny(arch, precision):
         select(p, DEV[arch], force="skinny")
 
 
-@pytest.fixture
-def skinny_v1(monkeypatch):
-    """The v1 skinny kernel on every arch (v2, sm_90's default, has its own tests in
-    test_skinny_v2.py, and test_random_problems_keep_every_invariant covers both)."""
-    monkeypatch.setattr(Skinny, "variant", "v1")
+#: The v1 skinny kernel on every arch, as a variant handed to the planner (v2, sm_90's default,
+#: has its own tests in test_skinny_v2.py, and test_random_problems_keep_every_invariant covers both).
+SKINNY_V1 = (Skinny(variant="v1"),)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("M,mt", [(1, 8), (3, 8), (8, 8), (9, 16), (16, 16), (17, 32), (31, 32), (32, 32)])
-def test_skinny_rows_per_thread_macro_is_m_rounded_up(arch, M, mt, skinny_v1):
+def test_skinny_rows_per_thread_macro_is_m_rounded_up(arch, M, mt):
     for N in (1100, 4096, 4099):
-        plan = forced(Problem.dense(M, N, 4096), arch, "skinny")
+        plan = forced(Problem.dense(M, N, 4096), arch, "skinny", SKINNY_V1)
         m, cfg = macros(plan), plan.kernel
         assert m["MT"] == mt
         assert cfg.tile == (mt, 128, 128 if mt == 32 else 256)  # skinny.cu: COLS 128, KCHUNK
@@ -932,9 +899,9 @@ def test_skinny_rows_per_thread_macro_is_m_rounded_up(arch, M, mt, skinny_v1):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_skinny_b_vec_only_for_aligned_n_contiguous_b(arch, skinny_v1):
+def test_skinny_b_vec_only_for_aligned_n_contiguous_b(arch):
     def b_vec(p):
-        plan = forced(p, arch, "skinny")
+        plan = forced(p, arch, "skinny", SKINNY_V1)
         m, d = macros(plan), dict(plan.kernel.details)
         assert d["B loads"] == ("float4, each element once" if m["B_VEC"] else "single floats, each element once")
         return m["B_VEC"]
@@ -958,19 +925,23 @@ def test_skinny_b_vec_only_for_aligned_n_contiguous_b(arch, skinny_v1):
     assert b_vec(dataclasses.replace(batched, b_batch_strides=(0, 0))) == 1  # broadcast B
 
 
+#: v1 skinny splits of 4096 columns (32 tiles of 128) for K of 16 chunks (K = 4096, 256-k chunks)
+#: and of 128 chunks (M = 32: 16384 in 128-k chunks), per arch: about two waves of one-per-SM
+#: blocks, ceil(2 x SMs / 32), reduced to the rows that get chunks (hand-computed: sm_90 has
+#: 132 SMs, 264 / 32 -> 9 splits; 16 chunks dealt 2 a row fill 8 rows; 128 dealt 15 a row fill 9).
+SKINNY_V1_SPLITS = {"sm_75": (3, 3), "sm_80": (6, 7), "sm_86": (6, 6), "sm_89": (8, 9), "sm_90": (8, 9)}
+
+
 @pytest.mark.parametrize("arch", ARCHS)
-def test_skinny_splits_k_for_a_batch_of_1_with_long_k(arch, skinny_v1):
+def test_skinny_splits_k_for_a_batch_of_1_with_long_k(arch):
     dev = DEV[arch]
-    for M, K, kchunk in ((1, 4096, 256), (16, 4096, 256), (32, 16384, 128)):
-        plan = select(Problem.dense(M, 4096, K), dev)
+    for M, K, kchunk, split in ((1, 4096, 256, SKINNY_V1_SPLITS[arch][0]), (16, 4096, 256, SKINNY_V1_SPLITS[arch][0]),
+                                (32, 16384, 128, SKINNY_V1_SPLITS[arch][1])):
+        plan = select(Problem.dense(M, 4096, K), dev, variants=SKINNY_V1)
         cfg = plan.kernel
         assert cfg.family == "skinny" and cfg.tile[2] == kchunk
         tiles = 4096 // 128
-        # about two waves of 256-thread blocks, at most one split per k-chunk, at most MAX_SPLIT,
-        # and only as many block rows as get chunks
-        chunks = -(-K // kchunk)
-        assert cfg.split_k == effective_split(chunks, min(chunks, -(-2 * dev.sm_count // tiles), MAX_SPLIT)) > 1
-        assert cfg.grid == (tiles, cfg.split_k, 1)
+        assert cfg.split_k == split and cfg.grid == (tiles, split, 1)
         assert plan.reduce is not None and plan.reduce.family == "splitk_reduce"
         assert dict(cfg.details)["split-K"] == f"{cfg.split_k} slices of K, reduced by splitk_reduce"
         assert f"then: {plan.reduce.describe()}" in plan.describe()
@@ -978,19 +949,19 @@ def test_skinny_splits_k_for_a_batch_of_1_with_long_k(arch, skinny_v1):
         # not for a batch, broadcast or not
         for p in (Problem.dense(M, 4096, K, batch=2),
                   dataclasses.replace(Problem.dense(M, 4096, K, batch=3), a_batch_strides=(0, 0))):
-            plan = select(p, dev)
+            plan = select(p, dev, variants=SKINNY_V1)
             assert plan.kernel.family == "skinny" and plan.kernel.split_k == 1 and plan.reduce is None
             assert plan.kernel.grid == (tiles, 1, p.batch_total)
     # one k-chunk: nothing to split
-    assert select(Problem.dense(16, 4096, 256), dev).kernel.split_k == 1
-    assert select(Problem.dense(32, 4096, 128), dev).kernel.split_k == 1
-    assert select(Problem.dense(32, 4096, 129), dev).kernel.split_k == 2
+    assert select(Problem.dense(16, 4096, 256), dev, variants=SKINNY_V1).kernel.split_k == 1
+    assert select(Problem.dense(32, 4096, 128), dev, variants=SKINNY_V1).kernel.split_k == 1
+    assert select(Problem.dense(32, 4096, 129), dev, variants=SKINNY_V1).kernel.split_k == 2
     # columns enough for two waves of 256-thread blocks on their own: no split
-    wide = select(Problem.dense(16, 2 * dev.sm_count * 128, 65536), dev).kernel
+    wide = select(Problem.dense(16, 2 * dev.sm_count * 128, 65536), dev, variants=SKINNY_V1).kernel
     assert wide.family == "skinny" and wide.split_k == 1
     # one tile of columns, very long K: capped at MAX_SPLIT
-    assert select(Problem.dense(16, 128 * 9, 1 << 20), dev).kernel.split_k <= MAX_SPLIT
-    assert forced(Problem.dense(16, 128, 1 << 20), arch, "skinny").kernel.split_k == MAX_SPLIT
+    assert select(Problem.dense(16, 128 * 9, 1 << 20), dev, variants=SKINNY_V1).kernel.split_k <= MAX_SPLIT
+    assert forced(Problem.dense(16, 128, 1 << 20), arch, "skinny", SKINNY_V1).kernel.split_k == MAX_SPLIT
 
 
 @pytest.mark.parametrize("precision", ["tf32", "tf32x3"])
@@ -1149,7 +1120,7 @@ def test_random_problems_keep_every_invariant(p, arch, force):
     if cfg.split_k > 1:
         assert p.batch_total == 1
     if cfg.family == "skinny" and m.get("SK_V2"):
-        assert dev.cc in Skinny.V2_BY_CC or Skinny.variant is not None
+        assert dev.cc in Skinny.V2_BY_CC
         assert p.M <= SKINNY_MAX_M and m["MT"] == max(4, -(-p.M // 4) * 4)  # (M = 0 too: skinny.cu needs 4..32)
         assert m["B_VEC"] == int(sBn == 1 and _vector_ok(p.N, sBk, p.b_batch_strides, p.b_align))
     elif cfg.family == "skinny":
@@ -1328,15 +1299,17 @@ def test_split_k_may_fill_a_whole_wave_beyond_max_split():
 
 # --- stream-K: whole waves, then the rest of the tiles in pieces ---------------------------------
 
-@pytest.mark.parametrize("M,N,K,whole,blocks", [(8192, 4096, 6144, 924, 132), (8192, 8192, 4096, 1980, 132),
-                                                 (4096, 4096, 4096, 396, 132), (4096, 11008, 4096, 1320, 132)])
-def test_a_partial_last_wave_of_simt_tiles_runs_stream_k_on_the_h200(M, N, K, whole, blocks):
-    """The headline shapes: 7.76, 15.5 and 3.88 waves of 128x256 tiles on 132 SMs. The whole
-    waves run as they are, one more wave of blocks shares the other tiles' k-tiles evenly."""
+@pytest.mark.parametrize("M,N,K,whole,blocks,iters", [(8192, 4096, 6144, 924, 132, 582),
+                                                       (8192, 8192, 4096, 1980, 132, 264),
+                                                       (4096, 4096, 4096, 396, 132, 450),
+                                                       (4096, 11008, 4096, 1320, 132, 218)])
+def test_a_partial_last_wave_of_simt_tiles_runs_stream_k_on_the_h200(M, N, K, whole, blocks, iters):
+    """The headline shapes: 7.76, 15.5, 3.88 and 10.4 waves of 128x256 tiles on 132 SMs. The whole
+    waves run as they are, one more wave of blocks shares the other tiles' k-tiles evenly
+    (hand-computed: 8192x4096x6144 leaves 100 tiles of 768 k-tiles, 76800 dealt 582 a block)."""
     plan = select(Problem.dense(M, N, K), DEV["sm_90"])
     sk = plan.kernel.stream_k
-    assert sk is not None and (sk.whole_tiles, sk.blocks) == (whole, blocks), plan.describe()
-    assert sk.iters == -(-sk.pieced_tiles * sk.k_tiles // 132)
+    assert sk is not None and (sk.whole_tiles, sk.blocks, sk.iters) == (whole, blocks, iters), plan.describe()
     assert "stream-K" in plan.describe() and "then: stream_k_fixup" in plan.describe()
     check_geometry(plan)
 
@@ -1372,9 +1345,17 @@ def test_stream_k_follows_the_split_flag_the_tile_and_the_load_modes():
 
 
 def test_stream_k_beats_split_k_where_the_model_says_so():
-    """1.5 waves of tiles: split-K (5 ways) models 1.73 waves, stream-K 1.56."""
-    plan = select(Problem.dense(128 * 199, 256, 2048), DEV["sm_90"])
-    assert plan.kernel.stream_k is not None and plan.kernel.split_k == 1
+    """199 tiles of 128x256 (1.5 waves) of 256 k-tiles on 132 SMs. Split-K's best, 5 ways, models
+    ceil(995 / 132) = 8 waves of fifths plus 8% = 1.73 waves; stream-K runs one whole wave, then
+    67 x 256 k-tiles dealt 130 a block over 132 blocks, plus 3 k-tiles a piece and the fixup's
+    traffic: 400.7 k-tiles = 1.56 waves (hand-computed). So stream-K, and no split."""
+    dev = DEV["sm_90"]
+    p = Problem.dense(128 * 199, 256, 2048)
+    assert split_k_for(p, dev, 199, 8) == 5 and split_time(199, 5, 132) == pytest.approx(1.728)
+    plan = select(p, dev)
+    sk = plan.kernel.stream_k
+    assert sk is not None and plan.kernel.split_k == 1
+    assert (sk.whole_tiles, sk.blocks, sk.iters, sk.k_tiles) == (132, 132, 130, 256)
     check_geometry(plan)
 
 
@@ -1398,7 +1379,7 @@ def test_stream_k_deals_every_k_tile_once_and_the_fixup_sums_each_piece(M, N, K,
     dev = dataclasses.replace(DEV[arch], sm_count=sms)
     p = Problem.dense(M, N, K)
     cfg = fam.configure(p, dev, fam.tile_options[tile] + (1,))
-    plan = fastmm.plan.Plan(p, dev, cfg, "ieee", reduce=fastmm.plan.second_pass_config(p, dev, cfg))
+    plan = Plan(p, dev, cfg, "ieee", reduce=second_pass_config(p, dev, cfg))
     check_geometry(plan)
 
 

@@ -7,8 +7,8 @@ GPU (skipped without CUDA):
 - tensors on cuda:1 (two GPUs) run on modules loaded for device 1, and explain names cuda:1;
 - a compile error, an unusable NVRTC, a full disk: a warning once, torch.matmul or memory-only
   operation, explain says why.
-CPU (CI): the same fault paths at the level a CPU reaches (the api with a simulated device up to
-the kernel load, the disk cache with real NVRTC and simulated I/O errors), stale entries after a
+CPU (CI): the same fault paths at the level a CPU reaches (fastmm.dispatch with a simulated device up
+to the kernel load, the disk cache with real NVRTC and simulated I/O errors), stale entries after a
 change of source, fastmm version or NVRTC version, and the ``python -m fastmm cache`` commands.
 """
 from __future__ import annotations
@@ -29,15 +29,16 @@ import torch
 
 import fastmm
 import fastmm.runtime.cache as cache_module
-from fastmm import api
-from fastmm.api import FastmmWarning
+from fastmm import dispatch, errors, fast_path
+from fastmm.errors import FastmmWarning
 from fastmm.families import FAMILIES
 from fastmm.plan import select
+from fastmm.precision import torch_precision
 from fastmm.problem import DeviceFacts, Problem
 from fastmm.runtime import compiler, launcher, sources
 from fastmm.runtime.cache import CacheWarning, DiskCache, decode, default_cache
 from fastmm.runtime.compiler import CompileError, compile_cubin
-from conftest import run_forced
+from conftest import CudaLooking, relative_error, run_forced, simulate_h200
 
 REPO = Path(__file__).resolve().parent.parent
 HAS_CUDA = torch.cuda.is_available()
@@ -53,11 +54,19 @@ def fresh_state(tmp_cache, monkeypatch):
     """A new process, in effect: empty kernel cache folder, nothing loaded or planned, no
     warnings given yet (all restored after the test)."""
     monkeypatch.setattr(launcher, "_modules", {})
-    monkeypatch.setattr(api, "_prepared", {})
-    monkeypatch.setattr(api, "_fast", {})
-    monkeypatch.setattr(api, "_failed", {})
-    monkeypatch.setattr(api, "_warned", set())
+    monkeypatch.setattr(dispatch, "PLANS", dispatch.PlanCache())
+    monkeypatch.setattr(fast_path, "ENTRIES", {})
+    monkeypatch.setattr(errors, "_warned", set())
     return tmp_cache
+
+
+@pytest.fixture
+def fresh_runtime_reason():
+    """dispatch.runtime_reason asked afresh in this test (it is decided once per process), and
+    again after it: the test's fault must not stay cached for the tests that follow."""
+    dispatch.runtime_reason.cache_clear()
+    yield
+    dispatch.runtime_reason.cache_clear()
 
 
 def recorded(category):
@@ -77,7 +86,7 @@ def recorded(category):
 
 def torch_at(precision: str, a, b):
     """torch.matmul as the precision asks (tf32x3 and ieee: full fp32)."""
-    with api._torch_precision(precision):
+    with torch_precision(precision):
         return torch.matmul(a, b)
 
 
@@ -211,9 +220,9 @@ def test_eight_threads_on_eight_streams_compile_each_kernel_once(fresh_state):
     for M, N, K, prec in THREAD_SHAPES:
         a = torch.randn(M, K, device="cuda", generator=g)
         b = torch.randn(K, N, device="cuda", generator=g)
-        cases.append((a, b, prec, torch.matmul(a.double(), b.double()), abs_scale(a, b).norm().item()))
+        cases.append((a, b, prec))
     keys = set()
-    for a, b, prec, _, _ in cases:
+    for a, b, prec in cases:
         plan = fastmm.explain(a, b, precision=prec).plan
         keys |= {launcher.key_for(cfg, plan.device.arch) for cfg in (plan.kernel, plan.reduce) if cfg is not None}
     torch.cuda.synchronize()
@@ -228,10 +237,10 @@ def test_eight_threads_on_eight_streams_compile_each_kernel_once(fresh_state):
                 order = [0] + [(i + j) % len(cases) for j in range(len(cases))]  # all 8 on case 0 at once first
                 for rep in range(3):
                     for j in order:
-                        a, b, prec, ref, scale = cases[j]
+                        a, b, prec = cases[j]
                         c = fastmm.matmul(a, b, precision=prec)
                         stream.synchronize()
-                        err = (c.double() - ref).norm().item() / scale
+                        err = relative_error(c, a, b, scale="abs")
                         if not err <= TOL[prec]:
                             errors.append(f"thread {i} case {j} rep {rep}: error {err:.2e}")
         except Exception as exc:  # reported below, with the thread that saw it
@@ -257,7 +266,6 @@ def test_tensors_on_cuda1_run_on_modules_loaded_for_device_1(fresh_state):
     g.manual_seed(5)
     a = torch.randn(300, 200, device="cuda:1", generator=g)
     b = torch.randn(200, 100, device="cuda:1", generator=g)
-    ref, scale = torch.matmul(a.double(), b.double()), abs_scale(a, b).norm().item()
     current = []  # torch's current device after each first call (checked last)
     for precision in PRECISIONS:
         exp = fastmm.explain(a, b, precision=precision)
@@ -269,20 +277,21 @@ def test_tensors_on_cuda1_run_on_modules_loaded_for_device_1(fresh_state):
         assert (1, key, exp.plan.kernel.entry) in launcher._modules and (0, key, exp.plan.kernel.entry) not in launcher._modules
         current.append(torch.cuda.current_device())
         torch.cuda.synchronize(1)
-        assert (c.double() - ref).norm().item() / scale <= TOL[precision]
+        assert relative_error(c, a, b, scale="abs") <= TOL[precision]
         assert fastmm.explain(a, b, precision=precision).cache.startswith("in memory")
     side = torch.cuda.Stream(device=1)  # a side stream of device 1, while device 0 is current
     side.wait_stream(torch.cuda.current_stream(1))
     with torch.cuda.stream(side):
         c = fastmm.matmul(a, b, precision="ieee")
     side.synchronize()
-    assert (c.double() - ref).norm().item() / scale <= TOL["ieee"]
+    assert relative_error(c, a, b, scale="abs") <= TOL["ieee"]
     a0, b0 = a.to("cuda:0"), b.to("cuda:0")  # the same problem on device 0 gets its own module
     c0 = fastmm.matmul(a0, b0, precision="ieee")
-    key = launcher.key_for(fastmm.explain(a0, b0, precision="ieee").plan.kernel, api.device_facts(0).arch)
-    assert (0, key) in launcher._modules and (1, key) in launcher._modules
+    kernel = fastmm.explain(a0, b0, precision="ieee").plan.kernel
+    key = launcher.key_for(kernel, dispatch.device_facts(0).arch)
+    assert (0, key, kernel.entry) in launcher._modules and (1, key, kernel.entry) in launcher._modules
     torch.cuda.synchronize(0)
-    assert (c0.double().cpu() - ref.cpu()).norm().item() / scale <= TOL["ieee"]
+    assert relative_error(c0, a0, b0, scale="abs") <= TOL["ieee"]
     assert current == [0] * len(PRECISIONS), (
         f"torch's current device after loading modules for cuda:1 was {current}: fastmm changed the caller's "
         "current device (launcher.load sets the CUDA context of the kernel's device current)")
@@ -318,12 +327,11 @@ def test_compile_error_on_gpu_warns_once_and_torch_serves(fresh_state, monkeypat
 
 
 @requires_cuda
-def test_nvrtc_missing_on_gpu_warns_once_and_torch_serves(fresh_state, monkeypatch):
+def test_nvrtc_missing_on_gpu_warns_once_and_torch_serves(fresh_state, fresh_runtime_reason, monkeypatch):
     def gone():
         raise OSError("libnvrtc.so.13: cannot open shared object file: No such file or directory")
 
     monkeypatch.setattr(compiler, "nvrtc_version", gone)
-    monkeypatch.setattr(api, "_runtime_reason_cache", [])
     a, b = torch.randn(300, 200, device="cuda"), torch.randn(200, 100, device="cuda")
     exp = fastmm.explain(a, b, precision="ieee")
     assert exp.kernel is None and "NVRTC is not usable" in exp.fallback and "libnvrtc" in exp.fallback
@@ -347,27 +355,33 @@ def test_full_disk_on_gpu_one_warning_then_memory_only(fresh_state, monkeypatch,
                 a, b = torch.randn(M, K, device="cuda"), torch.randn(K, N, device="cuda")
                 c = fastmm.matmul(a, b, precision=prec)
                 torch.cuda.synchronize()
-                assert (c.double() - a.double() @ b.double()).norm() <= TOL[prec] * abs_scale(a, b).norm()
+                assert relative_error(c, a, b, scale="abs") <= TOL[prec]
     assert len(rec.of()) == 1, [str(w.message) for w in rec.of()]
     assert len(calls) == 1  # the first failed write; after it, nothing touches the disk
     assert list(fresh_state.glob("*.cubin")) == [] and list(fresh_state.glob("*.tmp")) == []
     assert launcher._modules and all(path is None for _, _, path in launcher._modules.values())
     a, b = torch.randn(300, 100, device="cuda"), torch.randn(100, 200, device="cuda")
-    assert "(memory-only cache)" in fastmm.explain(a, b, precision="ieee").cache
+    assert "memory-only cache" in fastmm.explain(a, b, precision="ieee").cache
 
 
 # =============================================================================================
-# CPU: the api's fault handling, reached with a simulated device
+# CPU: the full path's fault handling, reached with a simulated device
 
 @pytest.fixture
 def simulated_gpu(monkeypatch):
-    """CPU tensors pass for CUDA ones on a simulated H200 up to the kernel load: everything the
-    api decides before a launch runs here (the load itself needs a GPU)."""
-    monkeypatch.setattr(api, "_not_served_reason", lambda a, b: None)
-    monkeypatch.setattr(explain_module, "_not_served_reason", lambda a, b: None)
-    monkeypatch.setattr(api, "device_facts", lambda index: DeviceFacts.simulated_device("sm_90", index))
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    """CPU tensors pass for CUDA ones on a simulated H200 up to the kernel load (conftest's
+    simulate_h200): everything fastmm.dispatch decides before a launch runs here (the load
+    itself needs a GPU). Records the reason of every call handed to torch (dispatch.fallback)."""
+    simulate_h200(monkeypatch)
+    reasons = []
+    real = dispatch.fallback
+
+    def spy(a, b, out, precision, reason):
+        reasons.append(reason)
+        return real(a, b, out, precision, reason)
+
+    monkeypatch.setattr(dispatch, "fallback", spy)
+    return reasons
 
 
 def test_compile_error_warns_once_falls_back_and_explain_says_why(fresh_state, simulated_gpu, monkeypatch):
@@ -379,7 +393,10 @@ def test_compile_error_warns_once_falls_back_and_explain_says_why(fresh_state, s
         again = fastmm.matmul(a, b, precision="ieee")
         out = torch.full((300, 100), NAN)
         assert fastmm.matmul(a, b, precision="ieee", out=out) is out
-    assert torch.equal(first, torch.matmul(a, b)) and torch.equal(again, first) and torch.equal(out, first)
+    assert first.shape == again.shape == (300, 100) and torch.equal(out, first)
+    # every call went to torch, for the compile error (the first one's reason is NVRTC's)
+    assert len(simulated_gpu) == 3
+    assert all(r.startswith("kernel simt_cp_async failed to compile") for r in simulated_gpu)
     found = rec.of()
     assert len(found) == 1, [str(w.message) for w in found]
     text = str(found[0].message)
@@ -390,20 +407,7 @@ def test_compile_error_warns_once_falls_back_and_explain_says_why(fresh_state, s
     assert "runs: torch.matmul, because kernel simt_cp_async failed to compile" in str(exp)
     # other kernels are unaffected: a tf32 problem plans tf32_mma as before
     assert fastmm.explain(a, b, precision="tf32").kernel == "tf32_mma"
-    assert api._fast == {} and launcher._modules == {}
-
-
-def test_plan_for_consults_the_failed_kernels(simulated_gpu, monkeypatch):
-    monkeypatch.setattr(api, "_failed", {})
-    p = Problem.dense(512, 512, 512, "tf32")
-    plan = api.plan_for(p, 0)
-    assert plan.kernel is not None and plan.kernel.family == "tf32_mma"
-    api._failed[api._failure_key(0, plan.kernel)] = "kernel tf32_mma failed to compile (boom)"
-    failed = api.plan_for(p, 0)
-    assert failed.kernel is None and failed.reduce is None and failed.fallback == "kernel tf32_mma failed to compile (boom)"
-    assert failed.rejected == plan.rejected and failed.problem == p
-    assert api.plan_for(p, 1).kernel == plan.kernel  # another device: not failed there
-    assert api.plan_for(Problem.dense(512, 512, 512, "ieee"), 0).kernel is not None
+    assert fast_path.ENTRIES == {} and launcher._modules == {}
 
 
 def test_a_failed_kernel_is_not_recompiled_for_another_shape(fresh_state, simulated_gpu, monkeypatch):
@@ -414,24 +418,11 @@ def test_a_failed_kernel_is_not_recompiled_for_another_shape(fresh_state, simula
         for rows in (300, 310, 320, 330):
             fastmm.matmul(torch.randn(rows, 200), b, precision="ieee")
     assert len(calls) == 1, f"NVRTC ran {len(calls)} times for one failing kernel"
-
-
-class CudaLooking:
-    """Just enough of a CUDA float32 tensor for the api's serve / don't-serve decision."""
-
-    def __init__(self, *shape):
-        self.shape = torch.Size(shape)
-        self.device = torch.device("cuda", 0)
-        self.dtype = torch.float32
-        self.is_sparse = False
-        self.layout = torch.strided
-
-    def is_complex(self):
-        return False
+    assert len(simulated_gpu) == 4
 
 
 @pytest.mark.parametrize("fault", ["nvrtc_library", "cuda_core_import", "sources_missing"])
-def test_runtime_unusable_is_the_reason_explain_gives(monkeypatch, fault):
+def test_runtime_unusable_is_the_reason_explain_gives(monkeypatch, fresh_runtime_reason, fault):
     def nvrtc_gone():
         raise OSError("libnvrtc.so.13: cannot open shared object file: No such file or directory")
 
@@ -444,27 +435,20 @@ def test_runtime_unusable_is_the_reason_explain_gives(monkeypatch, fault):
     target, fake, words = {
         "nvrtc_library": (compiler, ("nvrtc_version", nvrtc_gone), ("NVRTC is not usable", "libnvrtc.so.13")),
         "cuda_core_import": (compiler, ("_cuda_core", core_gone), ("NVRTC is not usable", "cuda.core")),
-        "sources_missing": (sources, ("source_dir", sources_gone), ("cuda_src/) not found",)),
+        "sources_missing": (dispatch, ("source_dir", sources_gone), ("cuda_src/) not found",)),  # (its import of it)
     }[fault]
     monkeypatch.setattr(target, *fake)
-    monkeypatch.setattr(api, "_runtime_reason_cache", [])
-    reason = api._runtime_reason()
+    monkeypatch.delenv("FASTMM_DISABLE", raising=False)
+    reason = dispatch.runtime_reason()
     assert reason is not None and all(w in reason for w in words), reason
-    assert api._runtime_reason() is reason  # decided once per process
+    assert dispatch.runtime_reason() is reason  # decided once per process
     a, b = CudaLooking(64, 32), CudaLooking(32, 16)
-    assert api._not_served_reason(a, b) == reason  # a CUDA float32 call: the runtime is the reason
+    assert dispatch.not_served_reason(a, b) == reason  # a CUDA float32 call: the runtime is the reason
     exp = fastmm.explain(a, b, precision="ieee")
     assert exp.kernel is None and exp.fallback == reason and exp.device == "cuda:0"
     assert f"runs: torch.matmul, because {reason}" in str(exp)
     # CPU operands still name the device first
-    assert "cpu" in api._not_served_reason(torch.zeros(2, 2), torch.zeros(2, 2))
-
-
-def test_fastmm_disable_wins_over_everything(monkeypatch):
-    monkeypatch.setenv("FASTMM_DISABLE", "1")
-    assert "FASTMM_DISABLE=1" in api._not_served_reason(CudaLooking(4, 4), CudaLooking(4, 4))
-    a, b = torch.randn(5, 3), torch.randn(3, 2)
-    assert torch.equal(fastmm.matmul(a, b), torch.matmul(a, b))
+    assert "cpu" in dispatch.not_served_reason(torch.zeros(2, 2), torch.zeros(2, 2))
 
 
 # =============================================================================================

@@ -15,7 +15,7 @@ from fastmm.runtime.sources import read_source, source_dir
 
 ARCHS = ("sm_75", "sm_80", "sm_86", "sm_89", "sm_90")
 DEV = {arch: DeviceFacts.simulated_device(arch) for arch in ARCHS}
-#: The geometries benchmarks/skinny_variants.py times (keywords of configure_v2).
+#: The geometries benchmarks/probes/skinny_variants.py times (keywords of configure_v2).
 GEOMETRIES = [dict(bn=32, cpt=8), dict(bn=64, cpt=8), dict(bn=128, cpt=8), dict(bn=128, cpt=4, qpt=2),
               dict(bn=32, cpt=4, qpt=2), dict(bn=128, cpt=4, threads=512), dict(pipe=0, bn=32, cpt=4, qpt=2),
               dict(pipe=0, bn=64, cpt=8)]
@@ -81,30 +81,39 @@ def test_v2_decode16_on_sm90_is_one_wave_without_a_split():
     assert cfg.grid == (128, 1, 1) and dict(cfg.macros)["SK_STAGES"] == 4 and dict(cfg.macros)["SK_PIPE"] == 1
 
 
-def test_default_is_v2_where_measured_and_the_variant_switch_overrides_it(monkeypatch):
+def test_default_is_v2_where_measured_and_a_variant_overrides_it():
     p = Problem.dense(16, 4096, 4096)
-    assert Skinny.variant is None
+    assert SK.variant is None and SK.fuse_split
     default = select(p, DEV["sm_90"]).kernel  # measured there: 128 columns x 8 per thread
     m = dict(default.macros)
     assert (m["SK_V2"], m["SK_BN"], m["SK_CPT"], m["SK_PIPE"]) == (1, 128, 8, 1)
     check_v2(default, p, DEV["sm_90"])
     for arch in ("sm_75", "sm_80", "sm_86", "sm_89"):  # not measured there: v1
         assert "SK_V2" not in dict(select(p, DEV[arch]).kernel.macros), arch
-    monkeypatch.setattr(Skinny, "variant", "v1")
-    v1 = select(p, DEV["sm_90"]).kernel
+    v1 = select(p, DEV["sm_90"], variants=(Skinny(variant="v1"),)).kernel
     assert "SK_V2" not in dict(v1.macros) and v1.block == 256 and v1.smem == 0
-    monkeypatch.setattr(Skinny, "variant", {"bn": 64})
-    plan = select(p, DEV["sm_90"])
+    plan = select(p, DEV["sm_90"], variants=(Skinny(variant={"bn": 64}),))
     assert plan.kernel.family == "skinny" and dict(plan.kernel.macros)["SK_V2"] == 1
     assert plan.kernel.grid == (64, 2, 1) and plan.reduce is None  # 64 tiles x 2 splits, summed in the kernel
     assert plan.kernel.split_fused and dict(plan.kernel.macros)["SK_FUSED"] == 1
-    monkeypatch.setattr(Skinny, "fuse_split", False)  # the second pass instead, as before
-    unfused = select(p, DEV["sm_90"])
+    unfused = select(p, DEV["sm_90"], variants=(Skinny(variant={"bn": 64}, fuse_split=False),))  # the second pass
     assert unfused.kernel.grid == (64, 2, 1) and unfused.reduce is not None and not unfused.kernel.split_fused
     assert "SK_FUSED" not in dict(unfused.kernel.macros)
     check_v2(plan.kernel, p, DEV["sm_90"])
-    plan = select(Problem.dense(16, 4096, 1024, batch=3), DEV["sm_75"])  # sm_75: registers, no split
+    plan = select(Problem.dense(16, 4096, 1024, batch=3), DEV["sm_75"], variants=(Skinny(variant={"bn": 64}),))
+    # (v2 on sm_75: through registers, no cp.async; a batch: no split)
     assert dict(plan.kernel.macros)["SK_PIPE"] == 0 and plan.kernel.grid[1:] == (1, 3) and plan.reduce is None
+    assert select(p, DEV["sm_90"]).kernel == default  # the registry's family is untouched by the variants
+
+
+def test_a_variant_is_a_new_frozen_family_that_compares_by_its_knobs():
+    """A dict variant is kept as sorted pairs, so variants are hashable (plan cache keys) and
+    equal whatever order their keywords came in."""
+    one, two = Skinny(variant={"bn": 64, "cpt": 4}), Skinny(variant={"cpt": 4, "bn": 64})
+    assert one == two and hash(one) == hash(two) and one.variant == (("bn", 64), ("cpt", 4))
+    assert one != Skinny(variant={"bn": 64}) and Skinny(fuse_split=False) != SK
+    cfg = one.configure(Problem.dense(16, 4096, 4096), DEV["sm_90"])
+    assert (dict(cfg.macros)["SK_BN"], dict(cfg.macros)["SK_CPT"]) == (64, 4)
 
 
 @pytest.mark.parametrize("arch,M,kw,extra", [
@@ -134,24 +143,20 @@ def test_v2_kernels_build_without_spills(arch, M, kw, extra):
 @pytest.mark.cuda
 @pytest.mark.parametrize("kw", [dict(bn=32, cpt=8), dict(bn=128, cpt=4, qpt=2), dict(pipe=0, bn=32, cpt=4, qpt=2)],
                          ids=["bn32c8", "bn128c4q2", "regs"])
-def test_v2_matches_float64_on_the_gpu(monkeypatch, rel_err, kw):
+def test_v2_matches_float64_on_the_gpu(rel_err, kw):
     from conftest import run_forced
 
     if kw.get("pipe", 1) and torch.cuda.get_device_capability() < (8, 0):
         pytest.skip("cp.async needs sm80+")
-    from fastmm import api
-
-    monkeypatch.setattr(Skinny, "variant", kw)
-    api.forget_plans()  # plans made before the switch must not be reused, nor these after the test
-    try:
-        for M, N, K in [(1, 4096, 4096), (16, 4095, 4093), (17, 1000, 333), (32, 4096, 1024)]:
-            a, b = torch.randn(M, K, device="cuda"), torch.randn(K, N, device="cuda")
-            out = torch.full((M, N), float("nan"), device="cuda")
-            c, plan = run_forced(a, b, "skinny", "ieee", out=out)
-            assert dict(plan.kernel.macros)["SK_V2"] == 1
-            assert rel_err(c, a, b) <= 1e-5, (M, N, K)
-        a, b = torch.randn(3, 16, 1000, device="cuda"), torch.randn(1000, 4096, device="cuda")
-        c, _ = run_forced(a, b, "skinny", "ieee")
-        assert rel_err(c, a, b) <= 1e-5
-    finally:
-        api.forget_plans()
+    variants = (Skinny(variant=kw),)  # planned and cached apart from the registry's skinny
+    for M, N, K in [(1, 4096, 4096), (16, 4095, 4093), (17, 1000, 333), (32, 4096, 1024)]:
+        a, b = torch.randn(M, K, device="cuda"), torch.randn(K, N, device="cuda")
+        out = torch.full((M, N), float("nan"), device="cuda")
+        c, plan = run_forced(a, b, "skinny", "ieee", out=out, variants=variants)
+        m = dict(plan.kernel.macros)
+        assert m["SK_V2"] == 1 and m["SK_BN"] == kw["bn"] and plan.variants == variants
+        assert rel_err(c, a, b) <= 1e-5, (M, N, K)
+    # a batch of skinny products (a matrix B would be folded into one product of M = 48)
+    a, b = torch.randn(3, 16, 1000, device="cuda"), torch.randn(3, 1000, 4096, device="cuda")
+    c, _ = run_forced(a, b, "skinny", "ieee", variants=variants)
+    assert rel_err(c, a, b) <= 1e-5

@@ -3,7 +3,7 @@ store on disk, and fastmm.tune / FASTMM_TUNE.
 
 CPU: everything but the timing itself (buckets, options vs the heuristics on every problem of the
 planner's zoo, tuned and stale choices, store round trip / key mismatch / corruption / unwritable
-folder / concurrent writers, the api's use of a stored choice through a simulated device, plan
+folder / concurrent writers, fastmm.dispatch's use of a stored choice through a simulated device, plan
 cache invalidation, tune()'s refusals, the first-use hook).
 GPU (marked ``cuda``): tune() on real shapes at every precision (every candidate must match
 float64), the stored choice used by the next fastmm.matmul, FASTMM_TUNE=1.
@@ -22,11 +22,13 @@ import pytest
 import torch
 
 import fastmm
-from fastmm import api, tuning
+from fastmm import dispatch, errors, fast_path, tuning
 from fastmm.families import FAMILIES, SPLIT_FLAGS
 from fastmm.plan import candidate_choices, select, tuned_reject_reason
 from fastmm.problem import DeviceFacts, Problem
+from fastmm.shapes import analyse, build_problem
 from fastmm.runtime import tuning_store
+from fastmm.runtime.compiler import CompileError
 from fastmm.runtime.tuning_store import FORMAT, DeviceKey, TuningStore, TuningWarning
 from fastmm.tuned import TunedChoice, bucket_of, size_bucket
 from test_plan import ZOO, check_geometry
@@ -313,24 +315,23 @@ def test_store_for_follows_the_cache_folder(tmp_cache, monkeypatch):
     assert tuning_store.store_for(0).folder == tmp_cache / "elsewhere" / "tuning"
 
 
-# --- the api with a stored choice (simulated device, CPU tensors) -------------------------------------
+# --- fastmm.dispatch with a stored choice (simulated device, CPU tensors) -------------------------------------
 
 @pytest.fixture
 def tuned_gpu(tmp_cache, monkeypatch):
-    """CPU tensors pass for CUDA ones on an H200 that is not marked simulated (so the api looks
+    """CPU tensors pass for CUDA ones on an H200 that is not marked simulated (so plan_for looks
     up tuned choices), with a fixed device key and an empty store; no plan cached."""
-    monkeypatch.setattr(api, "_not_served_reason", lambda a, b: None)
-    monkeypatch.setattr(explain_module, "_not_served_reason", lambda a, b: None)
+    monkeypatch.setattr(dispatch, "not_served_reason", lambda a, b: None)
+    monkeypatch.setattr(explain_module, "not_served_reason", lambda a, b: None)
     dev = dataclasses.replace(SM90, simulated=False)
-    monkeypatch.setattr(api, "device_facts", lambda index: dataclasses.replace(dev, index=index))
+    monkeypatch.setattr(dispatch, "device_facts", lambda index: dataclasses.replace(dev, index=index))
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     monkeypatch.setattr(tuning_store, "_device_key", lambda index: KEY)
     monkeypatch.setattr(tuning_store, "_stores", {})
-    monkeypatch.setattr(api, "_prepared", {})
-    monkeypatch.setattr(api, "_fast", {})
-    monkeypatch.setattr(api, "_failed", {})
-    monkeypatch.setattr(api, "_warned", set())
+    monkeypatch.setattr(dispatch, "PLANS", dispatch.PlanCache())
+    monkeypatch.setattr(fast_path, "ENTRIES", {})
+    monkeypatch.setattr(errors, "_warned", set())
     monkeypatch.setattr(tuning, "_tried", set())
     return dev
 
@@ -347,9 +348,9 @@ def test_plan_for_and_explain_use_a_stored_choice(tuned_gpu):
     exp = fastmm.explain(a, b, precision="ieee")
     assert exp.kernel == "simt_float4" != heuristic_family
     assert exp.choice.startswith("tuned: 0.01 ms vs 0.02 ms") and "  choice: tuned: " in str(exp)
-    assert api.plan_for(problem, 0).origin == exp.choice
+    assert dispatch.plan_for(problem, 0).origin == exp.choice
     # forcing (FASTMM_KERNEL) still wins
-    assert api.plan_for(problem, 0, "scalar").kernel.family == "scalar"
+    assert dispatch.plan_for(problem, 0, "scalar").kernel.family == "scalar"
     # a choice for another bucket (tf32) does not touch this one
     assert fastmm.explain(a, b, precision="tf32").choice == "heuristic"
 
@@ -366,26 +367,29 @@ def test_a_stale_stored_choice_is_reported_by_explain(tuned_gpu):
 def test_simulated_devices_never_read_the_store(tmp_cache, monkeypatch):
     def boom(index):
         raise AssertionError("the store was read")
-    monkeypatch.setattr(tuning_store, "store_for", boom)
-    assert api.tuned_choice(Problem.dense(64, 64, 64), SM90) is None
+    monkeypatch.setattr(dispatch, "store_for", boom)  # (the name fastmm.dispatch imported)
+    assert dispatch.tuned_choice(Problem.dense(64, 64, 64), SM90) is None
+    monkeypatch.setattr(errors, "_warned", set())
+    with pytest.warns(fastmm.FastmmWarning, match="the store was read"):  # a real device does read it
+        dispatch.tuned_choice(Problem.dense(64, 64, 64), dataclasses.replace(SM90, simulated=False))
 
 
 def test_an_unreadable_device_key_warns_once_and_the_heuristics_choose(tuned_gpu, monkeypatch):
     def no_driver(index):
         raise RuntimeError("CUDA driver call failed")
     monkeypatch.setattr(tuning_store, "_device_key", no_driver)
-    with pytest.warns(api.FastmmWarning, match="tuned choices are not available"):
-        assert api.tuned_choice(Problem.dense(64, 64, 64), tuned_gpu) is None
-    assert api.plan_for(Problem.dense(512, 512, 512), 0).origin == "heuristic"
+    with pytest.warns(fastmm.FastmmWarning, match="tuned choices are not available"):
+        assert dispatch.tuned_choice(Problem.dense(64, 64, 64), tuned_gpu) is None
+    assert dispatch.plan_for(Problem.dense(512, 512, 512), 0).origin == "heuristic"
 
 
 def test_storing_a_choice_drops_every_cached_plan(tuned_gpu):
-    api._prepared[("k",)] = ("plan", None, None)
-    api._fast[("k",)] = ("entry",)
+    dispatch.PLANS.prepared[("k",)] = dispatch.Prepared("plan")
+    fast_path.ENTRIES[("k",)] = fast_path.NOT_FAST
     best = tuning.CandidateResult(TunedChoice("scalar", ()), "tile 16x16x16", False, 1.0, 0.1, 0.0, True)
     path = tuning._store(0, "bucket", Problem.dense(64, 64, 64), best, None, 5, 3)
     assert path is not None and path.exists()
-    assert api._prepared == {} and api._fast == {}
+    assert dispatch.PLANS.prepared == {} and fast_path.ENTRIES == {}
     assert tuning_store.store_for(0).get("bucket")["family"] == "scalar"
 
 
@@ -399,7 +403,7 @@ def test_tune_refuses_without_cuda(monkeypatch):
 
 def test_tune_refuses_cpu_tensors_and_other_dtypes(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(api, "_runtime_reason", lambda: None)
+    monkeypatch.setattr(dispatch, "runtime_reason", lambda: None)
     with pytest.raises(ValueError, match="cannot serve these operands: operands are on cpu and cpu"):
         fastmm.tune(torch.randn(64, 64), torch.randn(64, 64))
     with pytest.raises(TypeError):
@@ -422,9 +426,9 @@ def test_first_use_tunes_each_bucket_once_and_never_while_capturing(tuned_gpu, m
         calls.append((s.M, s.N, s.K, precision))
 
     monkeypatch.setattr(tuning, "_tune", fake_tune)
-    s = api.analyse(torch.randn(300, 200), torch.randn(200, 100))
+    s = analyse(torch.randn(300, 200), torch.randn(200, 100))
     c = torch.empty(300, 100)
-    p, _ = api.build_problem(s, c, "ieee")
+    p, _ = build_problem(s, c, "ieee")
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     tuning.tune_on_first_use(s, c, p, 0)
     assert calls == []
@@ -433,8 +437,8 @@ def test_first_use_tunes_each_bucket_once_and_never_while_capturing(tuned_gpu, m
     tuning.tune_on_first_use(s, c, p, 0)  # the same bucket again: not retried
     assert calls == [(300, 100, 200, "ieee")]
     # a bucket with a stored choice is not tuned again
-    s2 = api.analyse(torch.randn(1000, 200), torch.randn(200, 100))
-    p2, _ = api.build_problem(s2, torch.empty(1000, 100), "ieee")
+    s2 = analyse(torch.randn(1000, 200), torch.randn(200, 100))
+    p2, _ = build_problem(s2, torch.empty(1000, 100), "ieee")
     tuning_store.store_for(0).put(bucket_of(p2), {"family": "scalar", "option": []})
     tuning.tune_on_first_use(s2, torch.empty(1000, 100), p2, 0)
     assert len(calls) == 1
@@ -445,19 +449,19 @@ def test_a_failed_first_use_tuning_warns_once_and_the_call_goes_on(tuned_gpu, mo
         raise torch.cuda.OutOfMemoryError("simulated")
 
     monkeypatch.setattr(tuning, "_tune", failing)
-    s = api.analyse(torch.randn(300, 200), torch.randn(200, 100))
+    s = analyse(torch.randn(300, 200), torch.randn(200, 100))
     c = torch.empty(300, 100)
-    p, _ = api.build_problem(s, c, "ieee")
-    with pytest.warns(api.FastmmWarning, match="tuning .* failed .*OutOfMemoryError.*heuristic choice serves it"):
+    p, _ = build_problem(s, c, "ieee")
+    with pytest.warns(fastmm.FastmmWarning, match="tuning .* failed .*OutOfMemoryError.*heuristic choice serves it"):
         tuning.tune_on_first_use(s, c, p, 0)
 
 
-def test_the_api_calls_the_first_use_tuner_only_when_fastmm_tune_is_set(tuned_gpu, monkeypatch):
+def test_the_full_path_calls_the_first_use_tuner_only_when_fastmm_tune_is_set(tuned_gpu, monkeypatch):
     seen = []
-    monkeypatch.setattr(api, "first_use_tuner", lambda s, c, problem, index: seen.append(bucket_of(problem)))
+    monkeypatch.setattr(dispatch, "first_use_tuner", lambda s, c, problem, index: seen.append(bucket_of(problem)))
 
     def no_load(dev, cfg):  # stop right after planning: no GPU to load on
-        raise api.CompileError("no GPU in this test")
+        raise CompileError("no GPU in this test")
 
     from fastmm.runtime import launcher
     monkeypatch.setattr(launcher, "load", no_load)
@@ -468,7 +472,7 @@ def test_the_api_calls_the_first_use_tuner_only_when_fastmm_tune_is_set(tuned_gp
         fastmm.matmul(a, b, precision="ieee")
         assert seen == []
         monkeypatch.setenv("FASTMM_TUNE", "1")
-        monkeypatch.setattr(api, "_prepared", {})
+        monkeypatch.setattr(dispatch, "PLANS", dispatch.PlanCache())
         fastmm.matmul(a, b, precision="tf32")
         assert len(seen) == 1 and seen[0].startswith("tf32|")
         monkeypatch.setenv("FASTMM_KERNEL", "scalar")  # forced: nothing to tune
@@ -512,7 +516,8 @@ class _FakeClock:
     def __init__(self, times, wrong_family):
         self.now, self.times, self.wrong, self.launches = 0.0, times, wrong_family, []
 
-    def launch(self, plan, loaded, reduce, s, c, problem, offsets, index):
+    def launch(self, hit, s, c, problem, offsets, index):
+        plan = hit.plan
         self.launches.append(plan.kernel.family)
         c.copy_(torch.matmul(s.a, s.b) * (1.5 if plan.kernel.family == self.wrong else 1.0))
         m = dict(plan.kernel.macros)  # larger tiles run faster here
@@ -534,7 +539,7 @@ class _FakeClock:
 def test_the_tuner_checks_times_picks_and_stores_with_a_fake_gpu(fake_gpu):
     clock = fake_gpu
     a, b = torch.randn(300, 200), torch.randn(200, 100)
-    s, c = api.analyse(a, b), torch.empty(300, 100)
+    s, c = analyse(a, b), torch.empty(300, 100)
     result = tuning._tune(s, c, "ieee", 0, 5, 2, None, True)
     by_family = {}
     for cand in result.candidates:
@@ -574,9 +579,9 @@ def fake_gpu(tuned_gpu, monkeypatch):
     from fastmm.runtime import launcher
 
     clock = _FakeClock({"simt_cp_async": 2.0, "simt_float4": 1.0, "scalar": 50.0}, wrong_family="simt_float4")
-    monkeypatch.setattr(api, "device_facts", lambda index: dataclasses.replace(tuned_gpu, l2_bytes=1 << 20))
+    monkeypatch.setattr(dispatch, "device_facts", lambda index: dataclasses.replace(tuned_gpu, l2_bytes=1 << 20))
     monkeypatch.setattr(launcher, "load", lambda dev, cfg: ("loaded", cfg.family))
-    monkeypatch.setattr(api, "_launch_plan", clock.launch)
+    monkeypatch.setattr(dispatch, "launch_plan", clock.launch)
     monkeypatch.setattr(torch.cuda, "Event", clock.event)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda index=None: None)
     monkeypatch.setattr(torch.cuda, "device", lambda index: contextlib.nullcontext())
@@ -585,7 +590,7 @@ def fake_gpu(tuned_gpu, monkeypatch):
 
 
 def test_public_tune_and_first_use_tuning_with_a_fake_gpu(fake_gpu, monkeypatch):
-    a, b = torch.randn(2, 300, 200), torch.randn(200, 100)  # batched, B broadcast
+    a, b = torch.randn(2, 300, 200), torch.randn(1, 200, 100)  # batched, B broadcast (a batch dim of 1)
     result = fastmm.tune(a, b, precision="ieee", repeats=2, warmup=0, persist=False)
     assert result.problem.batch_total == 2 and result.bucket.split("|")[3] == "batched" and result.stored is None
     assert result.best.choice.family == "simt_cp_async" and fastmm.explain(a, b, precision="ieee").choice == "heuristic"
@@ -627,8 +632,8 @@ def tuning_state(tmp_cache, monkeypatch):
     """An empty tuning folder and no cached plans (restored after), so nothing leaks into the
     user's cache or other tests."""
     monkeypatch.setattr(tuning_store, "_stores", {})
-    monkeypatch.setattr(api, "_prepared", {})
-    monkeypatch.setattr(api, "_fast", {})
+    monkeypatch.setattr(dispatch, "PLANS", dispatch.PlanCache())
+    monkeypatch.setattr(fast_path, "ENTRIES", {})
     monkeypatch.setattr(tuning, "_tried", set())
     monkeypatch.delenv("FASTMM_KERNEL", raising=False)
     yield tmp_cache
@@ -669,7 +674,7 @@ def test_a_stored_non_heuristic_choice_runs_correctly_through_every_path(tuning_
     assert fastmm.explain(a, b, precision="ieee").kernel != "simt_float4"
     fastmm.matmul(a, b, precision="ieee")  # a cached plan and fast-path entry from the heuristics
     tuning_store.store_for(a.device.index or 0).put(bucket_of(problem), {"family": "simt_float4", "option": [1, 2, 8]})
-    api.forget_plans()
+    fast_path.forget_plans()
     exp = fastmm.explain(a, b, precision="ieee")
     assert exp.kernel == "simt_float4" and exp.choice == "tuned"
     for _ in range(2):  # the first call plans, the second takes the fast path

@@ -3,7 +3,7 @@
 One loaded module per (device, kernel key), kept for the life of the process, so the steady-state
 call is a dict lookup plus one launch. Launches go on the stream PyTorch considers current for the
 device; nothing here synchronizes. Compiling or loading while a CUDA graph is being captured is
-refused by the caller (api), since both would break the capture.
+refused by the caller (fastmm.dispatch), since both would break the capture.
 """
 from __future__ import annotations
 
@@ -19,6 +19,12 @@ from ..problem import DeviceFacts
 from .cache import default_cache, kernel_key
 from .compiler import compile_cubin, nvrtc_version
 from .sources import source_digest
+
+
+class LaunchError(RuntimeError):
+    """The driver refused to load or launch a kernel (an illegal launch configuration: too many
+    threads or too much shared memory for the device, say). Not a sticky error: the context is
+    fine, and the caller can let torch compute instead."""
 
 
 @dataclass
@@ -67,14 +73,20 @@ def load(dev: DeviceFacts, cfg: KernelConfig) -> LoadedKernel:
                 res = default_cache().get_or_compile(
                     cfg.family + "-" + target, key, target, lambda: compile_cubin(cfg.source, cfg.macros, target))
                 with _on_device(Device, dev.index):
-                    kernel = ObjectCode.from_cubin(res.cubin, name=cfg.entry).get_kernel(cfg.entry)
-                    if cfg.smem > DEFAULT_SMEM:
-                        _allow_dynamic_smem(kernel, cfg.smem, dev.index)
+                    try:
+                        kernel = ObjectCode.from_cubin(res.cubin, name=cfg.entry).get_kernel(cfg.entry)
+                        if cfg.smem > DEFAULT_SMEM:
+                            _allow_dynamic_smem(kernel, cfg.smem, dev.index)
+                    except Exception as exc:
+                        raise LaunchError(f"{cfg.entry} could not be loaded: {exc}") from exc
                 entry = (kernel, res.state, res.path)
                 _modules[slot] = entry
                 state = res.state
     kernel, _, path = entry
-    lc = launch_config(LaunchConfig, cfg)
+    try:
+        lc = launch_config(LaunchConfig, cfg)
+    except (ValueError, RuntimeError) as exc:  # cuda.core checks the geometry it is given
+        raise LaunchError(f"{cfg.entry}: launch configuration refused ({exc})") from exc
     return LoadedKernel(kernel, lc, key, state, path)
 
 
@@ -147,7 +159,10 @@ def launch(loaded: LoadedKernel, stream_handle: int, args: tuple) -> None:
 
         _launch_fn.append(cc_launch)
     stream = _streams.get(stream_handle) or stream_for(stream_handle)
-    _launch_fn[0](stream, loaded.launch_config, loaded.kernel, *args)
+    try:
+        _launch_fn[0](stream, loaded.launch_config, loaded.kernel, *args)
+    except Exception as exc:  # (free when nothing is raised: this is the per-call hot path)
+        raise LaunchError(f"launching {loaded.key} failed: {exc}") from exc
 
 
 def launch_with_maps(loaded: LoadedKernel, stream_handle: int, maps: tuple, args: tuple) -> None:
@@ -174,7 +189,7 @@ def maps_launcher(loaded: LoadedKernel):
         params = _array_type(ctypes.c_void_p, len(maps) + n)(*[m.getPtr() for m in maps], *range(base, base + 8 * n, 8))
         err = cu_launch(*head, stream_handle, params, None)
         if err != 0:
-            raise RuntimeError(f"cuLaunchKernel failed: CUresult {err}")
+            raise LaunchError(f"cuLaunchKernel failed: CUresult {err}")
     return launch
 
 

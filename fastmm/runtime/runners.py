@@ -1,6 +1,6 @@
 """What one launch of a multi-kernel plan queues, prepared once per plan: a ``run(pa, pb, pc,
-stream)`` closure over everything that does not change between calls, so the full path (api,
-once per launch offset) and the steady-state path (api's fast entries) queue the same work.
+stream)`` closure over everything that does not change between calls, so the full path (fastmm.dispatch,
+once per launch offset) and the steady-state path (fastmm.fast_path) queue the same work.
 
 - split-K: the GEMM into a workspace, then the fixed-order reduce pass; or, for a fused plan,
   the GEMM alone, whose last block per tile does that sum (with the stream's arrival counters);
@@ -95,6 +95,14 @@ def plan_runner(loaded, second, cfg, p: Problem, device):
     if second is not None:
         return split_runner(loaded, second, cfg.split_slices, p, device)
     return None
+
+
+def runner_for(plan, loaded, second, p: Problem, device):
+    """The runner of ``plan`` (launch problem ``p``) by its family's launch form: the tensor-map
+    runner, or for pointer families :func:`plan_runner` (None: one plain launch)."""
+    if FAMILIES[plan.kernel.family].launch_form == "tensor_maps":
+        return wgmma_runner(plan, loaded, p, device)
+    return plan_runner(loaded, second, plan.kernel, p, device)
 
 
 def wgmma_runner(plan, loaded, p: Problem, device: torch.device):

@@ -5,6 +5,13 @@ versions: a choice measured on one GPU model, driver, compiler or set of kernels
 reliable about another. Each key gets its own file, named by a readable slug and a hash of the
 key; a file whose recorded key is not the one asked for (copied from elsewhere) is ignored.
 
+A tuning file decides which kernel runs, so it is read under the kernel cache's trust policy
+(fastmm/runtime/cache.py): the tuning folder must be owned by this user or root and not writable by
+group or others, and the file a regular file of the same kind (a symlink is judged by its target),
+unless FASTMM_CACHE_TRUST_SHARED=1. A file that fails is ignored with one warning (the heuristics
+choose; the next write replaces it where the folder is fine); a folder that fails is neither read
+nor written (new records stay in memory, one warning). The folder is created 0o700, the file 0o600.
+
 Reading never raises: a missing file holds nothing, and an unreadable or corrupt one is ignored
 with one warning (the next write replaces it). Writes re-read the file under an exclusive flock,
 merge, and write a private temporary file that is renamed over the target (atomic on POSIX), so
@@ -23,7 +30,7 @@ from pathlib import Path
 
 from .. import config
 from .._version import __version__
-from .cache import atomic_write, exclusive_file_lock
+from .cache import Untrusted, atomic_write, make_folder, open_folder
 
 FORMAT = 1
 
@@ -76,13 +83,35 @@ class TuningStore:
             self._warned.add(what)
             warnings.warn(f"fastmm: {message}", TuningWarning, stacklevel=4)
 
+    def _untrusted(self, exc: Untrusted) -> None:
+        """One warning: the tuning folder or file fails the trust policy, its choices are ignored."""
+        if exc.path == self.folder:
+            what, then = "folder", "new ones are kept in memory for this process"
+        else:
+            what, then = "file", "the next tune replaces the file"
+        self._warn("trust", f"tuning {what} {exc.path} is not trusted ({exc.why}): its tuned choices are ignored "
+                   f"(the heuristics choose); {then}. Set {config.CACHE_TRUST_SHARED_ENV}=1 if you vouch for this "
+                   f"shared folder.")
+
     def _read_file(self) -> dict[str, dict]:
-        """The records in the file now: {} when it is missing, unreadable, corrupt or another key's."""
+        """The records in the file now: {} when it is missing, untrusted, unreadable, corrupt or
+        another key's."""
         try:
-            text = self.path.read_text(encoding="utf-8")
+            with open_folder(self.folder) as folder:
+                blob = folder.read(self.path.name)
         except (FileNotFoundError, NotADirectoryError):  # nothing stored yet
             return {}
-        except (OSError, UnicodeDecodeError) as exc:
+        except Untrusted as exc:
+            self._untrusted(exc)
+            return {}
+        except OSError as exc:
+            self._warn("read", f"tuning file {self.path} is unreadable ({exc}); ignoring it")
+            return {}
+        if blob is None:  # nothing stored yet
+            return {}
+        try:
+            text = blob.decode("utf-8")
+        except UnicodeDecodeError as exc:
             self._warn("read", f"tuning file {self.path} is unreadable ({exc}); ignoring it")
             return {}
         try:
@@ -115,16 +144,19 @@ class TuningStore:
         the file, or None when it could not be written (the record then lives in memory only)."""
         with self._guard:
             try:
-                self.folder.mkdir(parents=True, exist_ok=True)
-                with exclusive_file_lock(self.path.with_name(self.path.name + ".lock")):
+                make_folder(self.folder)
+                with open_folder(self.folder) as folder, folder.lock(self.path.name + ".lock"):
                     merged = self._read_file()
                     merged[bucket] = record
                     blob = json.dumps({"format": FORMAT, "device": self.key.as_json(), "records": merged},
                                       indent=1, sort_keys=True)
                     atomic_write(self.path, blob.encode("utf-8"))
-            except (OSError, TypeError, ValueError) as exc:
-                self._warn("write", f"could not save tuned choices to {self.path} ({exc}); keeping them in memory "
-                           f"for this process. Set {config.CACHE_DIR_ENV} to a writable folder.")
+            except (Untrusted, OSError, TypeError, ValueError) as exc:
+                if isinstance(exc, Untrusted):
+                    self._untrusted(exc)
+                else:
+                    self._warn("write", f"could not save tuned choices to {self.path} ({exc}); keeping them in memory "
+                               f"for this process. Set {config.CACHE_DIR_ENV} to a writable folder.")
                 merged = dict(self._records if self._records is not None else self._read_file())
                 merged[bucket] = record
                 self._records = merged

@@ -5,75 +5,60 @@ median of CUDA-event samples (10 calls queued behind a sleep kernel) in alternat
 the same grid (same splits), and at K/16, K/64: a line through those gives the time per k-tile and the fixed cost of
 a block (pipeline fill, partial tile stored), the part a longer K does not amortise.
 
-    python benchmarks/split_anatomy.py [M N K] [--macros NAME=V,...] [--rounds R]
+    python benchmarks/probes/split_anatomy.py [M N K] [--macros NAME=V,...] [--rounds R]
 
 Default problems: largeK (256x256x65536) and decode16 (16x4096x4096). ``--macros`` rebuilds the
-GEMM with some macros replaced (e.g. STAGES=6), keeping the plan's grid.
+GEMM with some macros replaced, keeping the plan's grid: e.g. STAGES=6; SPLIT_PAIR=0 for the
+unpaired split rows of the 128x256 SIMT tile on sm_90 (run 14 compared those, and 8 / 12 stages,
+with split_pair_probe.py, since deleted: ``--macros SPLIT_PAIR=0,STAGES=12`` and so on give the
+same GEMM and plan times).
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import sys
+from pathlib import Path
 
-import torch
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parents[1]), str(HERE)]  # the repo (ahead of any installed fastmm), this folder
 
-sys.path.insert(0, ".")
-sys.path.insert(0, "benchmarks")
+import torch  # noqa: E402
+
 import fastmm  # noqa: E402
-from fastmm import api  # noqa: E402
+from fastmm import dispatch  # noqa: E402
 from fastmm.families import FAMILIES, second_pass_config  # noqa: E402
 from fastmm.runtime import launcher, runners  # noqa: E402
-from fastmm.runtime.device import device_facts  # noqa: E402
-from variants import rel_err  # noqa: E402
-
-
-def time_us(fn, inner=10, samples=15):
-    """Median GPU time per call of ``inner`` back-to-back calls queued behind a sleep kernel (so
-    the host's launch time is not timed, also for short kernels)."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(samples)]
-    for s, e in ev:
-        torch.cuda._sleep(5_000_000)
-        s.record()
-        for _ in range(inner):
-            fn()
-        e.record()
-    torch.cuda.synchronize()
-    t = sorted(s.elapsed_time(e) for s, e in ev)
-    return 1000.0 * t[len(t) // 2] / inner
+from fastmm.shapes import analyse, build_problem  # noqa: E402
+from probe_util import need_gpu, rel_err, time_us  # noqa: E402
 
 
 def gemm_launch(loaded, cfg, a, b, work, stream):
     """The GEMM of a split plan alone, into ``work``, for operands a, b (any K)."""
-    s = api.analyse(a, b)
+    s = analyse(a, b)
     c = torch.empty(a.shape[0], b.shape[1], device="cuda")
-    p, _ = api.build_problem(s, c, "ieee")
+    p, _ = build_problem(s, c, "ieee")
     args = (a.data_ptr(), b.data_ptr(), work.data_ptr()) + runners.split_gemm_args(p)
     return lambda: launcher.launch(loaded, stream, args)
 
 
 def anatomy(M, N, K, macros, rounds):
     torch.backends.cuda.matmul.allow_tf32 = False
-    dev = device_facts(torch.cuda.current_device())
+    dev = dispatch.device_facts(torch.cuda.current_device())
     a, b = torch.randn(M, K, device="cuda"), torch.randn(K, N, device="cuda")
     c = torch.full((M, N), float("nan"), device="cuda")
-    s = api.analyse(a, b)
-    problem, _ = api.build_problem(s, c, "ieee")
-    planned = api.plan_for(problem, dev.index).kernel
+    s = analyse(a, b)
+    problem, _ = build_problem(s, c, "ieee")
+    planned = dispatch.plan_for(problem, dev.index).kernel
+    if planned is None:
+        print(f"{M}x{N}x{K}: torch.matmul serves it; nothing to take apart")
+        return
     # the two-launch form of the same plan (GEMM into the workspace, then splitk_reduce): the
-    # parts are timed on it; a fused plan (the kernel sums its own slices) is timed whole beside it
+    # parts are timed on it; a fused plan (the kernel sums its own slices) is timed whole beside
+    # it. A family that can fuse (skinny) is handed to the planner as a variant that does not.
     fam = FAMILIES[planned.family]
-    saved = getattr(fam, "fuse_split", None)
-    if saved is not None:
-        fam.fuse_split = False
-    try:
-        cfg = api.plan_for(problem, dev.index).kernel
-    finally:
-        if saved is not None:
-            fam.fuse_split = saved
+    variants = (dataclasses.replace(fam, fuse_split=False),) if hasattr(fam, "fuse_split") else ()
+    cfg = dispatch.plan_for(problem, dev.index, variants=variants).kernel
     split = cfg.split_k
     if split <= 1 or cfg.stream_k is not None:
         print(f"{M}x{N}x{K}: the plan ({cfg.family}, grid {cfg.grid}) is not split-K; nothing to take apart")
@@ -85,14 +70,14 @@ def anatomy(M, N, K, macros, rounds):
         if pair:
             m["SPLIT_PAIR"] = 1
         smem = cfg.smem
-        if cfg.family == "simt_cp_async":  # the stages, and the pairs' exchange region (families._Simt)
+        if cfg.family == "simt_cp_async":  # the stages, and the pairs' exchange region (SimtCore)
             fam = FAMILIES[cfg.family]
             bm, bn, _ = cfg.tile
             smem = fam.smem_bytes(bm, bn, m["STAGES"]) + (fam.pair_region_bytes(cfg.block, m["THREAD_M"]) if pair else 0)
         cfg = dataclasses.replace(cfg, macros=tuple(m.items()), smem=smem, split_pair=pair)
     second = second_pass_config(problem, dev, cfg)
     loaded, rloaded = launcher.load(dev, cfg), launcher.load(dev, second)
-    stream = api._current_stream(dev.index)
+    stream = dispatch.current_stream(dev.index)
     run = runners.plan_runner(loaded, rloaded, cfg, problem, a.device)
     full = lambda: run(a.data_ptr(), b.data_ptr(), c.data_ptr(), stream)  # noqa: E731
     full()
@@ -139,17 +124,22 @@ def anatomy(M, N, K, macros, rounds):
           f"fastmm / torch = {med['torch.matmul'] / med['fastmm.matmul']:.3f}x")
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("shape", nargs="*", type=int)
-    ap.add_argument("--macros", default="")
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="split_anatomy.py", description=__doc__.split("\n\n")[0])
+    ap.add_argument("shape", nargs="*", type=int, help="M N K (default: 256 256 65536, then 16 4096 4096)")
+    ap.add_argument("--macros", default="", help="NAME=V,... replaced in the GEMM")
     ap.add_argument("--rounds", type=int, default=3)
-    o = ap.parse_args()
+    o = ap.parse_args(argv)
+    if o.shape and len(o.shape) != 3:
+        ap.error("the shape is M N K")
     macros = {k: int(v) for k, v in (x.split("=") for x in o.macros.split(",") if x)}
+    if not need_gpu(ap.prog):
+        return 2
     shapes = [tuple(o.shape)] if o.shape else [(256, 256, 65536), (16, 4096, 4096)]
     for M, N, K in shapes:
         anatomy(M, N, K, macros, o.rounds)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

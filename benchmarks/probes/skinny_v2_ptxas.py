@@ -1,20 +1,23 @@
-"""Compile every skinny v2 variant of benchmarks/skinny_variants.py (and the default kernel) for
-sm_75/80/86/89/90 with NVRTC and report ptxas registers, stack and spills (CPU only, no GPU).
+"""Compile every skinny variant of skinny_variants.py (beside this file; the sm_90 default is one
+of them) for sm_75/80/86/89/90 with NVRTC and report ptxas registers, stack and spills (CPU
+only, no GPU):
 
-    PYTHONPATH=. python3 benchmarks/skinny_v2_ptxas.py [--quick]
+    python benchmarks/probes/skinny_v2_ptxas.py [--quick]
 
-Exit status 1 if anything fails to compile or spills."""
+--quick: decode16 only (16x4096x4096). Exit status 1 if anything fails to compile or spills."""
 from __future__ import annotations
 
+import argparse
 import io
 import os
 import re
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
-sys.path.insert(0, ".")
-sys.path.insert(0, "benchmarks")
-from fastmm.families import FAMILIES  # noqa: E402
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parents[1]), str(HERE)]  # the repo (ahead of any installed fastmm), this folder
+
 from fastmm.problem import DeviceFacts, Problem  # noqa: E402
 from fastmm.runtime.compiler import _cuda_core  # noqa: E402
 from fastmm.runtime.sources import read_source, source_dir  # noqa: E402
@@ -51,17 +54,18 @@ def problems(quick):
     return out
 
 
-def main():
-    quick = "--quick" in sys.argv
-    sk = FAMILIES["skinny"]
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="skinny_v2_ptxas.py", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="decode16 only")
+    quick = ap.parse_args(argv).quick
     jobs = {}
     notes = []
     for arch in ARCHS:
         dev = DeviceFacts.simulated_device(arch)
         for p in problems(quick):
-            for name, kw in VARIANTS:
+            for name, fam in VARIANTS:
                 try:
-                    cfg = sk.configure(p, dev) if kw is None else sk.configure_v2(p, dev, **kw)
+                    cfg = fam.configure(p, dev)
                 except ValueError as exc:
                     notes.append(f"{arch} {name} M={p.M}: not available ({exc})")
                     continue

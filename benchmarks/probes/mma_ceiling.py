@@ -1,16 +1,23 @@
 """Ceiling of TF32 mma.sync (m16n8k8) on this GPU, registers only: how fast can a
 kernel built on these instructions possibly go? (NOTES.md: the TF32 mma.sync target.)
 
-    python benchmarks/mma_ceiling.py
+    python benchmarks/probes/mma_ceiling.py [--iters N]
 
 Each warp runs ITERS iterations of CHAINS independent mma.sync on register operands (no memory
 traffic in the loop); EXTRA adds that many rounding pairs (FSETP + IADD, what cvt.rna.tf32
 becomes on sm_90) per mma, to see what issue slots cost. Timed with CUDA events, median of 5.
 """
+import argparse
 import statistics
+import sys
+from pathlib import Path
 
-import torch
-from cuda.core import Device, EventOptions, LaunchConfig, Program, ProgramOptions, launch
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parents[1]), str(HERE)]  # the repo (ahead of any installed fastmm), this folder
+
+import torch  # noqa: E402
+
+from probe_util import need_gpu  # noqa: E402
 
 SRC = r"""
 extern "C" __global__ void mma_loop(float* out, int iters, unsigned seed) {
@@ -44,7 +51,14 @@ extern "C" __global__ void mma_loop(float* out, int iters, unsigned seed) {
 """
 
 
-def main():
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="mma_ceiling.py", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--iters", type=int, default=4096, help="loop iterations per warp (default %(default)s)")
+    o = ap.parse_args(argv)
+    if not need_gpu(ap.prog):
+        return 2
+    from cuda.core import Device, EventOptions, LaunchConfig, Program, ProgramOptions, launch
+
     torch.cuda.init()
     dev = Device(torch.cuda.current_device())
     dev.set_current()
@@ -52,7 +66,7 @@ def main():
     sms = dev.properties.multiprocessor_count
     stream = dev.create_stream()
     out = torch.empty(sms * 8 * 1024, device="cuda")
-    iters = 4096
+    iters = o.iters
     print(f"{torch.cuda.get_device_name()} ({arch}, {sms} SMs)")
     for chains, extra, warps, blocks_per_sm in [(8, 0, 4, 2), (8, 0, 8, 1), (8, 0, 8, 2), (16, 0, 8, 1),
                                                 (8, 2, 8, 1), (8, 4, 8, 1), (4, 0, 4, 1), (8, 0, 16, 1)]:
@@ -72,7 +86,8 @@ def main():
         flop = sms * blocks_per_sm * warps * iters * chains * 2 * 16 * 8 * 8
         print(f"mma.sync tf32: {chains:2d} chains, {extra} cvt.rna per mma, {warps:2d} warps x {blocks_per_sm} blocks"
               f" per SM: {flop / ms / 1e9:7.1f} TFLOP/s ({ms:.3f} ms)")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -1,9 +1,11 @@
 """Skinny-M kernel variants (issue 4): correctness, then timing against torch.matmul, on the GPU.
 
-    PYTHONPATH=. python3 benchmarks/skinny_variants.py [--no-rotate] [--only NAME[,NAME...]]
+    python benchmarks/probes/skinny_variants.py [--no-rotate] [--only NAME[,NAME...]]
 
-For every variant in VARIANTS ("base" is today's default kernel, the others skinny.cu's SK_V2
-design with the geometry given to Skinny.configure_v2; see benchmarks/NOTES.md "skinny v2"):
+For every variant in VARIANTS, a Skinny family instance handed to the planner ("base" is run 6's
+v1 kernel, SK_V2 = 0; the others skinny.cu's SK_V2 design with the geometry given to
+Skinny.configure_v2; see benchmarks/NOTES.md "skinny v2"), launched as fastmm launches the plan
+(split-K summed by the kernel or by splitk_reduce, a dependent launch on sm_90):
 
 1. correctness: rel. Frobenius error vs a float64 product <= 1e-5 for M in {1,3,8,16,17,32} x
    (N, K) in {(4096,4096), (4095,4093), (1000,333)}, plus a batched product (B broadcast), a
@@ -20,34 +22,43 @@ last and "FAILURES: n"; exit status 1 on any failure.
 """
 from __future__ import annotations
 
+import argparse
+import itertools
 import multiprocessing as mp
 import os
 import sys
 import time
 import traceback
+from pathlib import Path
 
-import torch
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parents[1]), str(HERE)]  # the repo (ahead of any installed fastmm), this folder
 
-sys.path.insert(0, ".")
-from fastmm import api  # noqa: E402
-from fastmm.families import FAMILIES, splitk_reduce_config  # noqa: E402
+import torch  # noqa: E402
+
+from fastmm import dispatch  # noqa: E402
+from fastmm.families import Skinny  # noqa: E402
+from fastmm.plan import select  # noqa: E402
 from fastmm.runtime import launcher, runners  # noqa: E402
+from fastmm.shapes import analyse, build_problem  # noqa: E402
+from probe_util import need_gpu, rel_err, time_us  # noqa: E402
 
-#: (name, configure_v2 keywords); None: the v1 skinny kernel (SK_V2 = 0).
+#: (name, the Skinny family instance handed to the planner): variant "v1" is the v1 kernel
+#: (SK_V2 = 0); a dict, Skinny.configure_v2's keywords. The sm_90 default is "v2 bn128 c8".
 VARIANTS = [
-    ("base", None),
-    ("v2 bn32 c8", dict(bn=32, cpt=8)),  # 128 column tiles at N=4096 (no split), 3-4 stages x 32 KB of B
-    ("v2 bn64 c8", dict(bn=64, cpt=8)),  # 64 tiles x split 2
-    ("v2 bn128 c8", dict(bn=128, cpt=8)),  # 32 tiles x split 4; A read 4x less than bn32
-    ("v2 bn128 c8 2-pass", dict(bn=128, cpt=8, fuse=False)),  # the split summed by splitk_reduce
-    ("v2 bn128 c4 q2", dict(bn=128, cpt=4, qpt=2)),  # today's lane mapping (warp = one k-group), pipelined
-    ("v2 bn32 c4 q2", dict(bn=32, cpt=4, qpt=2)),  # half the accumulators of c8
-    ("v2 bn128 c4 t512", dict(bn=128, cpt=4, threads=512)),  # 16 warps per SM, <= 128 registers
-    ("v2 regs bn32 c4 q2", dict(pipe=0, bn=32, cpt=4, qpt=2)),  # B to registers one stage ahead (no cp.async)
-    ("v2 regs bn64 c8", dict(pipe=0, bn=64, cpt=8)),
-    ("v2 bn256 c8", dict(bn=256, cpt=8)),  # 16 tiles x split 8: 1 KB of each B row per block, no shuffles
-    ("v2 bn128 c8 q2", dict(bn=128, cpt=8, qpt=2)),  # 128-row stages: 128 KB of B in flight, half the barriers
-    ("v2 bn128 c8 s3", dict(bn=128, cpt=8, stages=3)),  # 64 KB in flight: is depth the limit?
+    ("base", Skinny(variant="v1")),
+    ("v2 bn32 c8", Skinny(variant=dict(bn=32, cpt=8))),  # 128 column tiles at N=4096 (no split), 3-4 stages x 32 KB of B
+    ("v2 bn64 c8", Skinny(variant=dict(bn=64, cpt=8))),  # 64 tiles x split 2
+    ("v2 bn128 c8", Skinny(variant=dict(bn=128, cpt=8))),  # 32 tiles x split 4; A read 4x less than bn32
+    ("v2 bn128 c8 2-pass", Skinny(variant=dict(bn=128, cpt=8), fuse_split=False)),  # the split summed by splitk_reduce
+    ("v2 bn128 c4 q2", Skinny(variant=dict(bn=128, cpt=4, qpt=2))),  # run 6's lane mapping (warp = one k-group), pipelined
+    ("v2 bn32 c4 q2", Skinny(variant=dict(bn=32, cpt=4, qpt=2))),  # half the accumulators of c8
+    ("v2 bn128 c4 t512", Skinny(variant=dict(bn=128, cpt=4, threads=512))),  # 16 warps per SM, <= 128 registers
+    ("v2 regs bn32 c4 q2", Skinny(variant=dict(pipe=0, bn=32, cpt=4, qpt=2))),  # B to registers one stage ahead (no cp.async)
+    ("v2 regs bn64 c8", Skinny(variant=dict(pipe=0, bn=64, cpt=8))),
+    ("v2 bn256 c8", Skinny(variant=dict(bn=256, cpt=8))),  # 16 tiles x split 8: 1 KB of each B row per block, no shuffles
+    ("v2 bn128 c8 q2", Skinny(variant=dict(bn=128, cpt=8, qpt=2))),  # 128-row stages: 128 KB of B in flight, half the barriers
+    ("v2 bn128 c8 s3", Skinny(variant=dict(bn=128, cpt=8, stages=3))),  # 64 KB in flight: is depth the limit?
 ]
 CHECK_MS = (1, 3, 8, 16, 17, 32)
 CHECK_NK = ((4096, 4096), (4095, 4093), (1000, 333))
@@ -72,44 +83,41 @@ CASES = [("plain", M, N, K) for M in CHECK_MS for N, K in CHECK_NK] + [
 
 
 class Runner:
-    """One variant's kernel(s) for one problem, launched as fastmm.api._launch_plan does."""
+    """One variant's plan for one problem (the planner's, with the variant forced), launched as
+    fastmm.dispatch.launch_plan launches a plan: through its runner (split-K, fused split), else
+    one plain launch per launch offset."""
 
-    def __init__(self, kw, a, b, c, dev):
-        s = api.analyse(a, b)
-        self.p, self.offsets = api.build_problem(s, c, "ieee")
-        sk = FAMILIES["skinny"]
-        cfg = sk.configure_v1(self.p, dev) if kw is None else sk.configure_v2(self.p, dev, **kw)
-        self.cfg = sk.with_launch_mode(cfg, dev)  # (a dependent launch on sm_90, as planned kernels)
-        split = self.cfg.split_k
-        self.rcfg = splitk_reduce_config(self.p, dev, split) if split > 1 and not self.cfg.split_fused else None
+    def __init__(self, fam, a, b, c, dev):
+        s = analyse(a, b)
+        self.p, self.offsets = build_problem(s, c, "ieee")
+        self.plan = select(self.p, dev, "skinny", variants=(fam,))  # ValueError: the variant cannot run here
+        if self.plan.kernel is None:
+            raise ValueError(self.plan.fallback)
+        self.cfg, self.rcfg = self.plan.kernel, self.plan.reduce
         self.dev = dev
         self.ptrs = (s.a.data_ptr(), s.b.data_ptr(), c.data_ptr())
+        self.k = None
 
     def configs(self):
         return [x for x in (self.cfg, self.rcfg) if x is not None]
 
     def load(self):
-        self.k = launcher.load(self.dev, self.cfg)
-        self.r = launcher.load(self.dev, self.rcfg) if self.rcfg is not None else None
-        self.stream = torch.cuda.current_stream().cuda_stream
-        if self.r is not None:
-            self.work = torch.empty(self.cfg.split_k * self.p.M * self.p.N, device="cuda")
+        if self.k is None:
+            self.k = launcher.load(self.dev, self.cfg)
+            r = launcher.load(self.dev, self.rcfg) if self.rcfg is not None else None
+            device = torch.device("cuda", self.dev.index)
+            self.run = runners.runner_for(self.plan, self.k, r, self.plan.launch_problem or self.p, device)
+            self.tail = runners.gemm_args(self.plan.launch_problem or self.p)
+            self.stream = dispatch.current_stream(self.dev.index)
         return self
 
     def __call__(self, ptrs=None):
-        p = self.p
         pa, pb, pc = ptrs or self.ptrs
-        if self.cfg.split_fused:  # one launch that sums its own slices (arrival counters)
-            if not hasattr(self, "fused"):
-                self.fused = runners.fused_split_runner(self.k, self.cfg, p, torch.device("cuda", torch.cuda.current_device()))
-            self.fused(pa, pb, pc, self.stream)
-            return
-        if self.r is not None:
-            launcher.launch(self.k, self.stream, (pa, pb, self.work.data_ptr()) + runners.split_gemm_args(p))
-            launcher.launch(self.r, self.stream, (self.work.data_ptr(), pc, p.M, p.N, self.cfg.split_k, *p.c_strides))
+        if self.run is not None:
+            self.run(pa, pb, pc, self.stream)
             return
         for oa, ob, oc in self.offsets:
-            launcher.launch(self.k, self.stream, (pa + 4 * oa, pb + 4 * ob, pc + 4 * oc) + runners.gemm_args(p))
+            launcher.launch(self.k, self.stream, (pa + 4 * oa, pb + 4 * ob, pc + 4 * oc) + self.tail)
 
 
 def _compile_one(job):
@@ -143,48 +151,25 @@ def precompile(configs, arch):
         print("COMPILE ERROR", e, flush=True)
 
 
-def rel_err(c, a, b):
-    ref = torch.matmul(a.double(), b.double())
-    if not torch.isfinite(c).all():
-        return float("inf")
-    return ((c.double() - ref).norm() / ref.norm().clamp_min(1e-300)).item()
-
-
-def time_us(fn, inner=10, samples=25):
-    """Median GPU time per call. Each sample queues a ~1 ms sleep kernel first, so the host has
-    queued all ``inner`` calls before the GPU reaches the start event: Python launch overhead
-    (a few us per launch) cannot show up as GPU idle time between the calls."""
-    sleep = getattr(torch.cuda, "_sleep", None)
-    for _ in range(3):
-        for i in range(inner):
-            fn(i)
-    torch.cuda.synchronize()
-    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(samples)]
-    for s, e in ev:
-        if sleep is not None:
-            sleep(2_000_000)
-        s.record()
-        for i in range(inner):
-            fn(i)
-        e.record()
-    torch.cuda.synchronize()
-    t = sorted(s.elapsed_time(e) for s, e in ev)
-    return 1000.0 * t[len(t) // 2] / inner
-
-
-def main():
-    if not torch.cuda.is_available():
-        print("FAILURES: 1 (no CUDA device)")
-        return 1
-    rotate = "--no-rotate" not in sys.argv
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="skinny_variants.py", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--no-rotate", action="store_true", help="time on one copy of B (it may sit in L2)")
+    ap.add_argument("--only", metavar="NAME[,NAME...]", help="only these variants: " + ", ".join(n for n, _ in VARIANTS))
+    o = ap.parse_args(argv)
+    rotate = not o.no_rotate
     variants = VARIANTS
-    if "--only" in sys.argv:
-        names = sys.argv[sys.argv.index("--only") + 1].split(",")
+    if o.only:
+        names = o.only.split(",")
+        unknown = set(names) - {n for n, _ in VARIANTS}
+        if unknown:
+            ap.error(f"no variant {', '.join(sorted(unknown))}")
         variants = [v for v in VARIANTS if v[0] in names]
+    if not need_gpu(ap.prog):
+        return 2
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.manual_seed(0)
     t0 = time.time()
-    dev = api.device_facts(torch.cuda.current_device())
+    dev = dispatch.device_facts(torch.cuda.current_device())
     print(f"device {dev.name} ({dev.arch}, {dev.sm_count} SMs, {dev.l2_bytes >> 20} MiB L2); rotate B: {rotate}")
     fails = []
 
@@ -198,16 +183,16 @@ def main():
     for M, N, K in TIMED:
         operands[("timed", M, N, K)] = (torch.randn(M, K, device="cuda"), torch.randn(K, N, device="cuda"),
                                         torch.empty(M, N, device="cuda"))
-    for name, kw in variants:
+    for name, fam in variants:
         for case, (a, b, c) in operands.items():
             try:
-                plans[(name, case)] = Runner(kw, a, b, c, dev)
+                plans[(name, case)] = Runner(fam, a, b, c, dev)
             except ValueError as exc:  # a geometry this device cannot host: not a failure
                 plans[(name, case)] = f"n/a: {exc}"
     precompile([cfg for r in plans.values() if isinstance(r, Runner) for cfg in r.configs()], dev.arch)
 
     # 1. correctness
-    for name, kw in variants:
+    for name, _ in variants:
         worst, n_ok, na = 0.0, 0, 0
         for case in CASES:
             r = plans[(name, case)]
@@ -258,7 +243,8 @@ def main():
         copies = min(4, -(-3 * dev.l2_bytes // (K * N * 4))) if rotate else 1
         bs = [b] + [b.clone() for _ in range(copies - 1)]
         flop, bbytes = 2.0 * M * N * K, 4.0 * K * N
-        t_torch = time_us(lambda i: torch.matmul(a, bs[i % len(bs)], out=c))
+        b_next = itertools.cycle(bs).__next__
+        t_torch = time_us(lambda: torch.matmul(a, b_next(), out=c), samples=25, sleep_cycles=2_000_000, warmup=3)
         rows.append(("torch", f"{M}x{N}x{K}", t_torch, flop / t_torch / 1e6, bbytes / t_torch / 1e3, 1.0))
         for name, _ in variants:
             r = plans[(name, ("timed", M, N, K))]
@@ -267,8 +253,8 @@ def main():
                 continue
             try:
                 r.load()
-                ptrs = [(a.data_ptr(), x.data_ptr(), c.data_ptr()) for x in bs]
-                t = time_us(lambda i: r(ptrs[i % len(ptrs)]))
+                ptrs_next = itertools.cycle([(a.data_ptr(), x.data_ptr(), c.data_ptr()) for x in bs]).__next__
+                t = time_us(lambda: r(ptrs_next()), samples=25, sleep_cycles=2_000_000, warmup=3)
                 geo = f"grid {r.cfg.grid[0]}x{r.cfg.grid[1]}, {r.cfg.block} thr, smem {r.cfg.smem // 1024} KiB"
                 rows.append((name, f"{M}x{N}x{K}", t, flop / t / 1e6, bbytes / t / 1e3, t_torch / t, geo))
             except Exception as exc:

@@ -1,18 +1,27 @@
 """tf32_mma (mma.sync) on the current GPU: correctness of the forced family on awkward shapes and
-every operand layout, then the headline shape timed for a few tile / stage variants.
-    python benchmarks/tf32_mma_variants.py [--no-sweep] [--layouts nn,tn,nt]     (NOTES.md runs 11-12)
---no-sweep skips the correctness sweep (each timed variant is still checked on its first rows)."""
+every operand layout, then the headline shape timed for a few tile / stage variants (NOTES.md
+runs 11-12):
+
+    python benchmarks/probes/tf32_mma_variants.py [--no-sweep] [--layouts nn,tn,nt]
+
+--no-sweep skips the correctness sweep (each timed variant is still checked on its first rows).
+"""
 from __future__ import annotations
 
+import argparse
 import sys
 import warnings
+from pathlib import Path
 
-import torch
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parents[1]), str(HERE)]  # the repo (ahead of any installed fastmm), this folder
 
-sys.path.insert(0, ".")
-sys.path.insert(0, "benchmarks")
-from fastmm import api  # noqa: E402
-from variants import check_and_time, rel_err, time_ms, with_macros  # noqa: E402
+import torch  # noqa: E402
+
+from fastmm import dispatch  # noqa: E402
+from fastmm.shapes import analyse, build_problem  # noqa: E402
+from probe_util import need_gpu, rel_err, time_ms  # noqa: E402
+from variants import check_and_time, with_macros  # noqa: E402
 
 SHAPES = [(1, 1, 1), (3, 5, 4), (17, 19, 23), (129, 96, 132), (257, 129, 193), (1000, 1000, 1000), (4097, 4095, 4093)]
 LAYOUTS = ("nn", "tn", "nt", "tt", "off")
@@ -32,17 +41,24 @@ def operands(M, N, K, layout):
     return a, b
 
 
-def main():
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="tf32_mma_variants.py", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--no-sweep", action="store_true", help="skip the correctness sweep")
+    ap.add_argument("--layouts", default="nn,tn,nt", help="layouts timed at the headline shape (default nn,tn,nt)")
+    o = ap.parse_args(argv)
+    if not need_gpu(ap.prog):
+        return 2
     fails = 0
-    layouts = sys.argv[sys.argv.index("--layouts") + 1].split(",") if "--layouts" in sys.argv else ["nn", "tn", "nt"]
-    for prec, tol in (("tf32", 1e-3), ("tf32x3", 1e-6)) if "--no-sweep" not in sys.argv else ():
+    layouts = o.layouts.split(",")
+    dev_index = torch.cuda.current_device()
+    for prec, tol in (("tf32", 1e-3), ("tf32x3", 1e-6)) if not o.no_sweep else ():
         for (M, N, K) in SHAPES:
             for layout in LAYOUTS:
                 a, b = operands(M, N, K, layout)
                 c = torch.full((M, N), float("nan"), device="cuda")
                 with warnings.catch_warnings(record=True) as caught:
                     warnings.simplefilter("always")
-                    _, plan, _ = api.matmul_fastmm(a, b, c, prec, force="tf32_mma")
+                    _, plan, _ = dispatch.matmul_fastmm(a, b, c, prec, force="tf32_mma")
                     torch.cuda.synchronize()
                 if caught:  # e.g. a kernel that failed to build: torch served the call
                     fails += 1
@@ -63,10 +79,10 @@ def main():
         torch.backends.cuda.matmul.allow_tf32 = True
         t = time_ms(lambda: torch.matmul(a, b, out=c))
         rows.append((f"torch tf32 {layout}", t, flops / t / 1e9, 0.0))
-        s = api.analyse(a, b)
+        s = analyse(a, b)
         for prec, variants in (("tf32", VARIANTS if layout == "nn" else VARIANTS[:1]), ("tf32x3", [dict()])):
-            p, _ = api.build_problem(s, c, prec)
-            plan = api.plan_for(p, 0, "tf32_mma")
+            p, _ = build_problem(s, c, prec)
+            plan = dispatch.plan_for(p, dev_index, "tf32_mma")
             for v in variants:
                 t, err = check_and_time(with_macros(plan.kernel, M, N, **v), plan, a, b, c)
                 rows.append((f"tf32_mma {prec} {layout} {v or 'planner'}", t, flops / t / 1e9, err))

@@ -1,0 +1,298 @@
+#!/usr/bin/env python3
+"""Real models on fastmm against the same models on torch, side by side in one run.
+
+    PYTHONPATH=. python3 benchmarks/models.py [--models llama,bert,gpt2,vit,encoder]
+        [--precisions ieee,tf32,tf32x3] [--steps 20] [--compile llama] [--no-generate] [--json PATH]
+
+Models are built from configs with random weights (``transformers``, an optional extra:
+``pip install "fastmm[models]"``; nothing is downloaded), plus ``nn.TransformerEncoder``. For each
+model and precision it reports:
+
+- the training step (forward, loss, backward; CUDA events, warm-up, median), torch vs
+  ``fastmm.patch(model)``; with ``--compile`` both sides also under ``torch.compile``;
+- greedy generation (batch 1, KV cache) tokens/s for the decoders, and whether the tokens match;
+- the logits' and the gradients' relative error against a float64 copy of the model, for torch
+  fp32 and for fastmm;
+- coverage: how many of the step's float32 products ran on fastmm, on torch, and attention cores.
+
+Precisions: torch runs ``ieee`` and ``tf32x3`` rows in full fp32 and ``tf32`` rows with TF32
+allowed, as bench.py compares. Prints a table last.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repo, ahead of any installed fastmm
+
+import torch  # noqa: E402
+
+import fastmm  # noqa: E402
+from fastmm.precision import torch_precision  # noqa: E402  (torch at a row's precision: TF32 for tf32 only)
+
+# ---------------------------------------------------------------------------------------------
+# the models (sizes chosen to look like a small real model: 1024 hidden, 1024 tokens a step)
+
+
+def _tf():
+    try:
+        import transformers
+    except ImportError as exc:  # the optional extra
+        raise SystemExit(f"benchmarks/models.py needs transformers: pip install 'fastmm[models]' ({exc})")
+    transformers.logging.set_verbosity_error()
+    return transformers
+
+
+def build(name: str, tiny: bool = False):
+    """(model, example batch as kwargs, loss function of the output, is a decoder). ``tiny``:
+    the same architectures at toy sizes (a CPU smoke run of this script)."""
+    torch.manual_seed(0)
+    B, S, H, F, L, NH, V = (2, 12, 32, 64, 2, 2, 100) if tiny else (4, 256, 1024, 4096, 4, 16, 32000)
+    if name == "encoder":
+        layer = torch.nn.TransformerEncoderLayer(H, NH, F, dropout=0.0, batch_first=True)
+        model = torch.nn.TransformerEncoder(layer, L, enable_nested_tensor=False)
+        return model, {"src": torch.randn(B, S, H)}, lambda out: out.float().pow(2).mean(), False
+    tf = _tf()
+    ids = {"input_ids": torch.randint(0, V, (B, S))}
+    if name == "llama":
+        cfg = tf.LlamaConfig(hidden_size=H, intermediate_size=F * 11 // 16, num_hidden_layers=L, num_attention_heads=NH,
+                             num_key_value_heads=max(1, NH // 4), vocab_size=V, max_position_embeddings=2048)
+        return tf.LlamaForCausalLM(cfg), dict(ids, labels=ids["input_ids"]), lambda out: out.loss, True
+    if name == "gpt2":
+        cfg = tf.GPT2Config(n_embd=H, n_layer=L, n_head=NH, vocab_size=V, n_positions=1024,
+                            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+        return tf.GPT2LMHeadModel(cfg), dict(ids, labels=ids["input_ids"]), lambda out: out.loss, True
+    if name == "bert":
+        cfg = tf.BertConfig(hidden_size=H, intermediate_size=F, num_hidden_layers=L, num_attention_heads=NH,
+                            vocab_size=V, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+        return tf.BertForMaskedLM(cfg), dict(ids, labels=ids["input_ids"]), lambda out: out.loss, False
+    if name == "vit":
+        size, patch = (32, 8) if tiny else (224, 16)
+        cfg = tf.ViTConfig(hidden_size=H, intermediate_size=F, num_hidden_layers=L, num_attention_heads=NH,
+                           image_size=size, patch_size=patch, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+        model = tf.ViTForImageClassification(cfg)
+        return model, {"pixel_values": torch.randn(B, 3, size, size)}, lambda out: out.logits.float().pow(2).mean(), False
+    raise SystemExit(f"unknown model {name!r}")
+
+
+def _to(batch: dict, device, dtype=None) -> dict:
+    out = {}
+    for k, v in batch.items():
+        v = v.to(device)
+        out[k] = v.to(dtype) if dtype is not None and v.is_floating_point() else v
+    return out
+
+
+def _logits(out) -> torch.Tensor:
+    return out if isinstance(out, torch.Tensor) else out.logits
+
+
+def step_ms(model, batch, loss_fn, steps: int, warmup: int = 3) -> float:
+    """Median time of one training step (forward, loss, backward), CUDA events."""
+    def one():
+        model.zero_grad(set_to_none=True)
+        loss_fn(model(**batch)).backward()
+
+    for _ in range(warmup):
+        one()
+    cuda = next(model.parameters()).is_cuda
+    times = []
+    for _ in range(steps):
+        if not cuda:  # (a CPU smoke run: wall time)
+            t0 = time.perf_counter()
+            one()
+            times.append(1e3 * (time.perf_counter() - t0))
+            continue
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        one()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def rel(x: torch.Tensor, ref: torch.Tensor) -> float:
+    ref = ref.double()
+    return ((x.double() - ref).norm() / ref.norm()).item()
+
+
+def errors(model, ref64, batch, loss_fn) -> tuple[float, float]:
+    """(logits error, gradient error) of ``model`` against the float64 model on the same batch;
+    the gradient error is the norm of all gradients' differences over the norm of all float64
+    gradients."""
+    model.zero_grad(set_to_none=True)
+    out = model(**batch)
+    loss_fn(out).backward()
+    logits = _logits(out).detach()
+    num = den = 0.0
+    for p, p64 in zip(model.parameters(), ref64.parameters()):
+        if p.grad is None or p64.grad is None:
+            continue
+        num += (p.grad.double() - p64.grad).norm().item() ** 2
+        den += p64.grad.norm().item() ** 2
+    model.zero_grad(set_to_none=True)
+    return rel(logits, _logits(ref64._last_out).detach()), (num ** 0.5) / (den ** 0.5 or 1.0)
+
+
+def generate_tps(model, prompt, new_tokens: int) -> tuple[float, torch.Tensor]:
+    """Greedy decoding, batch 1, KV cache: (tokens per second, the tokens)."""
+    kw = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, use_cache=True, pad_token_id=0)
+    with torch.no_grad():
+        model.generate(prompt, **kw)  # warm-up: kernels compiled and loaded
+        _sync(prompt.device)
+        t0 = time.perf_counter()
+        tokens = model.generate(prompt, **kw)
+        _sync(prompt.device)
+    return new_tokens / (time.perf_counter() - t0), tokens
+
+
+def _sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def bench_model(name: str, precisions, opts, device) -> list[dict]:
+    model, batch_cpu, loss_fn, decoder = build(name, opts.tiny)
+    model = model.to(device).train()
+    batch = _to(batch_cpu, device)
+    ref64 = copy.deepcopy(model).double()
+    ref64.zero_grad(set_to_none=True)
+    out64 = ref64(**_to(batch_cpu, device, torch.float64))
+    loss_fn(out64).backward()
+    ref64._last_out = out64
+    patched = fastmm.patch(copy.deepcopy(model))
+    rows = []
+    for precision in precisions:
+        for m in (patched,):
+            for mod in m.modules():
+                if hasattr(mod, "precision") and mod.__class__.__module__.startswith("fastmm"):
+                    mod.precision = precision
+        row = {"model": name, "precision": precision}
+        with torch_precision(precision):
+            row["torch_ms"] = step_ms(model, batch, loss_fn, opts.steps)
+            row["fastmm_ms"] = step_ms(patched, batch, loss_fn, opts.steps)
+            row["step_ratio"] = row["torch_ms"] / row["fastmm_ms"]
+            row["torch_logit_err"], row["torch_grad_err"] = errors(model, ref64, batch, loss_fn)
+            row["fastmm_logit_err"], row["fastmm_grad_err"] = errors(patched, ref64, batch, loss_fn)
+            report = fastmm.coverage(patched, loss=loss_fn, **batch)
+            patched.zero_grad(set_to_none=True)
+            counts = report.counts()
+            row["coverage"] = f"{counts['fastmm']} fastmm / {counts['torch']} torch / {counts['attention']} sdpa"
+            row["on_torch"] = sorted({f"{e.op} {e.shapes} ({e.detail})" for e in report.on_torch()})
+            if decoder and not opts.no_generate:
+                prompt = batch["input_ids"][:1, :min(32, batch["input_ids"].shape[1])]
+                model.eval(), patched.eval()
+                row["torch_tok_s"], t_tokens = generate_tps(model, prompt, opts.new_tokens)
+                row["fastmm_tok_s"], f_tokens = generate_tps(patched, prompt, opts.new_tokens)
+                row["decode_ratio"] = row["fastmm_tok_s"] / row["torch_tok_s"]
+                row["same_tokens"] = bool(torch.equal(t_tokens, f_tokens))
+                model.train(), patched.train()
+            if name in opts.compile:
+                torch._dynamo.reset()
+                cm, cp = torch.compile(model), torch.compile(patched)
+                row["torch_compiled_ms"] = step_ms(cm, batch, loss_fn, opts.steps)
+                row["fastmm_compiled_ms"] = step_ms(cp, batch, loss_fn, opts.steps)
+                row["compiled_ratio"] = row["torch_compiled_ms"] / row["fastmm_compiled_ms"]
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
+def host_us(fn, calls: int = 200, rounds: int = 5) -> float:
+    """Host time to enqueue one call (median over rounds of ``calls`` back-to-back calls; the GPU
+    is kept busy ahead so the host never waits on it)."""
+    fn()
+    torch.cuda.synchronize()
+    per = []
+    for _ in range(rounds):
+        torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU work queued first: the calls only enqueue
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        per.append(1e6 * (time.perf_counter() - t0) / calls)
+        torch.cuda.synchronize()
+    return statistics.median(per)
+
+
+def host_costs(device) -> list[tuple[str, float, float]]:
+    """(what, torch us, fastmm us) per call for one Linear layer [4, 256, 1024] @ W^T with W of
+    [2816, 1024]: forward without grad, forward with grad, forward plus backward."""
+    torch.manual_seed(0)
+    ref = torch.nn.Linear(1024, 2816, device=device)
+    fm = fastmm.nn.Linear.from_linear(ref)
+    x = torch.randn(4, 256, 1024, device=device)
+    xg = x.clone().requires_grad_()
+    g = torch.randn(4, 256, 2816, device=device)
+    rows = []
+    with torch.no_grad():
+        rows.append(("forward, no grad", host_us(lambda: ref(x)), host_us(lambda: fm(x))))
+    rows.append(("forward with grad", host_us(lambda: ref(xg)), host_us(lambda: fm(xg))))
+    rows.append(("forward + backward", host_us(lambda: ref(xg).backward(g), calls=50),
+                 host_us(lambda: fm(xg).backward(g), calls=50)))
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    head = ("model", "prec", "torch ms", "fastmm ms", "step", "compiled", "tok/s torch", "tok/s fastmm", "decode",
+            "same", "logit err t/f", "grad err t/f", "coverage")
+    out = [" | ".join(head), " | ".join("---" for _ in head)]
+    for r in rows:
+        def f(key, fmt):
+            return format(r[key], fmt) if key in r else "-"
+        out.append(" | ".join((
+            r["model"], r["precision"], f("torch_ms", ".2f"), f("fastmm_ms", ".2f"), f("step_ratio", ".3f") + "x",
+            f("compiled_ratio", ".3f"), f("torch_tok_s", ".1f"), f("fastmm_tok_s", ".1f"), f("decode_ratio", ".3f"),
+            str(r.get("same_tokens", "-")),
+            f"{r['torch_logit_err']:.1e} / {r['fastmm_logit_err']:.1e}", f"{r['torch_grad_err']:.1e} / {r['fastmm_grad_err']:.1e}",
+            r["coverage"])))
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="benchmarks/models.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default="llama,bert,gpt2,vit,encoder")
+    parser.add_argument("--precisions", default="ieee,tf32,tf32x3")
+    parser.add_argument("--steps", type=int, default=20, help="timed training steps (median)")
+    parser.add_argument("--new-tokens", type=int, default=32, help="greedy tokens generated")
+    parser.add_argument("--no-generate", action="store_true")
+    parser.add_argument("--compile", default="", help="models to time under torch.compile as well (comma list)")
+    parser.add_argument("--json", help="write the rows here")
+    parser.add_argument("--no-host", action="store_true", help="skip the host-time table of one Linear layer")
+    parser.add_argument("--tiny", action="store_true", help="toy sizes (a smoke run; with --device cpu too)")
+    parser.add_argument("--device", default="cuda", help="cuda (default), or cpu for a smoke run of the script")
+    opts = parser.parse_args(argv)
+    opts.compile = [m for m in opts.compile.split(",") if m]
+    device = torch.device(opts.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("benchmarks/models.py times models on a CUDA GPU, and torch sees none", file=sys.stderr)
+        return 2
+    warnings.filterwarnings("ignore")
+    rows = []
+    for name in opts.models.split(","):
+        rows += bench_model(name, opts.precisions.split(","), opts, device)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    host = []
+    if device.type == "cuda" and not opts.no_host:
+        host = host_costs(device)
+    if opts.json:
+        Path(opts.json).write_text(json.dumps({"models": rows, "host_us": host}, indent=1))
+    print()
+    print(table(rows))
+    if host:
+        print()
+        print("host us per call, Linear [4,256,1024] @ W^T, W [2816,1024] | torch | fastmm | ratio")
+        for what, t, f in host:
+            print(f"{what} | {t:.1f} | {f:.1f} | {t / f:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

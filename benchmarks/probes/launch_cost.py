@@ -1,0 +1,118 @@
+"""Host cost of the pieces of a fastmm call, microseconds each (wall clock over back-to-back
+calls, not synchronized in between): the tensor-map launch of a wgmma kernel and its parts
+(cuLaunchKernel through ctypes, the parameter arrays, encoding or looking up the tensor maps),
+an allocation, the fast-path key, and whole calls of fastmm.matmul and torch.matmul:
+
+    python benchmarks/probes/launch_cost.py [--n N]
+
+The wgmma pieces need sm_90 (elsewhere they are skipped).
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parents[1]), str(HERE)]  # the repo (ahead of any installed fastmm), this folder
+
+import torch  # noqa: E402
+
+import fastmm  # noqa: E402
+from fastmm import dispatch, fast_path  # noqa: E402
+from fastmm.families import FAMILIES  # noqa: E402
+from fastmm.runtime import launcher, tensor_map  # noqa: E402
+from probe_util import need_gpu  # noqa: E402
+
+N_CALLS = 2000
+
+
+def bench(name, fn, n=None):
+    n = n or N_CALLS
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    t = (time.perf_counter() - t0) / n * 1e6
+    torch.cuda.synchronize()
+    print(f"{name:<44} {t:7.2f} us")
+
+
+def wgmma_pieces(a, b):
+    """The launch of a planned wgmma kernel taken apart (a @ b, tf32, no staging copies)."""
+    c, plan, reason = dispatch.matmul_fastmm(a, b, None, "tf32", force="wgmma_tf32")
+    if reason is not None or plan.staging:
+        print(f"wgmma pieces skipped: {reason or 'the plan stages an operand'}")
+        return
+    loaded = launcher.load(plan.device, plan.kernel)
+    p = plan.launch_problem or plan.problem
+    spec_a, spec_b, bits = FAMILIES["wgmma_tf32"].map_specs(p, plan.kernel)
+    first, second = (b, a) if plan.swap_ab else (a, b)  # the kernel's A is B where it computes C^T = B^T A^T
+    maps = (tensor_map.encode(first.data_ptr(), spec_a), tensor_map.encode(second.data_ptr(), spec_b))
+    args = (c.data_ptr(), p.M, p.N, p.K, *p.c_strides, p.batch_inner, p.batch_total, *p.c_batch_strides, bits)
+    stream = dispatch.current_stream(plan.device.index)
+    print(f"wgmma: {plan.kernel.describe()}{' (swap form)' if plan.swap_ab else ''}")
+    bench("launch_with_maps", lambda: launcher.launch_with_maps(loaded, stream, maps, args))
+    bench("encode x2 (cached)", lambda: (tensor_map.encode(first.data_ptr(), spec_a),
+                                         tensor_map.encode(second.data_ptr(), spec_b)))
+    bench("encode_new x1", lambda: tensor_map.encode_new(first.data_ptr(), spec_a), n=200)
+    vals = (ctypes.c_int64 * len(args))(*args)
+    ptrs = [m.getPtr() for m in maps] + [ctypes.addressof(vals) + 8 * i for i in range(len(args))]
+    params = (ctypes.c_void_p * len(ptrs))(*ptrs)
+    cu_launch = launcher._cu_launch_kernel()
+    cfg = loaded.launch_config
+    handle = int(loaded.kernel.handle)
+    grid, block = tuple(cfg.grid), tuple(cfg.block)
+    bench("ctypes cuLaunchKernel only (CUkernel)",
+          lambda: cu_launch(handle, *grid, *block, cfg.shmem_size, stream, params, None))
+    from cuda.bindings import driver
+
+    if hasattr(driver, "cuKernelGetFunction"):
+        err, func = driver.cuKernelGetFunction(loaded.kernel.handle)
+        print("cuKernelGetFunction", err)
+        hf = int(func)
+        bench("ctypes cuLaunchKernel only (CUfunction)",
+              lambda: cu_launch(hf, *grid, *block, cfg.shmem_size, stream, params, None))
+
+    def arrays():
+        values = (ctypes.c_int64 * len(args))(*args)
+        base = ctypes.addressof(values)
+        return (ctypes.c_void_p * len(ptrs))(*([m.getPtr() for m in maps] + [base + 8 * i for i in range(len(args))]))
+    bench("ctypes arrays only", arrays)
+
+
+def main(argv=None) -> int:
+    global N_CALLS
+    ap = argparse.ArgumentParser(prog="launch_cost.py", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--n", type=int, default=N_CALLS, help="calls per piece (default %(default)s)")
+    o = ap.parse_args(argv)
+    if not need_gpu(ap.prog):
+        return 2
+    N_CALLS = o.n
+    a, b = torch.randn(256, 64, device="cuda"), torch.randn(64, 256, device="cuda")
+    if torch.cuda.get_device_capability() == (9, 0):
+        wgmma_pieces(a, b)
+    else:
+        print("wgmma pieces skipped: they need sm_90")
+    bench("torch.empty 256x256", lambda: torch.empty(256, 256, device="cuda"))
+    bench("fast_path.key_of", lambda: fast_path.key_of(a, b, None, "tf32"))
+    bench("fastmm.matmul tf32 256x256x64 (fast path)", lambda: fastmm.matmul(a, b, precision="tf32"))
+    bench("torch.matmul 256x256x64", lambda: torch.matmul(a, b))
+    a2, b2 = torch.randn(256, 256, device="cuda"), torch.randn(256, 256, device="cuda")
+    bench("fastmm.matmul ieee 256^3", lambda: fastmm.matmul(a2, b2, precision="ieee"))
+    a3, b3 = torch.randn(1000, 1000, device="cuda"), torch.randn(1000, 1000, device="cuda")
+    print(f"1000^3 tf32 runs {fastmm.explain(a3, b3, precision='tf32').kernel}")
+    bench("fastmm.matmul tf32 1000^3", lambda: fastmm.matmul(a3, b3, precision="tf32"), n=500)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    bench("torch.matmul tf32 1000^3", lambda: torch.matmul(a3, b3), n=500)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    bench("fastmm.matmul tf32 1000^3 + sync", lambda: (fastmm.matmul(a3, b3, precision="tf32"),
+                                                     torch.cuda.synchronize()), n=300)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

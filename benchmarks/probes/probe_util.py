@@ -1,0 +1,64 @@
+"""What the probes beside this file share: the GPU check, the error against float64, and three
+ways to time a call on the GPU. Import it after putting the repo and this folder on sys.path:
+
+    HERE = Path(__file__).resolve().parent
+    sys.path[:0] = [str(HERE.parents[1]), str(HERE)]
+    from probe_util import need_gpu, rel_err, time_ms
+"""
+from __future__ import annotations
+
+import sys
+
+import torch
+
+
+def need_gpu(prog: str) -> bool:
+    """True where a CUDA device is there; else say so on stderr (the caller exits 2)."""
+    if torch.cuda.is_available():
+        return True
+    print(f"{prog}: needs a CUDA GPU (torch sees none)", file=sys.stderr)
+    return False
+
+
+def rel_err(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> float:
+    """Relative Frobenius error of ``c`` against the float64 product of ``a`` and ``b``; inf
+    where ``c`` holds a NaN or an Inf (an output left unwritten in a NaN-filled buffer)."""
+    if not torch.isfinite(c).all():
+        return float("inf")
+    ref = torch.matmul(a.double(), b.double())
+    return ((c.double() - ref).norm() / ref.norm().clamp_min(1e-300)).item()
+
+
+def time_ms(fn, reps: int = 20) -> float:
+    """Median of ``reps`` CUDA-event samples of one call each, in ms (3 calls of warm-up). For
+    calls long enough that host launch time cannot leave the GPU idle."""
+    for _ in range(3):
+        fn()
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    for s, e in ev:
+        s.record()
+        fn()
+        e.record()
+    torch.cuda.synchronize()
+    t = sorted(s.elapsed_time(e) for s, e in ev)
+    return t[len(t) // 2]
+
+
+def time_us(fn, inner: int = 10, samples: int = 15, sleep_cycles: int = 5_000_000, warmup: int = 1) -> float:
+    """Median GPU time per call in us: each sample is ``inner`` back-to-back calls queued behind a
+    sleep kernel, so the host has queued them all before the GPU reaches the start event and its
+    launch time cannot show up as idle GPU time (short kernels too). ``warmup`` rounds of
+    ``inner`` calls first. To rotate inputs, let ``fn`` step through them itself."""
+    for _ in range(warmup * inner):
+        fn()
+    torch.cuda.synchronize()
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(samples)]
+    for s, e in ev:
+        torch.cuda._sleep(sleep_cycles)
+        s.record()
+        for _ in range(inner):
+            fn()
+        e.record()
+    torch.cuda.synchronize()
+    t = sorted(s.elapsed_time(e) for s, e in ev)
+    return 1000.0 * t[len(t) // 2] / inner

@@ -1,0 +1,85 @@
+"""Stream-K on and off for the SIMT ieee kernel, against torch.matmul, in alternating rounds
+(NOTES.md run 13):
+
+    python benchmarks/probes/stream_k_probe.py [rounds]
+
+Per shape: the planner's simt_cp_async plan (stream-K where the last wave of tiles is partial),
+the plan of the variant SimtCpAsync(stream_k=False) handed to the planner (the same tile, split-K
+or one launch), and torch.matmul; each plan launched as fastmm launches it, each result checked
+against float64 first. Shapes whose tiles make whole waves (8448x4096: 1056 = 8 x 132 tiles of
+128x256 on an H200) show what the partial last wave costs: with no stream-K plan there, both
+fastmm columns run the same kernel.
+"""
+import argparse
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parents[1]), str(HERE)]  # the repo (ahead of any installed fastmm), this folder
+
+import torch  # noqa: E402
+
+from fastmm import dispatch  # noqa: E402
+from fastmm.families import SimtCpAsync  # noqa: E402
+from fastmm.runtime import launcher  # noqa: E402
+from fastmm.shapes import analyse, build_problem  # noqa: E402
+from probe_util import need_gpu, rel_err, time_ms  # noqa: E402
+
+SHAPES = [(8192, 4096, 6144), (8448, 4096, 6144), (8192, 8192, 4096), (4096, 4096, 4096), (4224, 4096, 4096),
+          (4096, 11008, 4096), (3000, 3000, 3000)]
+
+
+def planned(a, b, c, stream_k: bool):
+    """(run(), kernel config) of fastmm's simt_cp_async plan of a @ b -> c, with stream-K allowed
+    (the registry's family) or not (a variant handed to the planner), queued as
+    fastmm.dispatch.run queues a prepared plan."""
+    variants = () if stream_k else (SimtCpAsync(stream_k=False),)
+    s = analyse(a, b)
+    problem, offsets = build_problem(s, c, "ieee")
+    index = torch.cuda.current_device()
+    plan = dispatch.plan_for(problem, index, "simt_cp_async", variants)
+    second = launcher.load(plan.device, plan.reduce) if plan.reduce is not None else None
+    hit = dispatch.Prepared(plan, launcher.load(plan.device, plan.kernel), second)
+    return (lambda: dispatch.launch_plan(hit, s, c, problem, offsets, index)), plan.kernel
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="stream_k_probe.py", description=__doc__.split("\n\n")[0])
+    ap.add_argument("rounds", nargs="?", type=int, default=3)
+    o = ap.parse_args(argv)
+    if not need_gpu(ap.prog):
+        return 2
+    rounds = o.rounds
+    torch.backends.cuda.matmul.allow_tf32 = False
+    res: dict = {}
+    for r in range(rounds):
+        for M, N, K in SHAPES:
+            a, b = torch.randn(M, K, device="cuda"), torch.randn(K, N, device="cuda")
+            c = torch.full((M, N), float("nan"), device="cuda")
+            row = res.setdefault((M, N, K), {"sk": [], "plain": [], "torch": []})
+            for name in ("sk", "plain"):
+                run, cfg = planned(a, b, c, name == "sk")
+                if r == 0:
+                    c.fill_(float("nan"))
+                    run()
+                    err = rel_err(c, a, b)
+                    assert err < 1e-5, (M, N, K, name, err)
+                    row[name + "_cfg"] = cfg
+                row[name].append(time_ms(run, reps=15))
+            row["torch"].append(time_ms(lambda: torch.matmul(a, b, out=c), reps=15))
+    print("| shape | tiles | stream-K plan | fastmm stream-K | fastmm plain | torch | stream-K / torch | plain / torch |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for (M, N, K), row in res.items():
+        f = 2 * M * N * K / 1e9
+        med = {k: sorted(v)[len(v) // 2] for k, v in row.items() if isinstance(v, list)}
+        sk = row["sk_cfg"].stream_k
+        plan = f"{sk.whole_tiles} whole + {sk.blocks} x {sk.iters} k-tiles" if sk else "none"
+        pcfg = row["plain_cfg"]
+        tiles = pcfg.grid[0] if pcfg.split_k == 1 else f"{pcfg.grid[0]} (split {pcfg.split_k})"
+        print(f"| {M}x{N}x{K} | {tiles} | {plan} | {f / med['sk']:.2f} | {f / med['plain']:.2f} | "
+              f"{f / med['torch']:.2f} | {med['torch'] / med['sk']:.3f} | {med['torch'] / med['plain']:.3f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

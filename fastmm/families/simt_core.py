@@ -1,0 +1,176 @@
+"""What the two SIMT families share (cuda_src/simt_core.cuh): register-blocked fp32 FFMA tiles,
+their load modes, and the tile choice with split-K and stream-K.
+
+:mod:`.simt_float4` and :mod:`.simt_cp_async` are this class with their own source, stages and
+work splitting."""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ..problem import DeviceFacts, Problem
+from .base import (LOAD_ELEM_FAST, LOAD_ELEM_K, LOAD_NAMES, LOAD_VEC_FAST, LOAD_VEC_K, Family, KernelConfig,
+                   grid_of, k_dominant, pick_tile, round4, tiles_of, vec_ok, with_split_flags)
+from .work_split import split_k_for, stream_k_for
+
+#: Stage an operand only when the product does at least this many FLOP per byte the copy moves
+#: (a read and a write of the operand): then the copy costs < ~1% next to the product.
+STAGE_MIN_FLOP_PER_BYTE = 256
+
+
+def padded_copies(p: Problem, copy_a: bool):
+    """Copy plan for operands that are contiguous along their row but cannot be read with 16-byte
+    vectors (N or K not a multiple of 4, odd row pitch or pointer): a zero-padded aligned copy
+    turns 4-byte copies into 16-byte ones. Batch 1 only. B always; A only where ``copy_a`` (the
+    SIMT families read a k-contiguous A with 4-byte copies anyway: they transpose it)."""
+    if p.batch_total != 1:
+        return p, (), False
+    flop = 2 * p.M * p.N * p.K
+    staged = []
+    sBk, sBn = p.b_strides
+    if sBn == 1 and p.N > 1 and not vec_ok(p.N, sBk, (0, 0), p.b_align) and flop >= STAGE_MIN_FLOP_PER_BYTE * 8 * p.K * p.N:
+        n4 = -(-p.N // 4) * 4
+        p = replace(p, b_strides=(n4, 1), b_align=16, b_batch_strides=(0, 0), b_padded=True)
+        staged.append(("b", p.K, n4))
+    sAm, sAk = p.a_strides
+    if (copy_a and sAk == 1 and p.K > 1 and not vec_ok(p.K, sAm, (0, 0), p.a_align)
+            and flop >= STAGE_MIN_FLOP_PER_BYTE * 8 * p.M * p.K):
+        k4 = -(-p.K // 4) * 4
+        p = replace(p, a_strides=(k4, 1), a_align=16, a_batch_strides=(0, 0), a_padded=True)
+        staged.append(("a", p.M, k4))
+    return p, tuple(staged), False
+
+
+@dataclass(frozen=True)
+class SimtCore(Family):
+    """fp32 FFMA outer products in registers. ``stream_k``: whether plans may use stream-K where
+    the family has it (a variant switch for benchmarks; the default is the measured choice)."""
+
+    stream_k: bool = True
+
+    precisions = ("ieee", "tf32", "tf32x3")  # full fp32; serves tf32 requests where no TF32 path can
+    # (WARPS_M, WARPS_N, THREAD_M), largest tile first: 128x256, 128x128, 128x64, 64x64.
+    tile_options = ((2, 4, 16), (2, 2, 16), (2, 2, 8), (1, 2, 8))
+    bk = 8
+    a_transpose_mode = LOAD_VEC_K  # how a k-contiguous, vector-able A is loaded
+    can_split = False
+    can_stream_k = False
+    pair_split = False
+    #: Least K per slice, and least M, for the largest tile to be split instead of taking a tile
+    #: with 8x8 outputs per thread (the range measured: M 96 .. 256, slices 512 .. 1365).
+    big_tile_min_k_per_split = 512
+    big_tile_min_m = 96
+
+    @staticmethod
+    def tile_of(opt):
+        wm, wn, tm = opt
+        return wm * 64, wn * (32 if tm == 8 else 64)
+
+    def load_modes(self, p: Problem):
+        sAm, sAk = p.a_strides
+        sBk, sBn = p.b_strides
+        if sAm == 1 and vec_ok(p.M, sAk, p.a_batch_strides, p.a_align):
+            a = LOAD_VEC_FAST
+        elif sAk == 1 and vec_ok(round4(p.K, p.a_padded), sAm, p.a_batch_strides, p.a_align):
+            a = self.a_transpose_mode
+        elif sAm == 1 and sAk != 1:
+            a = LOAD_ELEM_FAST
+        else:
+            a = LOAD_ELEM_K
+        if sBn == 1 and vec_ok(round4(p.N, p.b_padded), sBk, p.b_batch_strides, p.b_align):
+            b = LOAD_VEC_FAST
+        elif sBk == 1 and vec_ok(p.K, sBn, p.b_batch_strides, p.b_align):
+            b = self.a_transpose_mode
+        elif sBk == 1 and sBn != 1:
+            b = LOAD_ELEM_K
+        else:
+            b = LOAD_ELEM_FAST
+        c_vec = p.c_strides[1] == 1 and vec_ok(p.N, p.c_strides[0], p.c_batch_strides, p.c_align)
+        return a, b, c_vec
+
+    def smem_bytes(self, bm, bn, stages):
+        return 0
+
+    @staticmethod
+    def pair_region_bytes(threads, thread_m):
+        """Shared memory past the pipeline's where a cluster-pair block receives its partner's
+        half tile: half of each thread's thread_m x 8 sums (SPLIT_PAIR in simt_cp_async.cu)."""
+        return threads * thread_m * 8 // 2 * 4
+
+    def extra_macros(self, p, dev, bm, bn, split=1, reserve=0):
+        return ()
+
+    def _big_tile_split_fills(self, p: Problem, dev: DeviceFacts) -> bool:
+        """Whether the largest tile, split along K, fills (90% of) a wave with slices of at least
+        ``big_tile_min_k_per_split``: its 16x8 thread tiles run ~15% faster than the 8x8 ones of
+        the smaller tiles (8192x4096x6144: 49.7 against 43.2 TFLOP/s, NOTES run 11), which beats
+        the reduction pass when K is long (decode128: 128 x 11008 x 4096 took 128 x 64 tiles
+        and ran at 0.77x cuBLAS, 1.12x so). Below M = 96 most of a 128-row tile would be
+        padding: not measured, so not taken."""
+        if p.M < self.big_tile_min_m:
+            return False
+        bm, bn = self.tile_of(self.tile_options[0])
+        tiles = tiles_of(p, bm, bn)
+        split = split_k_for(p, dev, tiles, self.bk)
+        return split > 1 and tiles * split >= 0.9 * dev.sm_count and p.K // split >= self.big_tile_min_k_per_split
+
+    def options(self, p, dev):
+        """Every tile; for a family that splits K, each with split-K allowed or not."""
+        return with_split_flags(self.tile_options) if self.can_split else self.tile_options
+
+    def configure(self, p, dev, option=None):
+        if option is not None:
+            opt, may_split = tuple(option[:3]), self.can_split and bool(option[3])
+        elif self.can_split and k_dominant(p):
+            # splits supply the parallelism; the largest tile where it pads N no more than the
+            # 128x128 one (largeK 256x256x65536 on the H200: 128x256 x 66 splits 184.4 us,
+            # 128x128 x 66 186.9, NOTES run 12), else 128x128 (N = 64: a 256-wide tile would do
+            # twice the FFMAs)
+            big, small = self.tile_of(self.tile_options[0])[1], self.tile_of(self.tile_options[1])[1]
+            opt = self.tile_options[0] if -(-p.N // big) * big <= -(-p.N // small) * small else self.tile_options[1]
+            may_split = True
+        else:
+            opt, may_split = pick_tile(p, dev, self.tile_options, self.tile_of), self.can_split
+            if may_split and opt[2] == 8 and self._big_tile_split_fills(p, dev):
+                opt = self.tile_options[0]
+        wm, wn, tm = opt
+        bm, bn = self.tile_of(opt)
+        per_sm = 2 if wm * wn <= 4 else 1
+        split = split_k_for(p, dev, tiles_of(p, bm, bn), self.bk, per_sm) if may_split else 1
+        a, b, c_vec = self.load_modes(p)
+        # stream-K where the model has it beat split-K as well, for the 8-warp tile (one block
+        # per SM; the 4-warp 128x128 one spills with the stream-K loop), except with an
+        # m-contiguous A and single-float B copies along k, which spill (sm_80 .. sm_89) at 255
+        # registers
+        sk = None
+        spills = (a, b) == (LOAD_VEC_FAST, LOAD_ELEM_K)
+        if may_split and self.can_stream_k and self.stream_k and opt == self.tile_options[0] and not spills:
+            sk = stream_k_for(p, dev, tiles_of(p, bm, bn), self.bk, bm, bn, per_sm, split)
+            split = 1 if sk is not None else split
+        if split > 1:
+            c_vec = p.N % 4 == 0  # partials go to a fresh contiguous workspace
+        # cluster pairs: an even split of the one-block-per-SM tile, on sm_90 (clusters); not for
+        # the load modes that spill (12 bytes there, with single-float C stores)
+        pair = split > 1 and split % 2 == 0 and self.pair_split and per_sm == 1 and dev.cc >= (9, 0) and not spills
+        threads = wm * wn * 32
+        region = self.pair_region_bytes(threads, tm) if pair else 0
+        extra = self.extra_macros(p, dev, bm, bn, split, region) + ((("SPLIT_PAIR", 1),) if pair else ())
+        macros = (("WARPS_M", wm), ("WARPS_N", wn), ("THREAD_M", tm), ("BK", self.bk), ("A_MODE", a),
+                  ("B_MODE", b), ("C_VEC", int(c_vec))) + extra
+        smem = self.smem_bytes(bm, bn, dict(extra).get("STAGES", 2)) + region
+        details = (("A loads", LOAD_NAMES[a]), ("B loads", LOAD_NAMES[b]),
+                   ("C stores", "float4" if c_vec else "single floats"),
+                   ("math", f"fp32 FFMA, {tm}x8 outputs per thread"))
+        if split > 1:
+            pairs = f"added in cluster pairs (distributed shared memory) into {split // 2} partial tiles, "
+            details += (("split-K", f"{split} slices of K, {pairs if pair else ''}reduced by splitk_reduce"),)
+        if sk is not None:
+            details += (("stream-K", f"{sk.whole_tiles} tiles whole ({sk.whole_tiles // (dev.sm_count * per_sm)} "
+                                     f"waves), then {sk.blocks} blocks of {sk.iters} k-tiles each over the other "
+                                     f"{sk.pieced_tiles} tiles ({sk.k_tiles} k-tiles each), completed by "
+                                     "stream_k_fixup"),)
+            return KernelConfig(self.name, self.source, self.entry + "_stream_k", macros + (("STREAM_K", 1),),
+                                threads, (threads, 1, 1), (sk.whole_tiles + sk.blocks, 1, 1), smem,
+                                (bm, bn, self.bk), details, stream_k=sk)
+        return KernelConfig(self.name, self.source, self.entry, macros, threads, (threads, 1, 1),
+                            grid_of(tiles_of(p, bm, bn), p.batch_total, split), smem, (bm, bn, self.bk), details,
+                            split_pair=pair)

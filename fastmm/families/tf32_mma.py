@@ -1,0 +1,125 @@
+"""The mma.sync TF32 family (cuda_src/tf32_mma.cu, sm80+): m16n8k8 tensor-core products with
+inputs rounded by cvt.rna and fp32 accumulation; tf32x3 adds the small cross terms in their own
+accumulator. Multi-stage cp.async, split-K where tiles leave SMs idle."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..problem import DeviceFacts
+from .base import Family, KernelConfig, grid_of, k_dominant, pick_tile, round4, tiles_of, vec_ok, with_split_flags
+from .simt_core import padded_copies
+from .work_split import split_k_for
+
+
+@dataclass(frozen=True)
+class Tf32Mma(Family):
+    """Tensor cores through mma.sync m16n8k8 TF32 (sm80+); also tf32x3 (3 products per step)."""
+
+    name, source, entry = "tf32_mma", "tf32_mma.cu", "fastmm_tf32_mma"
+    min_cc = (8, 0)
+    precisions = ("tf32", "tf32x3")
+    bk = 32
+    #: Stages where they fit: 4 for tf32's blocks of 8 warps (one per SM anyway; 128x256 at
+    #: 8192x4096x6144 on the H200: 208.0 TFLOP/s against 204.4 with 3, NOTES run 12), 3 for the
+    #: others (3 x 35 KiB: two 128x128 blocks fit in an H100/H200 SM).
+    max_stages = 4
+    max_stages_small = 3
+
+    #: tf32 with 16-byte copies of both operands and at least 2 warps keeps two fragment sets
+    #: (FRAG_PIPE in tf32_mma.cu); with 4-byte copies ptxas spills (8-776 bytes), as it does for
+    #: the one-warp 64x64 block on sm_80/86/89 (12-28 bytes); tf32x3 has no room.
+    frag_pipe = True
+
+    #: The tf32 tile of split-K plans (k_dominant problems; tf32x3 takes its largest): measured
+    #: there (largeK, NOTES run 10).
+    k_dominant_tile = (2, 2, 64)
+
+    def reject(self, p, dev):
+        reason = super().reject(p, dev)
+        if reason is None and not self.tile_options(p.precision == "tf32x3", dev):
+            reason = f"no tile fits {dev.smem_per_block_optin // 1024} KiB of shared memory per block"
+        return reason
+
+    def tile_options(self, x3: bool, dev: DeviceFacts | None = None):
+        """(WARPS_M, WARPS_N, WARP_N), largest tile first, those whose two stages fit the device's
+        shared memory in any layout. Warps are 64 x 64 for tf32 (with two fragment sets, 128 x 256
+        blocks: 204-208 TFLOP/s against 189-198 for 128 x 128 at 8192x4096x6144 on the H200,
+        NOTES run 12); 64 x 32 for tf32x3, which holds three accumulator sets."""
+        opts = ((2, 4, 32), (2, 2, 32), (1, 2, 32)) if x3 else ((2, 4, 64), (2, 2, 64), (1, 2, 64), (1, 1, 64))
+        if dev is None:
+            return opts
+        return tuple(o for o in opts if 2 * self.stage_bytes_max(o[0] * 64, o[1] * o[2]) <= dev.smem_per_block_optin)
+
+    def stage_bytes(self, bm: int, bn: int, a_mk: bool, b_kn: bool) -> int:
+        """One stage of the A and B tiles in tf32_mma.cu's padded layouts."""
+        a_floats = bm * (self.bk + 4) if a_mk else self.bk * (bm + 8)
+        b_floats = self.bk * (bn + 8) if b_kn else bn * (self.bk + 4)
+        return (a_floats + b_floats) * 4
+
+    def stage_bytes_max(self, bm: int, bn: int) -> int:
+        return max(self.stage_bytes(bm, bn, a_mk, b_kn) for a_mk in (True, False) for b_kn in (True, False))
+
+    def options(self, p, dev):
+        """Every tile of p's precision that fits the device, each with split-K allowed or not."""
+        return with_split_flags(self.tile_options(p.precision == "tf32x3", dev))
+
+    def configure(self, p, dev, option=None):
+        x3 = p.precision == "tf32x3"
+        options = self.tile_options(x3, dev)
+        if option is not None:
+            opt, may_split = tuple(option[:3]), bool(option[3])
+        elif k_dominant(p):
+            preferred = options[0] if x3 else self.k_dominant_tile
+            # the preferred tile, or the largest that fits and is no larger
+            fits = [o for o in options if o[0] * o[1] * o[2] <= preferred[0] * preferred[1] * preferred[2]]
+            opt, may_split = (fits[0] if fits else options[-1]), True
+        else:
+            opt = pick_tile(p, dev, options, lambda o: (o[0] * 64, o[1] * o[2]))
+            may_split = True
+        wm, wn, warp_n = opt
+        bm, bn = wm * 64, wn * warp_n
+        sAm, sAk = p.a_strides
+        sBk, sBn = p.b_strides
+        a_mk = sAk == 1 or sAm != 1
+        b_kn = sBn == 1 or sBk != 1
+        per_stage = self.stage_bytes(bm, bn, a_mk, b_kn)
+        # 4 stages were measured for tf32's 8-warp block only
+        most = self.max_stages if wm * wn >= 8 and not x3 else self.max_stages_small
+        stages = max(2, min(most, dev.smem_per_block_optin // per_stage))
+        # two blocks per SM where registers (<= 4 warps) and shared memory allow (H100/H200: yes;
+        # an A100's 164 KiB hold one 128x128 block of 3 stages)
+        two_fit = wm * wn <= 4 and 2 * (per_stage * stages + 1024) <= dev.smem_per_sm
+        split = split_k_for(p, dev, tiles_of(p, bm, bn), self.bk, 2 if two_fit else 1) if may_split else 1
+        a_vec = (vec_ok(round4(p.K, p.a_padded), sAm, p.a_batch_strides, p.a_align) if a_mk and sAk == 1 else
+                 (not a_mk) and vec_ok(p.M, sAk, p.a_batch_strides, p.a_align))
+        b_vec = (vec_ok(round4(p.N, p.b_padded), sBk, p.b_batch_strides, p.b_align) if b_kn and sBn == 1 else
+                 (not b_kn) and vec_ok(p.K, sBn, p.b_batch_strides, p.b_align))
+        sCm, sCn = p.c_strides
+        c_vec = (sCn == 1 and p.N % 2 == 0 and sCm % 2 == 0 and p.c_align >= 8
+                 and all(s % 2 == 0 for s in p.c_batch_strides))
+        if split > 1:
+            c_vec = p.N % 2 == 0  # partials go to a fresh contiguous workspace
+        frag_pipe = self.frag_pipe and not x3 and a_vec and b_vec and wm * wn >= 2
+        macros = (("WARPS_M", wm), ("WARPS_N", wn), ("WARP_N", warp_n), ("STAGES", stages), ("A_SMEM_MK", int(a_mk)),
+                  ("A_VEC", int(a_vec)), ("B_SMEM_KN", int(b_kn)), ("B_VEC", int(b_vec)),
+                  ("C_VEC", int(c_vec)), ("PRECISION_X3", int(x3)), ("FRAG_PIPE", int(frag_pipe)))
+        threads = wm * wn * 32
+        details = (
+            ("A in smem", "[m][k]" if a_mk else "[k][m]"), ("A loads", "16-byte cp.async" if a_vec else "4-byte cp.async"),
+            ("B in smem", "[k][n]" if b_kn else "[n][k]"), ("B loads", "16-byte cp.async" if b_vec else "4-byte cp.async"),
+            ("C stores", "float2" if c_vec else "single floats"),
+            ("fragments", ("B^T in the mma's A role (8-byte loads), A by " + ("ldmatrix" if a_mk else "4-byte loads"))
+             if b_kn else ("A by " + ("ldmatrix" if a_mk else "8-byte loads") + ", B by ldmatrix")),
+            ("fragment registers", "two sets: k-step s + 1 loaded while k-step s multiplies" if frag_pipe else "one set"),
+            ("math", "3xTF32 mma.sync (big*big + separate small cross terms)" if x3 else
+             "TF32 mma.sync m16n8k8, inputs rounded with cvt.rna, fp32 accumulate"))
+        if split > 1:
+            details += (("split-K", f"{split} slices of K, reduced by splitk_reduce"),)
+        return KernelConfig(self.name, self.source, self.entry, macros, threads, (threads, 1, 1),
+                            grid_of(tiles_of(p, bm, bn), p.batch_total, split), per_stage * stages, (bm, bn, self.bk), details)
+
+    def staging(self, p):
+        return padded_copies(p, copy_a=True)
+
+    def precision_computed(self, p):
+        return p.precision

@@ -1,0 +1,131 @@
+"""The steady-state path of ``fastmm.matmul``: after a first call of a layout has planned and
+loaded its kernels (:mod:`fastmm.dispatch`), the next identical call is one dict lookup, (an
+allocation,) and one launch (split-K, stream-K: two; wgmma: its copies and the GEMM).
+
+The key holds everything the plan depends on that can be read cheaply: shapes, strides, dtypes,
+devices, pointer alignment, precision and the environment switches. A layout that never takes
+this path (several launch offsets, operands torch must stage) is remembered as such too, so it
+is analysed once, not on every call.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from . import config, dispatch
+from .runtime import launcher, runners
+from .runtime.launcher import LaunchError
+from .runtime.tensor_map import TensorMapError
+from .shapes import analyse, build_problem, extent, overlaps, result_matrix
+
+
+@dataclass(frozen=True, slots=True)
+class FastEntry:
+    """What a repeat call needs: the C it allocates (view_shape; out_shape as matmul returns it),
+    the kernel and its arguments after the (a, b, c) pointers, or a runner for plans of more
+    than one launch; and, for ``out=``, the byte extents of (a, b, out) for the overlap test."""
+
+    view_shape: tuple[int, ...]
+    out_shape: tuple[int, ...]
+    kernel: object
+    tail: tuple
+    device: torch.device
+    index: int
+    extents: tuple[int, int, int] | None
+    runner: object  # runner(pa, pb, pc, stream) or None for one plain launch
+
+
+#: key -> FastEntry, or NOT_FAST for a key that never takes this path (a missing key: not known yet).
+NOT_FAST = False
+ENTRIES: dict[tuple, FastEntry | bool] = {}
+
+
+def key_of(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, precision: str) -> tuple:
+    key = (a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, a.device, b.device,
+           a.data_ptr() & 15, b.data_ptr() & 15, precision, config.disabled(), config.forced_kernel())
+    if out is not None:
+        key += (out.shape, out.stride(), out.dtype, out.device, out.data_ptr() & 15)
+    return key
+
+
+def forget_plans() -> None:
+    """Drop every cached plan and fast-path entry, so the next call of each shape plans again (a
+    tuned choice was stored). Loaded kernels stay loaded."""
+    dispatch.PLANS.clear()
+    ENTRIES.clear()
+
+
+def ranges_overlap(entry: FastEntry, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> bool:
+    ea, eb, eo = entry.extents
+    o = out.data_ptr()
+    return (o < a.data_ptr() + ea and a.data_ptr() < o + eo) or (o < b.data_ptr() + eb and b.data_ptr() < o + eo)
+
+
+def remember(key: tuple, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, precision: str) -> None:
+    """After a first call has planned and loaded the kernel: keep what the next identical call
+    needs. Only for one launch offset, no operands staged by torch (the SIMT and mma.sync
+    families' padded copies), K > 0, and an ``out`` (if any) that already had the right shape and
+    is written directly."""
+    s = analyse(a, b)
+    if s.K == 0 or any(n == 0 for n in s.batch + (s.M, s.N)):
+        return
+    view_shape = s.batch + (s.M, s.N)
+    if out is None:
+        c = result_matrix(view_shape, "meta")  # the layout matmul allocates, no memory
+    else:
+        if tuple(out.shape) != s.out_shape or overlaps(out, a) or overlaps(out, b):
+            return
+        c = s.matrix_view(out)
+        if c is None:  # computed aside and copied: the full path's job
+            return
+    problem, offsets = build_problem(s, c, precision)
+    index = a.device.index if a.device.index is not None else torch.cuda.current_device()
+    hit = dispatch.PLANS.prepared.get((index, problem, config.forced_kernel(), ()))
+    if hit is None:
+        return
+    plan = hit.plan
+    if len(ENTRIES) >= dispatch.MAX_CACHED_SHAPES:
+        ENTRIES.clear()
+    if len(offsets) != 1 or plan.kernel is None or (plan.staging and not plan.stagers):
+        # Never fast for this key (these depend on the problem only): remember that too, so the
+        # next call does not analyse the problem a third time just to find out again.
+        ENTRIES[key] = NOT_FAST
+        return
+    p = plan.launch_problem or problem  # (as in dispatch.launch_plan)
+    runner = runners.runner_for(plan, hit.kernel, hit.second, p, a.device)
+    tail = runners.gemm_args(p) if runner is None else ()
+    extents = (extent(a), extent(b), extent(out)) if out is not None else None
+    ENTRIES[key] = FastEntry(view_shape, s.out_shape, hit.kernel, tail, a.device, index, extents, runner)
+
+
+def launch(entry: FastEntry, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    c = result_matrix(entry.view_shape, entry.device) if out is None else out
+    index = entry.index
+    with dispatch.on_device(index):
+        if entry.runner is None:
+            launcher.launch(entry.kernel, dispatch.current_stream(index), (a.data_ptr(), b.data_ptr(), c.data_ptr()) + entry.tail)
+        else:
+            entry.runner(a.data_ptr(), b.data_ptr(), c.data_ptr(), dispatch.current_stream(index))
+    if out is not None:
+        return out
+    return c if entry.view_shape == entry.out_shape else c.view(entry.out_shape)
+
+
+def compute(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, precision: str) -> torch.Tensor:
+    """The product without autograd, for operands torch's type rules already accepted: the
+    steady-state entry where a first call left one, else the full path (which leaves one)."""
+    key = key_of(a, b, out, precision)
+    entry = ENTRIES.get(key)
+    if entry and (out is None or not ranges_overlap(entry, a, b, out)):
+        try:
+            return launch(entry, a, b, out)
+        except (TensorMapError, LaunchError):  # (not expected: the first call did the same)
+            ENTRIES[key] = entry = NOT_FAST  # the full path decides, falling back if it must
+    out_shape = None if out is None else tuple(out.shape)
+    result, plan, reason = dispatch.matmul_fastmm(a, b, out, precision)
+    # (an out that was resized no longer matches the key, which holds its old shape: the next
+    # call with an out of that old shape must be resized again, so it is not remembered)
+    if plan is not None and reason is None and entry is None and (out is None or tuple(out.shape) == out_shape):
+        remember(key, a, b, out, precision)
+    return result

@@ -1,0 +1,93 @@
+"""Precision rules, as PyTorch has them: what ``precision=None`` means, when autocast owns a
+matmul, and how to run torch.matmul at the precision a caller asked fastmm for."""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from .problem import PRECISIONS
+
+
+def resolve_precision(precision: str | None) -> str:
+    """``None`` follows PyTorch's float32 matmul setting ("highest" -> ieee, else tf32).
+
+    Inside ``torch.compile`` dynamo cannot trace ``torch.get_float32_matmul_precision()`` (it
+    returns a str), so there ``None`` reads the cuBLAS TF32 flag instead: the same setting
+    (``set_float32_matmul_precision("high")`` sets it, "highest" clears it), folded to a constant
+    and guarded by dynamo, so changing the setting recompiles.
+    """
+    if precision is None:
+        if torch.compiler.is_compiling():
+            return "tf32" if torch._C._get_cublas_allow_tf32() else "ieee"
+        return "tf32" if torch_allows_tf32() else "ieee"
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(map(repr, PRECISIONS))} or None, got {precision!r}")
+    return precision
+
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def autocast_half_active(device_type: str) -> bool:
+    """Is ``torch.autocast`` on with a half dtype for ``device_type``? Then matmuls belong to
+    torch (autocast casts them to that dtype; fastmm computes float32 only)."""
+    try:
+        if not torch.is_autocast_enabled(device_type):
+            return False
+        dtype = torch.get_autocast_dtype(device_type)
+    except RuntimeError:  # a device type autocast does not know (meta, ...)
+        return False
+    except (TypeError, AttributeError):  # torch < 2.4: no device argument
+        if device_type == "cuda":
+            enabled, get = torch.is_autocast_enabled(), torch.get_autocast_gpu_dtype
+        elif device_type == "cpu":
+            enabled, get = torch.is_autocast_cpu_enabled(), torch.get_autocast_cpu_dtype
+        else:
+            return False
+        if not enabled:
+            return False
+        dtype = get()
+    return dtype in _HALF
+
+
+def torch_allows_tf32() -> bool:
+    """Whether torch.matmul on CUDA may use TF32 now. Read from ``fp32_precision`` (torch >= 2.9),
+    which both the old and the new precision APIs set: torch 2.13's old getters
+    (``get_float32_matmul_precision``, ``allow_tf32``) raise once a program has mixed the two APIs,
+    e.g. ``set_float32_matmul_precision("high")`` then ``allow_tf32 = False``."""
+    matmul = torch.backends.cuda.matmul
+    try:
+        value = matmul.fp32_precision
+    except AttributeError:  # older torch: only the old API exists
+        return torch.get_float32_matmul_precision() != "highest" or matmul.allow_tf32
+    if value == "none":  # inherits the generic setting
+        value = getattr(torch.backends, "fp32_precision", "none")
+    return value == "tf32"
+
+
+@contextlib.contextmanager
+def torch_precision(precision: str | None):
+    """Run torch.matmul at the precision the caller asked fastmm for (tf32x3 -> full fp32)."""
+    if precision is None or torch_allows_tf32() == (precision == "tf32"):
+        yield  # already so: leave torch's global setting alone (toggling it can leave it mixed)
+        return
+    try:
+        old_setting = torch.get_float32_matmul_precision()
+    except RuntimeError:  # torch 2.13 after a program mixed its precision APIs
+        old_setting = None
+    if old_setting is not None:
+        # set and restore through one API: restoring allow_tf32 alone turned "medium" into the
+        # mixed state in which get_float32_matmul_precision() raises
+        torch.set_float32_matmul_precision("high" if precision == "tf32" else "highest")
+        try:
+            yield
+        finally:
+            torch.set_float32_matmul_precision(old_setting)
+        return
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old

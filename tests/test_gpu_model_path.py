@@ -1,0 +1,183 @@
+"""The model path and the failure paths on a real GPU (skipped without CUDA): folded products,
+linear / addmm with their epilogues and gradients against float64, patched attention, coverage
+of a patched model, a kernel the driver refuses to launch, and a workspace that does not fit.
+Tolerances as tests/test_gpu.py: relative Frobenius error vs float64."""
+from __future__ import annotations
+
+import dataclasses
+import math
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fastmm
+from fastmm import dispatch, fast_path
+from fastmm.families import SimtCpAsync
+
+pytestmark = pytest.mark.cuda
+
+TOL = {"ieee": 1e-5, "tf32": 1e-3, "tf32x3": 1e-6}
+PRECISIONS = ("ieee", "tf32", "tf32x3")
+NAN = float("nan")
+
+
+def randn(*shape):
+    return torch.randn(*shape, device="cuda")
+
+
+def rel(x, ref) -> float:
+    ref = ref.double()
+    return ((x.double() - ref).norm() / ref.norm()).item()
+
+
+def tol(precision: str, k: int) -> float:
+    return TOL[precision] + math.sqrt(k) * 2.0 ** -24
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("shape", [(4, 256, 1024, 2816), (3, 17, 64, 33), (2, 1, 4096, 4096), (5, 7, 129, 3)])
+def test_an_nd_input_times_a_linear_weight_is_one_folded_product(shape, precision):
+    B, S, K, N = shape
+    x, w = randn(B, S, K), randn(N, K)
+    plan = fastmm.explain(x, w.t(), precision=precision)
+    assert plan.kernel is not None and plan.shapes["M"] == B * S and plan.shapes["batch"] == ()
+    y = fastmm.matmul(x, w.t(), precision=precision)
+    assert y.shape == (B, S, N) and not torch.isnan(y).any()
+    assert rel(y, x.double() @ w.double().t()) <= tol(precision, K)
+    again = fastmm.matmul(x, w.t(), precision=precision)  # the steady-state path
+    assert torch.equal(again, y)
+
+
+def test_a_folded_product_into_an_out_it_cannot_view_is_computed_aside():
+    a, b = randn(4, 6, 32), randn(32, 48)
+    out = torch.full((6, 4, 48), NAN, device="cuda").transpose(0, 1)
+    assert fastmm.matmul(a, b, out=out, precision="ieee") is out
+    assert rel(out, a.double() @ b.double()) <= tol("ieee", 32)
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("bias", [True, False])
+def test_linear_forward_and_gradients_match_float64(precision, bias):
+    torch.manual_seed(1)
+    x = randn(4, 64, 256).requires_grad_()
+    w = randn(384, 256).requires_grad_()
+    b = randn(384).requires_grad_() if bias else None
+    g = randn(4, 64, 384)
+    y = fastmm.linear(x, w, b, precision=precision)
+    y.backward(g)
+    refs = [t.detach().double().requires_grad_() if t is not None else None for t in (x, w, b)]
+    want = F.linear(*refs)
+    want.backward(g.double())
+    assert rel(y, want) <= tol(precision, 256)
+    assert rel(x.grad, refs[0].grad) <= tol(precision, 384)
+    assert rel(w.grad, refs[1].grad) <= tol(precision, 4 * 64)
+    if bias:
+        assert rel(b.grad, refs[2].grad) <= 1e-6
+
+
+def test_backward_products_run_on_fastmm_kernels(monkeypatch):
+    """Every product of a Linear layer's forward and backward is planned onto a fastmm kernel:
+    recorded where the full path plans (first calls) and checked for a kernel."""
+    plans = []
+    real = dispatch.run
+
+    def recording(*args, **kwargs):
+        plan = real(*args, **kwargs)
+        plans.append(plan)
+        return plan
+
+    monkeypatch.setattr(dispatch, "run", recording)
+    fast_path.forget_plans()
+    layer = fastmm.nn.Linear(96, 80).cuda()
+    x = randn(3, 40, 96).requires_grad_()
+    layer(x).sum().backward()
+    assert len(plans) == 3 and all(p.kernel is not None for p in plans), [p.fallback for p in plans]
+    assert plans[2].problem.K == 3 * 40  # grad_W: one product over every token
+
+
+@pytest.mark.parametrize("beta,alpha", [(1, 1), (0, 2.0), (0.5, -1.0)])
+def test_addmm_matches_float64_and_beta_zero_ignores_nan(beta, alpha):
+    a, b = randn(300, 200), randn(200, 500)
+    c = torch.full((500,), NAN, device="cuda") if beta == 0 else randn(500)
+    got = fastmm.addmm(c, a, b, beta=beta, alpha=alpha, precision="ieee")
+    want = alpha * (a.double() @ b.double()) + (0 if beta == 0 else beta * c.double())
+    assert not torch.isnan(got).any() and rel(got, want) <= tol("ieee", 200)
+
+
+@pytest.mark.parametrize("need_weights", [True, False])
+def test_patched_multihead_attention_matches_torch(need_weights):
+    torch.manual_seed(2)
+    ref = torch.nn.MultiheadAttention(256, 8, batch_first=True).cuda()
+    mha = torch.nn.MultiheadAttention(256, 8, batch_first=True).cuda()
+    mha.load_state_dict(ref.state_dict())
+    fastmm.patch(mha, precision="ieee")
+    q, kv = randn(4, 50, 256), randn(4, 70, 256)
+    pad = torch.zeros(4, 70, dtype=torch.bool, device="cuda")
+    pad[0, -5:] = True
+    got, got_w = mha(q, kv, kv, key_padding_mask=pad, need_weights=need_weights)
+    want, want_w = ref(q, kv, kv, key_padding_mask=pad, need_weights=need_weights)
+    assert rel(got, want) <= 1e-5
+    if need_weights:
+        assert rel(got_w, want_w) <= 1e-5
+
+
+def test_a_patched_encoder_runs_every_product_on_fastmm():
+    layer = torch.nn.TransformerEncoderLayer(256, 8, 1024, dropout=0.0, batch_first=True)
+    model = fastmm.patch(torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).cuda())
+    report = fastmm.coverage(model, randn(4, 64, 256))
+    assert report.counts()["fastmm"] > 0 and not report.on_torch(), str(report)
+
+
+# --- failures: a refused launch, a workspace that does not fit -----------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class _TooManyThreads(SimtCpAsync):
+    """The cp.async family with a launch geometry no GPU takes (2048 threads a block), standing
+    for a bad tuned entry."""
+
+    def configure(self, p, dev, option=None):
+        cfg = super().configure(p, dev, option)
+        return dataclasses.replace(cfg, block=2048, block_dims=(2048, 1, 1))
+
+
+def test_a_launch_the_driver_refuses_falls_back_to_torch_with_a_warning():
+    a, b = randn(512, 384), randn(384, 640)
+    bad = (_TooManyThreads(),)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result, plan, reason = dispatch.matmul_fastmm(a, b, None, "ieee", variants=bad)
+    assert reason is not None and "could not be" in reason and plan.kernel is None
+    assert any(issubclass(w.category, fastmm.FastmmWarning) for w in caught)
+    assert rel(result, a.double() @ b.double()) <= tol("ieee", 384)
+    again, plan2, reason2 = dispatch.matmul_fastmm(a, b, None, "ieee", variants=bad)  # remembered
+    assert reason2 == reason and rel(again, a.double() @ b.double()) <= tol("ieee", 384)
+    good = fastmm.matmul(a, b, precision="ieee")  # the registry's family is untouched
+    assert fastmm.explain(a, b, precision="ieee").kernel == "simt_cp_async"
+    assert rel(good, a.double() @ b.double()) <= tol("ieee", 384)
+
+
+def test_a_workspace_that_does_not_fit_raises_torchs_oom_and_the_next_call_works():
+    torch.cuda.empty_cache()
+    a, b = randn(256, 65536), randn(65536, 256)
+    plan = fastmm.explain(a, b, precision="ieee").plan
+    assert plan.kernel.split_k > 1  # a split-K plan: its workspace is allocated per call
+    fast_path.forget_plans()
+    out = torch.empty(256, 256, device="cuda")
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()  # no cached free block the workspace could reuse
+    allowed = torch.cuda.memory_reserved() + (1 << 20)  # 1 MiB more than held now: no 16 MiB workspace
+    torch.cuda.set_per_process_memory_fraction(allowed / total)
+    try:
+        with pytest.raises(torch.OutOfMemoryError):
+            fastmm.matmul(a, b, out=out, precision="ieee")
+            torch.cuda.synchronize()
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+    prepared = [h for h in dispatch.PLANS.prepared.values() if h.plan.problem.K == 65536]
+    assert prepared and all(h.plan.kernel is not None and h.kernel is not None for h in prepared)
+    out.fill_(NAN)
+    fastmm.matmul(a, b, out=out, precision="ieee")
+    assert rel(out, a.double() @ b.double()) <= tol("ieee", 65536)

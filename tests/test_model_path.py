@@ -1,0 +1,331 @@
+"""The model path on the CPU: folding N-D @ matrix into one product, gradients as single
+products, the eager autograd route against the registered ops, fused-call semantics of
+``fastmm.linear`` / ``fastmm.addmm``, the op schemas, and what ``patch`` converts.
+
+On a CPU fastmm's kernels do not run (the dispatcher hands the product to torch), so these tests
+check fastmm's own decisions: the Shapes it builds, the products it asks for (recorded at
+``fastmm.ops.compute``), the route a call takes, and the semantics its own code adds (scaling,
+bias, masks), against torch computing the same thing independently.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fastmm
+from fastmm import ops
+from fastmm.shapes import analyse
+
+NAN = float("nan")
+
+
+# --- folding -------------------------------------------------------------------------------
+
+def test_an_nd_operand_times_a_matrix_is_folded_into_one_product_on_a_view():
+    x = torch.randn(4, 256, 64)
+    w = torch.randn(96, 64)
+    s = analyse(x, w.t())
+    assert s.folded and s.batch == () and (s.M, s.N, s.K) == (1024, 96, 64)
+    assert s.a.data_ptr() == x.data_ptr() and s.a.shape == (1024, 64)  # a view, no copy
+    assert s.out_shape == (4, 256, 96)
+    assert s.b.stride() == (1, 64)  # W read K-contiguous in place
+
+
+def test_an_operand_whose_rows_do_not_merge_stays_a_batch():
+    x = torch.randn(256, 4, 64).transpose(0, 1)  # (4, 256, 64), rows of one batch 4*64 apart
+    s = analyse(x, torch.randn(64, 32))
+    assert not s.folded and s.batch == (4,) and s.M == 256
+
+
+def test_a_batched_matrix_vector_product_folds_too():
+    s = analyse(torch.randn(3, 5, 8), torch.randn(8))
+    assert s.folded and (s.M, s.N) == (15, 1) and s.out_shape == (3, 5)
+
+
+def test_the_folded_result_is_viewed_into_out_or_computed_aside():
+    s = analyse(torch.randn(2, 3, 4), torch.randn(4, 5))
+    out = torch.empty(2, 3, 5)
+    assert s.matrix_view(out).shape == (6, 5) and s.matrix_view(out).data_ptr() == out.data_ptr()
+    strided = torch.empty(3, 2, 5).transpose(0, 1)  # rows of out cannot be one (6, 5) view
+    assert s.matrix_view(strided) is None  # (dispatch then computes aside and copies; GPU-tested)
+
+
+# --- gradients: one product for the weight ---------------------------------------------------
+
+@pytest.fixture
+def products(monkeypatch):
+    """Every product the eager route asks fastmm for: (a shape, b shape)."""
+    seen = []
+    real = ops.compute
+
+    def recording(a, b, out, precision):
+        seen.append((tuple(a.shape), tuple(b.shape)))
+        return real(a, b, out, precision)
+
+    monkeypatch.setattr(ops, "compute", recording)
+    return seen
+
+
+def test_a_linear_layer_backward_is_two_products_with_the_tokens_as_k(products):
+    x = torch.randn(4, 8, 16, requires_grad=True)
+    w = torch.randn(32, 16, requires_grad=True)
+    b = torch.randn(32, requires_grad=True)
+    y = fastmm.linear(x, w, b, precision="ieee")
+    g = torch.randn_like(y)
+    y.backward(g)
+    assert products == [((4, 8, 16), (16, 32)),  # forward: x @ W^T
+                        ((4, 8, 32), (32, 16)),  # grad_x = g @ W (folded inside)
+                        ((32, 32), (32, 16))]  # grad_W = g^T @ x: one product, K = 4 * 8 tokens
+    ref_x, ref_w, ref_b = (t.detach().double().requires_grad_() for t in (x, w, b))
+    F.linear(ref_x, ref_w, ref_b).backward(g.double())
+    for got, ref in ((x.grad, ref_x.grad), (w.grad, ref_w.grad), (b.grad, ref_b.grad)):
+        torch.testing.assert_close(got.double(), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_a_matmul_with_a_weight_matrix_gets_its_gradient_in_one_product(products):
+    a = torch.randn(3, 5, 7, requires_grad=True)
+    b = torch.randn(7, 2, requires_grad=True)
+    fastmm.matmul(a, b, precision="ieee").sum().backward()
+    assert ((7, 15), (15, 2)) in products  # a flattened, transposed: K = 15 rows
+    assert len(products) == 3
+    torch.testing.assert_close(b.grad, a.detach().reshape(-1, 7).t() @ torch.ones(15, 2))
+
+
+def test_a_broadcast_matrix_operand_keeps_per_batch_products_and_sums():
+    a = torch.randn(5, 7, requires_grad=True)
+    b = torch.randn(3, 7, 2, requires_grad=True)
+    fastmm.matmul(a, b, precision="ieee").sum().backward()
+    torch.testing.assert_close(a.grad, (torch.ones(3, 5, 2) @ b.detach().transpose(1, 2)).sum(0))
+
+
+# --- the route a call takes ------------------------------------------------------------------
+
+def test_eager_calls_with_grad_take_the_autograd_function_not_the_registered_op():
+    x = torch.randn(2, 3, requires_grad=True)
+    y = fastmm.matmul(x, torch.randn(3, 4))
+    assert type(y.grad_fn).__name__ == "_MatmulBackward"
+    z = fastmm.linear(x, torch.randn(4, 3), torch.randn(4))
+    assert type(z.grad_fn).__name__ == "_LinearBackward"
+
+
+def test_inside_a_dispatch_mode_the_registered_op_is_used():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    x = torch.randn(8, 16, requires_grad=True)
+    w = torch.randn(32, 16, requires_grad=True)
+    with FlopCounterMode(display=False) as counter:
+        fastmm.linear(x, w).sum().backward()
+    counts = counter.get_flop_counts()["Global"]
+    # the mode saw fastmm's ops (their FLOP formulas): the forward and the two backward products,
+    # 2*M*N*K each; torch's products inside them (the CPU fallback) are not seen a second time
+    assert {str(op).split(".")[0] for op in counts} == {"fastmm"}, counts
+    assert sum(counts.values()) == 3 * 2 * 8 * 16 * 32
+    assert ops.use_registered_op(x) is False
+
+
+def test_fake_tensors_go_through_the_op_and_its_fake():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        x = torch.empty(4, 8, 16)
+        w = torch.empty(32, 16)
+        y = fastmm.linear(x, w, torch.empty(32))
+        z = fastmm.matmul(x, w.t())
+    assert y.shape == (4, 8, 32) and z.shape == (4, 8, 32)
+
+
+def test_torch_compile_sees_the_registered_op():
+    seen = []
+
+    def backend(gm, inputs):
+        seen.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return gm.forward
+
+    layer = fastmm.nn.Linear(16, 8)
+    torch._dynamo.reset()
+    out = torch.compile(layer, backend=backend)(torch.randn(3, 16))
+    assert any("fastmm.linear" in t for t in seen), seen
+    assert out.shape == (3, 8)
+
+
+# --- epilogue semantics ------------------------------------------------------------------------
+
+def test_linear_adds_the_bias_to_every_row():
+    x, w, b = torch.randn(2, 3, 5), torch.randn(4, 5), torch.randn(4)
+    torch.testing.assert_close(fastmm.linear(x, w, b, precision="ieee"), F.linear(x, w, b))
+    torch.testing.assert_close(fastmm.linear(x, w, precision="ieee"), F.linear(x, w))
+
+
+@pytest.mark.parametrize("beta,alpha", [(1, 1), (0.5, 2.0), (0, 1), (0, -3.0), (2, 0)])
+@pytest.mark.parametrize("c_shape", [(6, 4), (4,), (1, 4), (6, 1)])
+def test_addmm_is_beta_c_plus_alpha_ab_and_beta_zero_ignores_nan(beta, alpha, c_shape):
+    a, b = torch.randn(6, 5), torch.randn(5, 4)
+    c = torch.full(c_shape, NAN) if beta == 0 else torch.randn(c_shape)
+    got = fastmm.addmm(c, a, b, beta=beta, alpha=alpha, precision="ieee")
+    ref = alpha * (a.double() @ b.double()) + (0 if beta == 0 else beta * c.double())
+    assert not torch.isnan(got).any()
+    torch.testing.assert_close(got.double(), ref.expand(6, 4), rtol=1e-5, atol=1e-5)
+
+
+def test_addmm_gradients_match_torch():
+    c, a, b = (torch.randn(s, requires_grad=True) for s in ((4,), (6, 5), (5, 4)))
+    fastmm.addmm(c, a, b, beta=0.5, alpha=2.0).sum().backward()
+    refs = [t.detach().clone().requires_grad_() for t in (c, a, b)]
+    torch.addmm(*refs, beta=0.5, alpha=2.0).sum().backward()
+    for got, ref in zip((c, a, b), refs):
+        torch.testing.assert_close(got.grad, ref.grad)
+
+
+def test_addmm_errors_are_worded_like_torch():
+    with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
+        fastmm.addmm(torch.randn(3), torch.randn(2, 3), torch.randn(4, 3))
+    with pytest.raises(RuntimeError, match="must be a matrix"):
+        fastmm.addmm(torch.randn(3), torch.randn(2, 3, 1), torch.randn(4, 3))
+
+
+# --- the op schemas ------------------------------------------------------------------------------
+
+def test_precision_is_optional_on_every_op():
+    a, b = torch.randn(3, 4), torch.randn(4, 5)
+    torch.testing.assert_close(torch.ops.fastmm.matmul(a, b), a @ b)
+    torch.testing.assert_close(torch.ops.fastmm.linear(a, b.t()), a @ b)
+    torch.testing.assert_close(torch.ops.fastmm.addmm(torch.zeros(5), a, b), a @ b)
+    for op in (torch.ops.fastmm.matmul, torch.ops.fastmm.linear, torch.ops.fastmm.addmm):
+        arg = next(x for x in op.default._schema.arguments if x.name == "precision")
+        assert arg.default_value is None and "str?" in str(arg.type) or str(arg.type) == "Optional[str]"
+    with pytest.raises(ValueError, match="precision"):
+        torch.ops.fastmm.matmul(a, b, "fp16")
+
+
+@pytest.mark.parametrize("case", ["plain", "empty", "noncontig", "batched"])
+def test_opcheck_on_every_op(case):
+    from torch.library import opcheck
+
+    if case == "empty":
+        x, w, c = torch.randn(0, 4), torch.randn(5, 4), torch.randn(5)
+    elif case == "noncontig":
+        x, w, c = torch.randn(4, 3).t(), torch.randn(4, 5).t(), torch.randn(5)
+    elif case == "batched":
+        x, w, c = torch.randn(2, 3, 4), torch.randn(5, 4), torch.randn(5)
+    else:
+        x, w, c = torch.randn(3, 4), torch.randn(5, 4), torch.randn(5)
+    x, w, c = (t.requires_grad_() for t in (x, w, c))
+    opcheck(torch.ops.fastmm.matmul.default, (x, w.t(), "ieee"))
+    opcheck(torch.ops.fastmm.linear.default, (x, w, c, "ieee"))
+    if x.dim() == 2:
+        opcheck(torch.ops.fastmm.addmm.default, (c, x, w.t(), 0.5, 2.0, "ieee"))
+
+
+# --- patch: what it converts ---------------------------------------------------------------------
+
+def test_patch_converts_multihead_attention_in_place_with_the_same_state():
+    mha = torch.nn.MultiheadAttention(16, 2, batch_first=True)
+    ref = torch.nn.MultiheadAttention(16, 2, batch_first=True)
+    ref.load_state_dict(mha.state_dict())
+    params = [id(p) for p in mha.parameters()]
+    assert fastmm.patch(mha) is mha
+    assert isinstance(mha, fastmm.nn.MultiheadAttention) and [id(p) for p in mha.parameters()] == params
+    assert mha.state_dict().keys() == ref.state_dict().keys()
+    q, k = torch.randn(2, 5, 16), torch.randn(2, 6, 16)
+    mask = torch.rand(5, 6) > 0.6
+    mask[:, 0] = False  # no row fully masked
+    pad = torch.zeros(2, 6, dtype=torch.bool)
+    pad[1, -2:] = True
+    for kw in ({}, {"attn_mask": mask}, {"key_padding_mask": pad}, {"attn_mask": mask, "key_padding_mask": pad},
+               {"need_weights": False, "key_padding_mask": pad}, {"average_attn_weights": False}):
+        got, got_w = mha(q, k, k, **kw)
+        want, want_w = ref(q, k, k, **kw)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        if want_w is not None:
+            torch.testing.assert_close(got_w, want_w, rtol=1e-5, atol=1e-5)
+    fastmm.unpatch(mha)
+    assert type(mha) is torch.nn.MultiheadAttention
+
+
+def test_patch_reaches_every_projection_of_a_transformer_encoder():
+    layer = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+    model = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+    fastmm.patch(model)
+    report = fastmm.coverage(model, torch.randn(2, 5, 16))
+    assert report.counts()["torch"] == len([e for e in report.entries if e.op.startswith("fastmm::")])
+    assert not [e for e in report.entries if e.op.startswith("aten::") and e.where == "torch"]
+
+
+def test_register_linear_like_converts_a_users_class_both_ways():
+    class Proj(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.randn(6, 4))  # [in, out]
+            self.bias = torch.nn.Parameter(torch.randn(4))
+
+        def forward(self, x):
+            return x @ self.weight + self.bias
+
+    sub = fastmm.register_linear_like(Proj, layout="in_out")
+    model = torch.nn.Sequential(Proj())
+    x = torch.randn(3, 5, 6)
+    want = model(x)
+    fastmm.patch(model, precision="ieee")
+    assert type(model[0]) is sub and model[0].precision == "ieee"
+    report = fastmm.coverage(model, x)
+    assert {e.op for e in report.entries} == {"fastmm::addmm", "fastmm::matmul"}
+    torch.testing.assert_close(model(x), want)
+    fastmm.unpatch(model)
+    assert type(model[0]) is Proj
+
+
+def test_gpt2_conv1d_is_converted_where_transformers_is_installed():
+    transformers = pytest.importorskip("transformers")
+    transformers.logging.set_verbosity_error()
+    cfg = transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50, n_positions=32,
+                                  resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    model = transformers.GPT2LMHeadModel(cfg)
+    ref = transformers.GPT2LMHeadModel(cfg)
+    ref.load_state_dict(model.state_dict())
+    fastmm.patch(model)
+    from transformers.pytorch_utils import Conv1D
+
+    convs = [m for m in model.modules() if isinstance(m, Conv1D)]
+    assert convs and all(type(m).__name__ == "FastmmConv1D" for m in convs)
+    ids = torch.randint(0, 50, (2, 7))
+    torch.testing.assert_close(model(ids).logits, ref(ids).logits)
+    report = fastmm.coverage(model, input_ids=ids, labels=ids, loss=lambda out: out.loss)
+    leftovers = [e for e in report.entries if e.op.startswith("aten::") and e.where == "torch"
+                 and e.shapes[0][-1] not in (8,)]  # (SDPA's CPU math path: its own bmm, head dim 8)
+    assert not leftovers, leftovers
+    assert model.state_dict().keys() == ref.state_dict().keys()
+
+
+@pytest.mark.parametrize("name", ["llama", "bert", "vit"])
+def test_transformers_models_convert_and_keep_their_outputs(name):
+    transformers = pytest.importorskip("transformers")
+    transformers.logging.set_verbosity_error()
+    tf = transformers
+    torch.manual_seed(0)
+    if name == "llama":
+        cfg = tf.LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                             num_key_value_heads=1, vocab_size=50)
+        make, inp = (lambda: tf.LlamaForCausalLM(cfg)), {"input_ids": torch.randint(0, 50, (2, 7))}
+    elif name == "bert":
+        cfg = tf.BertConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                            vocab_size=50, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+        make, inp = (lambda: tf.BertModel(cfg)), {"input_ids": torch.randint(0, 50, (2, 7))}
+    else:
+        cfg = tf.ViTConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=16, patch_size=8, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+        make, inp = (lambda: tf.ViTModel(cfg)), {"pixel_values": torch.randn(2, 3, 16, 16)}
+    model, ref = make(), make()
+    ref.load_state_dict(model.state_dict())
+    fastmm.patch(model)
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    assert linears and all(type(m) is fastmm.nn.Linear for m in linears)
+    out, want = model(**inp), ref(**inp)
+    key = "logits" if hasattr(want, "logits") else "last_hidden_state"
+    torch.testing.assert_close(getattr(out, key), getattr(want, key))
+    report = fastmm.coverage(model, **inp)
+    fastmm_calls = [e for e in report.entries if e.op.startswith("fastmm::")]
+    assert len(fastmm_calls) >= 2 * len(linears)  # every Linear forward, and its backward products
+    assert model.state_dict().keys() == ref.state_dict().keys()

@@ -1,0 +1,173 @@
+"""fastmm.families.work_split: the wave models of split-K and stream-K and the second passes
+that complete their plans, checked against hand-computed cases and the facts measured on the
+H200 (benchmarks/NOTES.md, DESIGN.md), not against a copy of the formulas."""
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fastmm.families import SimtCpAsync
+from fastmm.families.base import KernelConfig
+from fastmm.families.work_split import (MAX_SPLIT, MIN_KTILES_PER_SPLIT, effective_split, second_pass_config, split_cap,
+                                        split_k_for, split_time, splitk_reduce_config, stream_k_fixup_config,
+                                        stream_k_for)
+from fastmm.problem import DeviceFacts, Problem
+
+ARCHS = ("sm_75", "sm_80", "sm_86", "sm_89", "sm_90")
+DEV = {arch: DeviceFacts.simulated_device(arch) for arch in ARCHS}
+H200 = DEV["sm_90"]  # 132 SMs
+
+
+# --- split_time: the wave model, in units of one whole tile's time ---------------------------------
+
+def test_split_time_counts_waves_of_blocks_and_two_percent_per_extra_split():
+    assert split_time(1, 1, 132) == 1.0  # one tile, one wave
+    assert split_time(132, 1, 132) == 1.0  # a full wave
+    assert split_time(133, 1, 132) == 2.0  # one more tile: a second wave
+    assert split_time(133, 2, 132) == pytest.approx(3 / 2 * 1.02)  # 266 half tiles: 3 waves of half the time
+    assert split_time(1, 4, 132) == pytest.approx(1 / 4 * 1.06)  # quarters, all in one wave
+
+
+def test_largek_splits_66_ways_because_64_left_4_sms_idle():
+    """largeK on the H200 (256 x 256 x 65536): 2 tiles of 128 x 256. 66 splits fill all 132 SMs,
+    64 (the old cap) left 4 idle (NOTES run 12): the model ranks them so, and the cap allows it."""
+    assert split_time(2, 66, 132) == pytest.approx(2.30 / 66)
+    assert split_time(2, 66, 132) < split_time(2, 64, 132) < split_time(2, 67, 132)
+    assert split_cap(2, 132) == 66 > MAX_SPLIT
+    assert split_k_for(Problem.dense(256, 256, 65536), H200, 2, 8) == 66
+
+
+def test_split_cap_is_max_split_or_the_splits_one_wave_holds():
+    assert split_cap(2, 132) == 66 and split_cap(4, 264) == 66  # one wave's worth
+    assert split_cap(64, 132) == MAX_SPLIT and split_cap(1000, 132) == MAX_SPLIT  # MAX_SPLIT below that
+    assert split_cap(0, 132) == 132  # (no tiles: as for one)
+
+
+# --- effective_split: block rows that get k-tiles, as split_range() deals them -------------------
+
+@pytest.mark.parametrize("units,asked,rows", [
+    (10, 4, 4),  # 3 k-tiles a row: 3, 3, 3, 1
+    (10, 6, 5),  # 2 a row: the sixth row would get none
+    (100, 64, 50),  # 2 a row: 50 rows
+    (8192, 66, 66),  # largeK: 125 a row, the last row 67
+    (5, 1, 1), (5, 0, 1), (0, 8, 1),  # nothing to split
+])
+def test_effective_split_counts_only_rows_that_get_work(units, asked, rows):
+    assert effective_split(units, asked) == rows
+
+
+# --- split_k_for: facts the model must reproduce ------------------------------------------------------
+
+def test_a_single_tile_with_long_k_splits_into_exactly_one_wave():
+    """One tile: each extra split shortens the wave more than its 2% costs, up to a full wave of
+    blocks; past it a second wave starts. With two blocks per SM the wave is twice as wide (264
+    asked; 32768 k-tiles dealt 125 a row reach 263 rows)."""
+    p = Problem.dense(128, 128, 1 << 20)
+    assert split_k_for(p, H200, 1, 32) == 132
+    assert split_k_for(p, H200, 1, 32, blocks_per_sm=2) == 263 == effective_split(32768, 264)
+
+
+def test_every_split_keeps_at_least_16_k_tiles():
+    assert split_k_for(Problem.dense(128, 128, 8 * 16 * 10), H200, 1, 8) == 10
+    assert split_k_for(Problem.dense(128, 128, 8 * 31), H200, 1, 8) == 1  # not two slices of 16
+
+
+@pytest.mark.parametrize("tiles", [132, 264, 396, 2 * 132 + 1, 10_000])
+def test_whole_waves_and_two_or_more_waves_never_split(tiles):
+    assert split_k_for(Problem.dense(4096, 4096, 1 << 20), H200, tiles, 8) == 1
+
+
+def test_a_wave_and_a_half_splits_to_fill_the_last_wave():
+    """198 tiles on 132 SMs: 2 waves unsplit, 3 waves of half tiles split in two (1.53 of the
+    unsplit time units): splitting pays."""
+    assert split_time(198, 2, 132) < split_time(198, 1, 132)
+    assert split_k_for(Problem.dense(4096, 4096, 65536), H200, 198, 8) > 1
+
+
+def test_a_batch_never_splits():
+    """The workspace holds the slices of one product."""
+    for batch in (2, 7, 70_000):
+        assert split_k_for(Problem.dense(64, 64, 1 << 20, batch=batch), H200, 1, 8) == 1
+
+
+@settings(max_examples=300, deadline=None)
+@given(K=st.integers(1, 1 << 22), batch=st.sampled_from([1, 1, 2, 7, 70_000]), arch=st.sampled_from(ARCHS),
+       tiles=st.integers(1, 20_000), bk=st.sampled_from([8, 32]), blocks_per_sm=st.sampled_from([1, 2]))
+def test_split_k_for_stays_within_its_limits_and_never_models_slower_than_no_split(K, batch, arch, tiles, bk,
+                                                                                  blocks_per_sm):
+    dev = DEV[arch]
+    split = split_k_for(Problem.dense(64, 64, K, batch=batch), dev, tiles, bk, blocks_per_sm)
+    k_tiles = -(-K // bk)
+    slots = dev.sm_count * blocks_per_sm
+    assert 1 <= split <= max(MAX_SPLIT, slots // tiles)  # MAX_SPLIT, or one wave's worth
+    if split > 1:
+        assert batch == 1 and tiles < 2 * slots and tiles % slots != 0
+        assert k_tiles // split >= MIN_KTILES_PER_SPLIT
+        per = -(-k_tiles // split)
+        assert (split - 1) * per < k_tiles  # the last block row has work
+        assert split_time(tiles, split, slots) < split_time(tiles, 1, slots)
+
+
+# --- stream_k_for ------------------------------------------------------------------------------------
+
+def test_stream_k_deals_the_last_partial_wave_of_8192x4096x6144_over_one_more_wave():
+    """1024 tiles of 128 x 256 on 132 SMs: 7 whole waves (924 tiles), then the other 100 tiles'
+    768 k-tiles each (76800) dealt 582 a block over 132 blocks (hand-computed)."""
+    sk = stream_k_for(Problem.dense(8192, 4096, 6144), H200, 1024, 8, 128, 256)
+    assert (sk.whole_tiles, sk.blocks, sk.iters, sk.k_tiles, sk.tiles) == (924, 132, 582, 768, 1024)
+    assert sk.pieced_tiles == 100 and sk.segments == 2  # a stretch of 582 < 768 k-tiles spans two tiles at most
+    assert sk.workspace_floats(128, 256) == 132 * 2 * 128 * 256
+
+
+@pytest.mark.parametrize("M,N,K,tiles,why", [
+    (8448, 4096, 6144, 1056, "whole waves: 1056 tiles = 8 x 132"),
+    (4096, 4096, 1024, 512, "short K: 3 waves + 116 tiles of 128 k-tiles: pieces and traffic cost 513.8 > 0.985 x 512"),
+    (2048, 2048, 2048, 128, "under one wave: split-K's ground"),
+])
+def test_stream_k_is_not_taken_where_it_cannot_pay(M, N, K, tiles, why):
+    assert stream_k_for(Problem.dense(M, N, K), H200, tiles, 8, 128, 256) is None, why
+
+
+def test_stream_k_needs_a_batch_of_1_and_k_tile_counts_within_32_bits():
+    assert stream_k_for(Problem.dense(8192, 4096, 6144, batch=2), H200, 1024, 8, 128, 256) is None
+    # a long K over broadcast (stride-0) operands: the last block's stretch would end past 2^31
+    # k-tiles (the kernel counts in 32 bits)
+    p = Problem(17152, 256, 128207976, (0, 1), (1, 0), (256, 1))
+    assert stream_k_for(p, H200, 134, 8, 128, 256) is None
+    assert 134 * -(-p.K // 8) < 2**31  # (tiles x k-tiles alone would have passed)
+
+
+# --- the second passes ---------------------------------------------------------------------------------
+
+def _cfg(**kw) -> KernelConfig:
+    base = dict(family="simt_cp_async", source="simt_cp_async.cu", entry="e", macros=(), block=256,
+                block_dims=(256, 1, 1), grid=(4, 1, 1), smem=0, tile=(128, 256, 8))
+    return KernelConfig(**{**base, **kw})
+
+
+def test_second_pass_config_completes_a_split_or_a_stream_k_plan_and_nothing_else():
+    p = Problem.dense(1000, 1000, 65536)
+    assert second_pass_config(p, H200, _cfg()) is None  # one slice: nothing to sum
+    reduce = second_pass_config(p, H200, _cfg(grid=(4, 6, 1)))
+    assert reduce.family == "splitk_reduce" and "sums the 6 partial slices" in dict(reduce.details)["order"]
+    paired = second_pass_config(p, H200, _cfg(grid=(4, 6, 1), split_pair=True))
+    assert "sums the 3 partial slices" in dict(paired.details)["order"]  # pairs add first: half the slices
+    assert second_pass_config(p, H200, _cfg(grid=(4, 6, 1), split_fused=True)) is None  # the kernel sums
+    sk = stream_k_for(Problem.dense(8192, 4096, 6144), H200, 1024, 8, 128, 256)
+    fixup = second_pass_config(p, H200, _cfg(stream_k=sk))
+    assert fixup.family == "stream_k_fixup" and fixup.grid == (32, 100, 1)  # 128 x 256 / 1024 per block, a row per tile
+
+
+def test_splitk_reduce_uses_a_thread_per_output_up_to_four_blocks_per_sm():
+    assert splitk_reduce_config(Problem.dense(100, 100, 1), H200, 2).grid == (40, 1, 1)  # 10000 / 256, rounded up
+    assert splitk_reduce_config(Problem.dense(8192, 8192, 1), H200, 2).grid == (4 * 132, 1, 1)
+    assert splitk_reduce_config(Problem.dense(0, 0, 1), H200, 2).grid == (1, 1, 1)
+
+
+def test_stream_k_fixup_is_built_for_the_big_simt_tile():
+    fam = SimtCpAsync()
+    cfg = fam.configure(Problem.dense(8192, 4096, 6144), H200)
+    assert cfg.stream_k is not None and cfg.tile[:2] == (128, 256)
+    fix = stream_k_fixup_config(cfg)
+    assert fix.tile[:2] == cfg.tile[:2] and fix.block_dims == (256, 1, 1) and fix.grid[1] == cfg.stream_k.pieced_tiles
