@@ -29,7 +29,7 @@ from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 from .dispatch import matmul_fastmm
 from .fast_path import compute
-from .precision import resolve_precision
+from .precision import autocast_half_active, resolve_precision
 from .shapes import analyse
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
@@ -180,6 +180,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     """``F.linear(x, weight, bias)`` on fastmm: ``x @ weight.t()`` (weight read in place) plus the
     bias, with gradients where they are needed."""
     precision = resolve_precision(precision)
+    if autocast_half_active(x.device.type):  # autocast owns the dtype: torch computes in half
+        return torch.nn.functional.linear(x, weight, bias)
     if use_registered_op(x, weight, bias):
         return torch.ops.fastmm.linear(x, weight, bias, precision)
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)):
@@ -194,6 +196,8 @@ def addmm(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta=1, alpha=1,
     with a and b matrices and c broadcastable to the result."""
     precision = resolve_precision(precision)
     _check_addmm(c, a, b)
+    if autocast_half_active(a.device.type):  # autocast owns the dtype: torch computes in half
+        return torch.addmm(c, a, b, beta=beta, alpha=alpha)
     if use_registered_op(c, a, b):
         return torch.ops.fastmm.addmm(c, a, b, beta, alpha, precision)
     if torch.is_grad_enabled() and (c.requires_grad or a.requires_grad or b.requires_grad):

@@ -170,6 +170,14 @@ def test_addmm_is_beta_c_plus_alpha_ab_and_beta_zero_ignores_nan(beta, alpha, c_
     torch.testing.assert_close(got.double(), ref.expand(6, 4), rtol=1e-5, atol=1e-5)
 
 
+def test_linear_and_addmm_leave_half_autocast_to_torch():
+    x, w, b = torch.randn(4, 8), torch.randn(6, 8), torch.randn(6)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = fastmm.linear(x, w, b)
+        z = fastmm.addmm(b, x, w.t())
+    assert y.dtype == z.dtype == torch.bfloat16  # torch's autocast rules ran them, in half
+
+
 def test_addmm_gradients_match_torch():
     c, a, b = (torch.randn(s, requires_grad=True) for s in ((4,), (6, 5), (5, 4)))
     fastmm.addmm(c, a, b, beta=0.5, alpha=2.0).sum().backward()
