@@ -170,10 +170,9 @@ def bench_model(name: str, precisions, opts, device) -> list[dict]:
     patched = fastmm.patch(copy.deepcopy(model))
     rows = []
     for precision in precisions:
-        for m in (patched,):
-            for mod in m.modules():
-                if hasattr(mod, "precision") and mod.__class__.__module__.startswith("fastmm"):
-                    mod.precision = precision
+        for mod in patched.modules():  # the converted modules (fastmm.nn, patching's subclasses)
+            if mod.__class__.__module__.startswith("fastmm"):
+                mod.precision = precision
         row = {"model": name, "precision": precision}
         with torch_precision(precision):
             row["torch_ms"] = step_ms(model, batch, loss_fn, opts.steps)

@@ -30,11 +30,9 @@ from .runtime.device import device_facts as _device_facts
 from .runtime.sources import source_dir
 from .runtime.tensor_map import TensorMapError
 from .runtime.tuning_store import store_for
-from .shapes import (FLOAT32, Shapes, analyse, build_problem, has_internal_overlap, overlaps, resize_out,
+from .shapes import (FLOAT32, PLAIN_TYPES, Shapes, analyse, build_problem, has_internal_overlap, overlaps, resize_out,
                      result_matrix)
 from .tuned import TunedChoice, bucket_of
-
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 # ---------------------------------------------------------------------------------------------
 # the decision: fastmm kernel or torch
@@ -329,7 +327,7 @@ def fallback(a, b, out, precision, reason):
     modes are off for plain tensors: this call is fastmm's own, and a ``use_fastmm`` block around
     it must not route it back to fastmm (as it would in an eager backward, or inside a layer's
     forward)."""
-    plain = type(a) in _PLAIN and type(b) in _PLAIN and (out is None or type(out) in _PLAIN)
+    plain = type(a) in PLAIN_TYPES and type(b) in PLAIN_TYPES and (out is None or type(out) in PLAIN_TYPES)
     with torch_precision(precision if a.is_cuda else None), \
             (torch._C.DisableTorchFunction() if plain else contextlib.nullcontext()):
         if out is None:

@@ -30,16 +30,13 @@ from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 from .dispatch import matmul_fastmm
 from .fast_path import compute
 from .precision import autocast_half_active, resolve_precision
-from .shapes import analyse
-
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
-
+from .shapes import PLAIN_TYPES, analyse
 
 def use_registered_op(*tensors) -> bool:
     """Whether a call must go through the registered op (torch.compile, a TorchDispatchMode, a
     tensor subclass such as FakeTensor or DTensor) rather than the eager route."""
     return (torch.compiler.is_compiling() or is_in_torch_dispatch_mode()
-            or any(t is not None and type(t) not in _PLAIN for t in tensors))
+            or any(t is not None and type(t) not in PLAIN_TYPES for t in tensors))
 
 
 # ---------------------------------------------------------------------------------------------

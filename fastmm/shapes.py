@@ -12,6 +12,8 @@ import torch
 from .problem import Problem
 
 FLOAT32 = torch.float32
+#: The tensor types whose data pointers fastmm's eager route reads (subclasses keep their own semantics).
+PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
 
 
 def _raise_torch_shape_error(a: torch.Tensor, b: torch.Tensor) -> None:
