@@ -59,13 +59,28 @@ def load_suite(path: str | os.PathLike | None = None) -> tuple[dict, Path]:
     raise FileNotFoundError("no " + SHAPES_FILE + " found; looked at: " + ", ".join(map(str, shapes_candidates())))
 
 
+#: How a row's operands are laid out (the ``layout`` key of the suite's ``model`` section; rows
+#: of ``shapes`` say ``"a": "transposed view"`` instead): which operands are transposed views.
+LAYOUTS = {
+    "rowmajor": (False, False),
+    "linear": (False, True),  # x @ W.t(), W stored [N, K] as nn.Linear keeps it: B K-contiguous
+    "rowmajor_b": (False, False),  # grad_x = grad_y @ W: W read row-major
+    "a_t": (True, False),  # grad_W = grad_y.t() @ x: A a transposed view
+    "bmm": (False, False),
+    "bmm_bt": (False, True),  # attention's Q @ K^T
+}
+LAYOUT_MARKS = {"linear": " W^T", "a_t": " A^T", "bmm_bt": " B^T"}
+
+
+def layout_of(s: dict) -> str:
+    return "a_t" if s.get("a") == "transposed view" else s.get("layout", "rowmajor")
+
+
 def shape_label(s: dict) -> str:
     dims = f"{s['M']}x{s['N']}x{s['K']}"
     if s.get("batch", 1) != 1:
         dims = f"{s['batch']}x" + dims
-    if s.get("a") == "transposed view":
-        dims += " A^T"
-    return dims
+    return dims + LAYOUT_MARKS.get(layout_of(s), "")
 
 
 def flop_count(s: dict) -> int:
@@ -101,11 +116,12 @@ class Inputs:
         M, N, K = s["M"], s["N"], s["K"]
         gen = torch.Generator(device=device)
         gen.manual_seed(seed)
-        a_transposed = s.get("a") == "transposed view"
+        a_transposed, b_transposed = LAYOUTS[layout_of(s)]
         a_store = batch + ((K, M) if a_transposed else (M, K))
+        b_store = batch + ((N, K) if b_transposed else (K, N))
         self.sets = sets
         self.a = [v.transpose(-1, -2) if a_transposed else v for v in self._views(a_store, sets, device, gen)]
-        self.b = self._views(batch + (K, N), sets, device, gen)
+        self.b = [v.transpose(-1, -2) if b_transposed else v for v in self._views(b_store, sets, device, gen)]
         self.c = self._views(batch + (M, N), sets, device, None)
 
     @staticmethod
@@ -221,7 +237,7 @@ def bench_one(s: dict, precision: str, opts, device: torch.device, l2_bytes: int
     import fastmm
 
     row = {"name": s["name"], "shape": shape_label(s), "precision": precision, "M": s["M"], "N": s["N"],
-           "K": s["K"], "batch": s.get("batch", 1), "a": "transposed view" if s.get("a") == "transposed view" else "row-major",
+           "K": s["K"], "batch": s.get("batch", 1), "layout": layout_of(s), "section": s.get("section", "shapes"),
            "flop": flop_count(s), "bytes_floor": byte_floor(s)}
     sets = input_sets(s, l2_bytes, opts.rotate)
     x = Inputs(s, sets, device, seed=opts.seed)
@@ -313,14 +329,15 @@ def format_table(rows: list[dict]) -> str:
             ratio = r["host_us_fastmm"] / r["host_us_torch"] if r["host_us_torch"] else float("nan")
             out.append(f"  {r['shape']} {r['precision']}: fastmm {r['host_us_fastmm']:.1f} us, "
                        f"torch {r['host_us_torch']:.1f} us ({ratio:.2f}x torch)")
-    by_prec: dict[str, list[float]] = {}
+    sections: dict[str, dict[str, list[float]]] = {}
     for r in rows:
         if r.get("ratio") and r["ratio"] > 0 and not math.isnan(r["ratio"]):
-            by_prec.setdefault(r["precision"], []).append(r["ratio"])
-    if by_prec:
+            sections.setdefault(r.get("section", "shapes"), {}).setdefault(r["precision"], []).append(r["ratio"])
+    for section, by_prec in sections.items():
         out.append("")
-        out.append("geometric mean of fastmm/torch speed: " + ", ".join(
-            f"{p} {math.exp(sum(map(math.log, v)) / len(v)):.3f} ({len(v)} shapes)" for p, v in by_prec.items()))
+        out.append(f"section {section}: geometric mean of fastmm/torch speed (lowest row): " + ", ".join(
+            f"{p} {math.exp(sum(map(math.log, v)) / len(v)):.3f} ({min(v):.3f}; {len(v)} shapes)"
+            for p, v in by_prec.items()))
     return "\n".join(out)
 
 
@@ -401,6 +418,9 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                     "separate with commas)")
     ap.add_argument("--precisions", default=None, help="comma-separated subset of ieee,tf32,tf32x3 (default: the "
                     "suite's list)")
+    ap.add_argument("--section", choices=("all", "shapes", "model"), default="all",
+                    help="the suite's headline shapes, its model section (nn.Linear's x @ W.t(), backward forms, "
+                         "decode, attention bmm; each row's layout shown), or both (default)")
     ap.add_argument("--json", metavar="PATH", help="write the rows and the environment as JSON")
     ap.add_argument("--plot", metavar="PNG", help="write a bar chart (needs matplotlib)")
     ap.add_argument("--table-from", metavar="JSON", help="print the table of an earlier --json file and exit")
@@ -425,8 +445,14 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     return ap
 
 
-def selected_shapes(suite: dict, only) -> list[dict]:
-    shapes = suite["shapes"]
+def selected_shapes(suite: dict, only, section: str = "all") -> list[dict]:
+    """The suite's rows: its ``shapes`` (the headline suite), its ``model`` section (the products
+    real models run, each with its layout), or both; ``only`` picks rows by name."""
+    shapes = []
+    if section in ("shapes", "all"):
+        shapes += [dict(s, section="shapes") for s in suite["shapes"]]
+    if section in ("model", "all"):
+        shapes += [dict(s, section="model") for s in suite.get("model", [])]
     if not only:
         return shapes
     names = [n.strip() for item in only for n in item.split(",") if n.strip()]
@@ -482,7 +508,7 @@ def main(argv=None, prog: str | None = None) -> int:
     bad = [p for p in precisions if p not in PRECISIONS]
     if bad:
         raise SystemExit(f"unknown precision(s) {bad}; expected a subset of {list(PRECISIONS)}")
-    shapes = selected_shapes(suite, opts.only)
+    shapes = selected_shapes(suite, opts.only, opts.section)
     env = environment(device)
     print(f"fastmm {env['fastmm']} vs torch {env['torch']} on {env.get('gpu', device)}; suite {suite_path}; "
           f"{len(shapes)} shapes x {len(precisions)} precisions", flush=True)

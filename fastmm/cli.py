@@ -52,7 +52,8 @@ def gpu_reason() -> str | None:
 def representative_problems():
     """Problems whose plans cover every family and the main variants of each: large aligned,
     unaligned (no vector loads), A as a transposed view, a small one (smallest tiles), a tiny one
-    (scalar), at every precision."""
+    (scalar), decode against nn.Linear's weight layout (x @ W.t(): B K-contiguous), at every
+    precision."""
     from .problem import PRECISIONS, Problem
 
     out = []
@@ -60,7 +61,8 @@ def representative_problems():
         out += [Problem.dense(4096, 4096, 4096, prec), Problem.dense(4097, 4095, 4093, prec),
                 Problem.dense(4096, 4096, 4096, prec, a_t=True), Problem.dense(256, 256, 256, prec),
                 Problem.dense(16, 16, 16, prec), Problem.dense(16, 4096, 4096, prec),
-                Problem.dense(256, 256, 65536, prec)]
+                Problem.dense(256, 256, 65536, prec), Problem.dense(1, 4096, 4096, prec, b_t=True),
+                Problem.dense(16, 4096, 4096, prec, b_t=True)]
     return out
 
 

@@ -17,11 +17,15 @@ MIN_CC = (7, 5)  # NVRTC 13 builds nothing older than sm_75
 #: Problems with at most this many outputs go to the scalar kernel: a 64x64 tile would leave
 #: most of its threads idle, and the call is launch-bound anyway.
 TINY_OUTPUTS = 1024
+#: ... and at most this K: beyond it one thread per output runs a long serial sum, while the
+#: skinny kernels spread K over a warp and over blocks (a 1 x 1024 x 4096 decode product is tiny
+#: in outputs but reads 16 MiB of weights).
+TINY_K = 1024
 
 PREFERENCE = {
-    "tf32": ("skinny", "wgmma_tf32", "tf32_mma", "simt_cp_async", "simt_float4", "scalar"),
-    "tf32x3": ("skinny", "wgmma_tf32", "tf32_mma", "simt_cp_async", "simt_float4", "scalar"),
-    "ieee": ("skinny", "simt_cp_async", "simt_float4", "scalar"),
+    "tf32": ("skinny_kmajor", "skinny", "wgmma_tf32", "tf32_mma", "simt_cp_async", "simt_float4", "scalar"),
+    "tf32x3": ("skinny_kmajor", "skinny", "wgmma_tf32", "tf32_mma", "simt_cp_async", "simt_float4", "scalar"),
+    "ieee": ("skinny_kmajor", "skinny", "simt_cp_async", "simt_float4", "scalar"),
 }
 
 
@@ -94,8 +98,9 @@ def _problem_fallback(p: Problem, dev: DeviceFacts) -> str | None:
 
 
 def _shape_reason(name: str, p: Problem) -> str | None:
-    if name != "scalar" and p.M * p.N <= TINY_OUTPUTS:
-        return f"problem is tiny (M*N = {p.M * p.N} <= {TINY_OUTPUTS}): the scalar kernel wastes fewer threads"
+    if name != "scalar" and p.M * p.N <= TINY_OUTPUTS and p.K <= TINY_K:
+        return (f"problem is tiny (M*N = {p.M * p.N} <= {TINY_OUTPUTS}, K = {p.K} <= {TINY_K}): the scalar "
+                "kernel wastes fewer threads")
     return None
 
 

@@ -63,6 +63,28 @@ def relative_error(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor | None = No
     return diff / norm
 
 
+CANARY = -12345.0
+
+
+def guarded_outputs(M: int, N: int, device="cuda", guard: int = 4096):
+    """Two M x N outputs with a canary value all around them, for a kernel that must write its
+    output and nothing else: a contiguous one inside a flat buffer with ``guard`` floats either
+    side, and a window (1 row and 4 columns in) of an (M + 2) x (N + 8) matrix, i.e. rows with a
+    pitch of N + 8. Returns (out, out2, untouched): untouched() is True while nothing outside the
+    two was written."""
+    flat = torch.full((guard + M * N + guard,), CANARY, device=device)
+    out = flat[guard:guard + M * N].view(M, N)
+    padded = torch.full((M + 2, N + 8), CANARY, device=device)
+    out2 = padded[1:M + 1, 4:N + 4]
+    outside = torch.ones_like(padded, dtype=torch.bool)
+    outside[1:M + 1, 4:N + 4] = False
+
+    def untouched() -> bool:
+        return bool(torch.all(flat[:guard] == CANARY) and torch.all(flat[guard + M * N:] == CANARY)
+                    and torch.all(padded[outside] == CANARY))
+    return out, out2, untouched
+
+
 @pytest.fixture
 def rel_err():
     """The :func:`relative_error` function (a fixture so test modules need no import path)."""

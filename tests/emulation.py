@@ -131,6 +131,11 @@ def _vectors(cfg) -> dict:
             out["b"] = (16, "n")
         if m.get("A_VEC"):
             out["a"] = (16, "k")
+    elif family == "skinny_kmajor":  # W's rows (B along k) read as float4; A staged with 16-byte copies along k
+        if m["B_VEC"]:
+            out["b"] = (16, "k")
+        if m["A_VEC"]:
+            out["a"] = (16, "k")
     return out
 
 
@@ -266,7 +271,7 @@ def emulate_wgmma(cfg, maps, args) -> None:
 
 
 PLAIN_KERNELS = {"splitk_reduce": emulate_reduce, "stage_kmajor": emulate_stage}
-GEMM_FAMILIES = ("scalar", "simt_float4", "simt_cp_async", "tf32_mma", "skinny")
+GEMM_FAMILIES = ("scalar", "simt_float4", "simt_cp_async", "tf32_mma", "skinny", "skinny_kmajor")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -56,6 +56,16 @@ def _problems() -> list[Problem]:
             (9, 2048, 512, {"b_t": True}),  # MT 16, transposed B: single floats
             (31, 1024, 1024, {"align": 4}),  # MT 32, misaligned B: single floats
             (16, 4096, 1024, {"batch": 3}),  # MT 16, batched: no split
+            # skinny_kmajor (B = W^T, K-contiguous): MT 1 / 2 / 4 / 8 / 16 / 32, float4 or single-float
+            # W rows, A staged with 16- or 4-byte copies, fused split or one slice
+            (1, 4096, 4096, {"b_t": True}),
+            (2, 14336, 4096, {"b_t": True}),
+            (3, 1001, 999, {"b_t": True}),  # K % 4 != 0: single floats
+            (8, 4096, 4096, {"b_t": True}),
+            (16, 4096, 4096, {"b_t": True}),
+            (32, 4096, 16384, {"b_t": True}),
+            (5, 1024, 1024, {"a_t": True, "b_t": True}),  # A K-major: 4-byte copies
+            (4, 4096, 512, {"b_t": True, "batch": 3}),  # batched: one slice
         ]
         out += [Problem.dense(M, N, K, precision=precision, **kw) for M, N, K, kw in dense]
         # no unit stride on A or B (every other element of a wider tensor)
@@ -93,7 +103,7 @@ def _features(cfg) -> set:
     x3 = dict(cfg.macros).get("PRECISION_X3", 0)
     tile = tuple(v for k, v in cfg.macros if k in ("WARPS_M", "WARPS_N", "THREAD_M", "WARP_N"))
     out = {(x3, k, v) for k, v in cfg.macros} | {(x3, "tile", tile)}
-    if cfg.family in ("skinny", "stage_kmajor") or (cfg.family == "wgmma_tf32"):
+    if cfg.family in ("skinny", "skinny_kmajor", "stage_kmajor") or (cfg.family == "wgmma_tf32"):
         out.add(("combination", cfg.macros))
     return out
 
@@ -184,6 +194,13 @@ def test_configs_cover_every_family_arch_and_macro_value():
     # stream-K (8192^2 x 4096 leaves a partial last wave on the H200): its entry and its fixup
     assert ("sm_90", "stream_k_fixup") in seen
     assert any(dict(m).get("STREAM_K") == 1 for m in seen[("sm_90", "simt_cp_async")])
+    # skinny_kmajor on sm_80+: every rows-per-thread value, both W load paths, both A copies,
+    # fused and unsplit
+    for arch in SM80_PLUS:
+        kmajor = [dict(m) for m in seen[(arch, "skinny_kmajor")]]
+        assert {m["MT"] for m in kmajor} == {1, 2, 4, 8, 16, 32}, arch
+        for key in ("B_VEC", "A_VEC", "KR_FUSED"):
+            assert {m[key] for m in kmajor} == {0, 1}, (arch, key)
     # the skinny kernel's own slice sums (decode16 on the H200)
     assert any(dict(m).get("SK_FUSED") == 1 for m in seen[("sm_90", "skinny")])
     # split-K in cluster pairs (largeK on the H200), sm_90 only
@@ -456,7 +473,7 @@ def test_kernels_launched_as_dependent_launches_wait_before_any_global_access():
     if nvrtc_unavailable_reason():
         pytest.skip(nvrtc_unavailable_reason())
     picked = {}  # one config per kernel and per skinny variant that changes its first accesses
-    variant = ("SK_V2", "SK_FUSED", "SK_PIPE", "B_VEC", "A_KFAST", "A_VEC")
+    variant = ("SK_V2", "SK_FUSED", "SK_PIPE", "B_VEC", "A_KFAST", "A_VEC", "KR_FUSED")
     for arch, cfg in CANDIDATES:
         if arch == "sm_90":
             m = dict(cfg.macros)
@@ -469,8 +486,12 @@ def test_kernels_launched_as_dependent_launches_wait_before_any_global_access():
             cfg = fam.configure(Problem.dense(M, 4096, 4096, a_t=a_t), dev)
             picked.setdefault((cfg.source, cfg.entry, tuple(dict(cfg.macros).get(k) for k in variant), True), cfg)
     dependent = [c for c in picked.values() if c.dependent_launch]
-    assert {c.family for c in dependent} == {"skinny"}
-    seen = {(m.get("SK_V2", 0), m.get("SK_FUSED", 0), m.get("SK_PIPE", 0)) for m in (dict(c.macros) for c in dependent)}
+    assert {c.family for c in dependent} == {"skinny", "skinny_kmajor"}
+    kmajor = {(m["B_VEC"], m["A_VEC"], m["KR_FUSED"]) for m in (dict(c.macros) for c in dependent)
+              if "KR_FUSED" in m}
+    assert {(1, 1, 1), (1, 1, 0), (0, 0, 1)} <= kmajor, kmajor  # fused or not, both load paths
+    seen = {(m.get("SK_V2", 0), m.get("SK_FUSED", 0), m.get("SK_PIPE", 0)) for m in (dict(c.macros) for c in dependent)
+            if "KR_FUSED" not in m}
     assert {(0, 0, 0), (1, 0, 1), (1, 1, 1), (1, 0, 0)} <= seen, seen  # v1, v2 plain / fused, register path
     for cfg in picked.values():
         ptx = _ptx(cfg.source, cfg.macros, cfg.target("sm_90"))

@@ -7,6 +7,8 @@ own float32 (TF32 off) and float64 results.
 from __future__ import annotations
 
 import copy
+import math
+import re
 
 import pytest
 import torch
@@ -560,18 +562,27 @@ def _reference_cuda(ref, x, target, precision):
 
 
 def _check(out, g, refs, tol, precision):
-    """ieee / tf32x3: within ``tol`` of both references. tf32: within ``tol`` of the unpatched
-    model, except where two TF32 computations legitimately differ by more (attention's gradients
-    amplify the ~3e-4 rounding of each product): there fastmm must be as close to float64 as
-    torch's own TF32 run is (within 1.5x)."""
+    """ieee / tf32x3: within ``tol`` of both references. tf32: two TF32 computations legitimately
+    differ by more than ``tol`` (each product rounds its inputs by ~3e-4, and attention's gradients
+    amplify that), so fastmm must be as close to float64 as torch's own TF32 run is. Measured per
+    tensor, that ratio is a draw, not a property: over 12 seeds of this model (both sides TF32,
+    benchmarks/probes/tf32_grad_seeds.py on the H200) each gradient's ratio ranged from 0.3x to
+    12x, in both directions, with a geometric mean of 1.00 over all 31 x 12; per seed, the
+    geometric mean over the output and the 30 gradients ranged from 0.63 to 2.20 (seed 0, this
+    test's: 1.07). So the check is that geometric mean at seed 0 (fastmm's kernels and torch's
+    are deterministic here), at most 1.25: a systematically worse TF32 (truncating instead of
+    rounding the inputs doubles the error of every product) would put it near 2."""
     (out_t, g_t), (out_64, g_64) = refs
+    ratios = {}
     for name in ["<output>", *g]:
         ours, theirs, exact = (out, out_t, out_64) if name == "<output>" else (g[name], g_t[name], g_64[name])
         if precision != "tf32":
             assert relative_error(ours, theirs) <= tol and relative_error(ours, exact) <= tol, name
-        elif relative_error(ours, theirs) > tol:
-            assert relative_error(ours, exact) <= 1.5 * relative_error(theirs, exact), (
-                name, relative_error(ours, theirs), relative_error(ours, exact), relative_error(theirs, exact))
+        else:
+            ratios[name] = relative_error(ours, exact) / relative_error(theirs, exact)
+    if ratios:
+        geomean = math.exp(sum(math.log(r) for r in ratios.values()) / len(ratios))
+        assert geomean <= 1.25, (geomean, ratios)
 
 
 @needs_cuda
@@ -605,11 +616,17 @@ def test_transformer_model_cuda(calls, precision, routing, compiled):
     g = grads(ours)
     _check(out, g, refs, TOL[precision], precision)
 
-    # one SGD step on each: equal parameters
+    # one SGD step on each: the optimizer steps with the gradients fastmm left on the parameters
+    # (exactly), and the parameters stay equal to the unpatched model's. (tf32: a parameter that
+    # starts at 0, a bias, is then -lr x its gradient, whose distance from torch's TF32 gradient
+    # is the draw _check bounds in aggregate; the others move by a small fraction of themselves.)
+    before = {n: p.detach().clone() for n, p in ours.named_parameters()}
     for model in (ref, ours):
         torch.optim.SGD(model.parameters(), lr=0.1).step()
     for (n, p), (_, q) in zip(ours.named_parameters(), ref.named_parameters()):
-        assert relative_error(p, q) <= TOL[precision], n
+        torch.testing.assert_close(p, before[n] - 0.1 * g[n], rtol=1e-6, atol=1e-7, msg=n)
+        if precision != "tf32" or before[n].any():
+            assert relative_error(p, q) <= TOL[precision], n
 
 
 @needs_cuda
@@ -620,7 +637,11 @@ def test_compiled_transformer_has_no_graph_breaks_cuda(precision):
     _set_precision(precision)
     explanation = torch._dynamo.explain(ours)(x)
     assert explanation.graph_break_count == 0
-    assert explanation.graphs[0].code.count("fastmm.matmul") == 6
+    code = explanation.graphs[0].code
+    # every product is fastmm's op: 2 layers x (in_proj, out_proj, linear1, linear2) + the 2-layer
+    # head, each one fastmm.linear (bias fused into the op); none left to torch's linear/matmul
+    assert code.count("torch.ops.fastmm.linear") == 10
+    assert not re.search(r"torch\.(matmul|mm|bmm|addmm)\b|_C\._nn\.linear|functional\.linear", code)
 
 
 @needs_cuda

@@ -19,7 +19,7 @@ from fastmm.families import (FAMILIES, LOAD_ELEM_FAST, LOAD_ELEM_K, LOAD_NAMES, 
                              MAX_GRID_Z, MAX_SPLIT, SimtCpAsync, Skinny, second_pass_config, split_cap, split_k_for)
 from fastmm.families.simt_core import STAGE_MIN_FLOP_PER_BYTE
 from fastmm.families.work_split import MIN_KTILES_PER_SPLIT, split_time
-from fastmm.plan import INT32_MAX, MIN_CC, TINY_OUTPUTS, Plan, select
+from fastmm.plan import INT32_MAX, MIN_CC, TINY_K, TINY_OUTPUTS, Plan, select
 from fastmm.problem import DeviceFacts, Problem
 from test_skinny_v2 import check_v2 as check_skinny_v2
 from test_skinny_v2 import stage_floats as v2_stage_floats
@@ -52,6 +52,21 @@ def with_precision(p: Problem, precision: str) -> Problem:
     return dataclasses.replace(p, precision=precision)
 
 
+def is_tiny(p: Problem) -> bool:
+    """plan._shape_reason's rule: few outputs and a short K (a long K is a long serial sum)."""
+    return p.M * p.N <= TINY_OUTPUTS and p.K <= TINY_K
+
+
+def skinny_family(p: Problem, dev: DeviceFacts) -> str:
+    """The skinny family that takes a non-tiny problem of M <= 32: skinny_kmajor for B read along
+    K on sm80+ (unless a batch needs a split of K, which it does not make), else skinny."""
+    kmajor = FAMILIES["skinny_kmajor"]
+    if (dev.cc >= kmajor.min_cc and p.b_strides[0] == 1
+            and (p.batch_total == 1 or p.K <= kmajor.slice_cap(p, dev))):
+        return "skinny_kmajor"
+    return "skinny"
+
+
 # --- geometry as cuda_src/ defines it ------------------------------------------------------------
 
 def tile_from_macros(family: str, m: dict) -> tuple[int, int]:
@@ -60,6 +75,8 @@ def tile_from_macros(family: str, m: dict) -> tuple[int, int]:
         return 16, 16  # scalar.cu: TILE 16
     if family == "skinny":
         return m["MT"], m.get("SK_BN", 128)  # skinny.cu: MT rows, COLS 128 (v1) or SK_BN (v2)
+    if family == "skinny_kmajor":  # skinny_kmajor.cu: KR_BN = KR_G x KR_WARPS x 4 rows x KR_R
+        return m["MT"], m["KR_G"] * m["KR_WARPS"] * 4 * m["KR_R"]
     if family == "tf32_mma":
         return m["WARPS_M"] * 64, m["WARPS_N"] * m["WARP_N"]  # tf32_mma.cu: WARP_M 64
     if family == "wgmma_tf32":
@@ -80,6 +97,8 @@ def dynamic_smem_from_macros(family: str, m: dict) -> int:
         return m["STAGES"] * (a + b) * 4
     if family == "skinny" and m.get("SK_V2"):  # skinny.cu v2: the ring, or the reduction slots
         return 4 * max(m["SK_STAGES"] * v2_stage_floats(m), m["SK_RED"] * m["MT"] * m["SK_BN"])
+    if family == "skinny_kmajor":  # skinny_kmajor.cu: As[MT][KR_KS]
+        return m["MT"] * m["KR_KS"] * 4
     if family == "wgmma_tf32":  # wgmma_tf32.cu: STAGES x (A + B tiles of 32 floats a row, twice for
         parts = 2 if m["PRECISION_X3"] else 1  # tf32x3's halves), the mbarriers, 1 KiB to align the ring
         return m["STAGES"] * (parts * (bm + bn) * 32 * 4 + 16) + 1024
@@ -98,6 +117,8 @@ def skinny_static_smem(m: dict) -> int:
 
 def check_geometry(plan) -> None:
     p, dev, cfg = plan.problem, plan.device, plan.kernel
+    if plan.swap_ab:  # the kernel computes C^T = B^T A^T: its tiles and grid are the launch problem's
+        p = plan.launch_problem
     m = dict(cfg.macros)
     assert cfg.smem <= dev.smem_per_block_optin, f"{cfg.family} asks {cfg.smem} B > {dev.smem_per_block_optin}"
     assert cfg.smem == dynamic_smem_from_macros(cfg.family, m)
@@ -110,6 +131,13 @@ def check_geometry(plan) -> None:
         assert m["MT"] in (8, 16, 32) and p.M <= m["MT"] and m["B_VEC"] in (0, 1)
         assert cfg.tile[2] == skinny_kchunk(m)
         assert skinny_static_smem(m) <= 48 * 1024  # static shared memory cannot opt in to more
+    elif cfg.family == "skinny_kmajor":
+        assert cfg.block_dims == (m["KR_WARPS"] * 32, 1, 1) and cfg.block == m["KR_WARPS"] * 32
+        assert p.M <= m["MT"] <= 32 and m["MT"] & (m["MT"] - 1) == 0 and (m["MT"] < 2 * p.M or m["MT"] == 1)
+        assert cfg.tile[2] == m["KR_KS"] and m["KR_KS"] % (32 * m["KR_U"]) == 0
+        assert p.b_strides[0] == 1 and dev.cc >= (8, 0)
+        assert m["KR_FUSED"] == int(cfg.grid[1] > 1) == int(cfg.split_fused)
+        assert cfg.grid[1] == -(-max(p.K, 1) // m["KR_KS"])  # one slice of KR_KS per block row, none idle
     elif cfg.family == "wgmma_tf32":  # wgmma_tf32.cu: THREADS 384 (3 warpgroups)
         assert cfg.block_dims == (384, 1, 1) and cfg.block == 384
         assert cfg.arch_suffix == "a" and plan.device.cc == (9, 0)
@@ -133,14 +161,18 @@ def check_geometry(plan) -> None:
     if gy == 1:
         assert plan.reduce is None
     else:
-        assert cfg.family in ("simt_cp_async", "tf32_mma", "skinny") and p.batch_total == 1
+        assert cfg.family in ("simt_cp_async", "tf32_mma", "skinny", "skinny_kmajor") and p.batch_total == 1
         assert gy <= -(-p.K // cfg.tile[2]), "a split with no k-tile to compute"
-        assert gy <= max(MAX_SPLIT, 2 * dev.sm_count)  # families.split_cap: at most one wave's worth
-        if cfg.family != "skinny":  # the tiled families keep >= MIN_KTILES_PER_SPLIT k-tiles per split
+        assert gy <= 65535  # gridDim.y's limit
+        if cfg.family == "skinny_kmajor":  # at most a wave's worth, unless A's slices in shared memory need more
+            assert gy <= max(MAX_SPLIT, 2 * dev.sm_count, -(-p.K // FAMILIES["skinny_kmajor"].slice_cap(p, dev)))
+        else:
+            assert gy <= max(MAX_SPLIT, 2 * dev.sm_count)  # families.split_cap: at most one wave's worth
+        if cfg.family not in ("skinny", "skinny_kmajor"):  # the tiled families keep >= MIN_KTILES_PER_SPLIT k-tiles per split
             assert gy <= -(-p.K // cfg.tile[2]) // MIN_KTILES_PER_SPLIT
         r = plan.reduce
-        if cfg.split_fused:  # the skinny kernel's last block per column tile sums the slices
-            assert cfg.family == "skinny" and dict(cfg.macros)["SK_FUSED"] == 1
+        if cfg.split_fused:  # the skinny kernels' last block per tile sums the slices
+            assert dict(cfg.macros).get("SK_FUSED", cfg.family == "skinny_kmajor") == 1
             assert r is None and cfg.arrival_counters == gx
             return
         assert "SK_FUSED" not in m
@@ -246,10 +278,12 @@ def test_sm75_never_gets_cp_async_or_tensor_cores(precision):
         plan = select(with_precision(p, precision), DEV["sm_75"])
         assert plan.kernel is not None
         assert plan.kernel.family in ("simt_float4", "scalar", "skinny"), _zoo_id(p)
-        # skinny (sm75+) takes every non-tiny problem of at most 32 rows, and only those
-        assert (plan.kernel.family == "skinny") == (p.M <= SKINNY_MAX_M and p.M * p.N > TINY_OUTPUTS), _zoo_id(p)
+        # skinny (sm75+) takes every non-tiny problem of at most 32 rows, and only those; B read
+        # along K too, as skinny_kmajor needs sm80
+        assert (plan.kernel.family == "skinny") == (p.M <= SKINNY_MAX_M and not is_tiny(p)), _zoo_id(p)
         assert plan.precision_used == "ieee"
         assert "sm80" in rejected(plan)["simt_cp_async"]
+        assert rejected(plan)["skinny_kmajor"] == "needs sm80+, device is sm_75"
         if precision != "ieee":
             assert "sm80" in rejected(plan)["tf32_mma"]
 
@@ -312,32 +346,56 @@ def test_tf32_requests_get_tensor_cores_for_every_non_tiny_shape(arch, precision
     for p in ZOO:
         p = with_precision(p, precision)
         plan = select(p, DEV[arch])
-        if p.M * p.N > TINY_OUTPUTS and p.M > SKINNY_MAX_M:
+        if not is_tiny(p) and p.M > SKINNY_MAX_M:
             if plan.kernel.family == "wgmma_tf32":  # Hopper only
                 assert arch == "sm_90", _zoo_id(p)
             else:  # elsewhere, or where wgmma said why not (e.g. a copy too costly)
                 assert plan.kernel.family == "tf32_mma", _zoo_id(p)
                 assert arch != "sm_90" or "wgmma_tf32" in rejected(plan)
             assert plan.precision_used == precision
-        elif p.M * p.N > TINY_OUTPUTS:  # M <= 32: the memory-bound skinny kernel, fp32 FMA
-            assert plan.kernel.family == "skinny", _zoo_id(p)
+        elif not is_tiny(p):  # M <= 32: a memory-bound skinny kernel (skinny_kmajor for B^T), fp32 FMA
+            family = "skinny_kmajor" if p.b_strides[0] == 1 else "skinny"
+            assert plan.kernel.family == family, _zoo_id(p)
             assert plan.precision_used == "ieee"
-            assert rejected(plan)["tf32_mma"] == "skinny is preferred"
+            assert rejected(plan)["tf32_mma"] == f"{family} is preferred"
 
 
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("precision", PRECISIONS)
-@pytest.mark.parametrize("mnk", [(1, 1, 1), (3, 5, 4), (17, 19, 23), (32, 32, 4096), (8, 8, 1_000_000), (1, 1024, 7)])
+@pytest.mark.parametrize("mnk", [(1, 1, 1), (3, 5, 4), (17, 19, 23), (32, 32, TINY_K), (8, 8, 1000), (1, 1024, 7)])
 def test_tiny_problems_pick_scalar(arch, precision, mnk):
     plan = select(Problem.dense(*mnk, precision=precision), DEV[arch])
     assert plan.kernel.family == "scalar"
     assert plan.precision_used == "ieee"
     for name, reason in plan.rejected:
         assert ("is tiny" in reason or "needs sm80+" in reason or "needs sm90+" in reason
-                or "does not compute precision" in reason), (name, reason)
+                or "does not compute precision" in reason
+                or (name == "skinny_kmajor" and reason.startswith("B is not K-contiguous"))), (name, reason)
     assert "is tiny" in rejected(plan)["skinny"]  # even where M <= 32 (sm75+: skinny runs on every arch)
     if arch != "sm_75":
         assert "is tiny" in rejected(plan)["simt_cp_async"]
+        # B read along K: skinny_kmajor could run it, and is turned down as tiny too
+        bt = select(Problem.dense(*mnk, precision=precision, b_t=True), DEV[arch])
+        assert bt.kernel.family == "scalar" and "is tiny" in rejected(bt)["skinny_kmajor"]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("mnk", [(32, 32, 4096), (8, 8, 1_000_000), (1, 1024, TINY_K + 1), (64, 16, 4096)])
+def test_few_outputs_with_a_long_k_are_not_tiny(arch, mnk):
+    """M*N <= TINY_OUTPUTS but K > TINY_K: one scalar thread per output would run a K-long serial
+    sum; the skinny kernels (M <= 32) or the tiled ones spread K over lanes and blocks."""
+    M, N, K = mnk
+    assert M * N <= TINY_OUTPUTS and K > TINY_K
+    for b_t in (False, True):
+        p = Problem.dense(M, N, K, b_t=b_t)
+        plan = select(p, DEV[arch])
+        assert not any("is tiny" in reason for _, reason in plan.rejected), plan.describe()
+        if M <= SKINNY_MAX_M:
+            assert plan.kernel.family == ("skinny_kmajor" if b_t and arch != "sm_75" else "skinny")
+        else:
+            assert plan.kernel.family in SIMT
+        assert rejected(plan)["scalar"] == f"{plan.kernel.family} is preferred"
+        check_geometry(plan)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -586,7 +644,8 @@ def test_force_picks_the_named_family(arch, family, precision):
     assert plan.precision_used == (precision if family == "tf32_mma" else "ieee")
     reasons = rejected(plan)
     assert family not in reasons
-    assert reasons.pop("skinny") == "M = 2048 > 32: not skinny"  # the one family that cannot take 2048 rows
+    for name in ("skinny_kmajor", "skinny"):  # the two families that cannot take 2048 rows
+        assert reasons.pop(name) == "M = 2048 > 32: not skinny"
     if arch != "sm_90" and precision != "ieee":
         assert reasons.pop("wgmma_tf32") == f"needs sm90+, device is {arch}"
     for name, reason in reasons.items():
@@ -595,8 +654,9 @@ def test_force_picks_the_named_family(arch, family, precision):
 
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("precision", PRECISIONS)
-def test_force_skinny_picks_it_and_the_rest_are_rejected_as_forced(arch, precision):
-    plan = select(Problem.dense(16, 2048, 2048, precision=precision), DEV[arch], force="skinny")
+@pytest.mark.parametrize("b_t", [False, True])  # B^T: skinny_kmajor's own layout, where it can run
+def test_force_skinny_picks_it_and_the_rest_are_rejected_as_forced(arch, precision, b_t):
+    plan = select(Problem.dense(16, 2048, 2048, precision=precision, b_t=b_t), DEV[arch], force="skinny")
     assert plan.kernel.family == "skinny" and plan.precision_used == "ieee"
     for name, reason in rejected(plan).items():
         if name in ("tf32_mma", "wgmma_tf32") and precision == "ieee":
@@ -605,14 +665,16 @@ def test_force_skinny_picks_it_and_the_rest_are_rejected_as_forced(arch, precisi
             assert reason == f"needs sm90+, device is {arch}", (name, reason)
         elif name == "wgmma_tf32":  # 16 rows: 16 tiles for 132 SMs, and no split-K
             assert f"fill under 1/{3 if precision == 'tf32' else 4} of the 132 SMs" in reason, (name, reason)
-        elif arch == "sm_75" and name in ("simt_cp_async", "tf32_mma"):
+        elif arch == "sm_75" and name in ("simt_cp_async", "tf32_mma", "skinny_kmajor"):
             assert reason == "needs sm80+, device is sm_75", (name, reason)
+        elif name == "skinny_kmajor" and not b_t:  # B row-major: read along N, skinny's layout
+            assert reason == "B is not K-contiguous (its rows along N are the skinny family's)", (name, reason)
         else:
             assert reason in ("skinny is preferred (forced)", f"does not compute precision '{precision}'"), (name, reason)
 
-@pytest.mark.parametrize("family", ["simt_float4", "simt_cp_async", "skinny"])
+@pytest.mark.parametrize("family", ["simt_float4", "simt_cp_async", "skinny", "skinny_kmajor"])
 def test_force_overrides_the_tiny_rule(family):
-    plan = select(Problem.dense(3, 5, 4), DEV["sm_90"], force=family)
+    plan = select(Problem.dense(3, 5, 4, b_t=family == "skinny_kmajor"), DEV["sm_90"], force=family)  # (its B layout)
     assert plan.kernel.family == family
     check_geometry(plan)
 
@@ -823,7 +885,7 @@ def _idle_splits(plan) -> int:
 
 
 
-@pytest.mark.parametrize("family", ["skinny", "simt_cp_async", "tf32_mma"])
+@pytest.mark.parametrize("family", ["skinny", "skinny_kmajor", "simt_cp_async", "tf32_mma"])
 def test_every_planned_k_split_gets_k_work(family):
     idle = []
     for arch in ARCHS:
@@ -832,7 +894,8 @@ def test_every_planned_k_split_gets_k_work(family):
                 for K in (1000, 4096, 8192, 65536, 100_003):
                     for precision in PRECISIONS:
                         try:
-                            plan = select(Problem.dense(M, N, K, precision=precision), DEV[arch], force=family)
+                            plan = select(Problem.dense(M, N, K, precision=precision, b_t=family == "skinny_kmajor"),
+                                          DEV[arch], force=family)  # (skinny_kmajor: B^T, its layout)
                         except ValueError:
                             continue
                         if _idle_splits(plan):
@@ -854,18 +917,26 @@ def test_m_up_to_32_picks_skinny_on_every_arch_and_precision(arch, precision, M)
         p = Problem.dense(M, N, K, precision=precision, **kw)
         assert M * N > TINY_OUTPUTS
         plan = select(p, DEV[arch])
-        assert plan.kernel.family == "skinny", (N, K, kw)
+        # B^T (x @ W.t()) is skinny_kmajor's on sm80+; every other layout, and sm75, skinny's
+        family = "skinny_kmajor" if kw.get("b_t") and arch != "sm_75" else "skinny"
+        assert plan.kernel.family == family, (N, K, kw)
         assert plan.precision_used == "ieee"  # fp32 FFMA, even for tf32 requests
-        assert plan.describe().startswith("kernel: skinny (fastmm_skinny in cuda_src/skinny.cu): tile ")
+        assert plan.describe().startswith(f"kernel: {family} (fastmm_{family} in cuda_src/{family}.cu): tile ")
         reasons = rejected(plan)
-        assert reasons["scalar"] == reasons["simt_float4"] == "skinny is preferred"
+        assert reasons["scalar"] == reasons["simt_float4"] == f"{family} is preferred"
         for name in ("simt_cp_async", "tf32_mma"):
             if arch == "sm_75" and not (name == "tf32_mma" and precision == "ieee"):
                 assert reasons[name] == "needs sm80+, device is sm_75"
             elif name == "tf32_mma" and precision == "ieee":
                 assert reasons[name] == "does not compute precision 'ieee'"
             else:
-                assert reasons[name] == "skinny is preferred"
+                assert reasons[name] == f"{family} is preferred"
+        if arch == "sm_75":
+            assert reasons["skinny_kmajor"] == "needs sm80+, device is sm_75"
+        elif family == "skinny_kmajor":
+            assert reasons["skinny"] == "skinny_kmajor is preferred"
+        else:
+            assert reasons["skinny_kmajor"] == "B is not K-contiguous (its rows along N are the skinny family's)"
         check_geometry(plan)
 
 
@@ -874,8 +945,13 @@ def test_m_up_to_32_picks_skinny_on_every_arch_and_precision(arch, precision, M)
 def test_m_33_does_not_pick_skinny(arch, precision):
     p = Problem.dense(33, 4096, 4096, precision=precision)
     plan = select(p, DEV[arch])
-    assert plan.kernel.family != "skinny"
+    assert plan.kernel.family not in ("skinny", "skinny_kmajor")
     assert rejected(plan)["skinny"] == "M = 33 > 32: not skinny"
+    # B^T: skinny_kmajor's layout, but 33 rows are too many for it too
+    bt = select(Problem.dense(33, 4096, 4096, precision=precision, b_t=True), DEV[arch])
+    assert bt.kernel.family not in ("skinny", "skinny_kmajor")
+    assert rejected(bt)["skinny_kmajor"] == ("needs sm80+, device is sm_75" if arch == "sm_75"
+                                             else "M = 33 > 32: not skinny")
     with pytest.raises(ValueError, match="kernel family 'skinny' cannot run this problem: M = 33 > 32: not skinny"):
         select(p, DEV[arch], force="skinny")
 
@@ -1096,10 +1172,12 @@ def test_random_problems_keep_every_invariant(p, arch, force):
         assert cfg.family in ("scalar", "simt_float4", "skinny")
     if p.precision == "ieee":
         assert cfg.family != "tf32_mma"
-    if force is None and p.M * p.N <= TINY_OUTPUTS:
+    if force is None and is_tiny(p):
         assert cfg.family == "scalar"
-    elif force is None:  # skinny takes every non-tiny problem of at most 32 rows, on every arch
-        assert (cfg.family == "skinny") == (p.M <= SKINNY_MAX_M)
+    elif force is None and p.M <= SKINNY_MAX_M:  # a skinny family takes every non-tiny problem of at most 32 rows
+        assert cfg.family == skinny_family(p, dev)
+    elif force is None:
+        assert cfg.family not in ("skinny", "skinny_kmajor")
     assert plan.precision_used == (p.precision if cfg.family in ("tf32_mma", "wgmma_tf32") else "ieee")
     check_geometry(plan)
     m = dict(cfg.macros)
@@ -1119,7 +1197,11 @@ def test_random_problems_keep_every_invariant(p, arch, force):
     (sAm, sAk), (sBk, sBn), (sCm, sCn) = p.a_strides, p.b_strides, p.c_strides
     if cfg.split_k > 1:
         assert p.batch_total == 1
-    if cfg.family == "skinny" and m.get("SK_V2"):
+    if cfg.family == "skinny_kmajor":  # float4 along K: rows (W's and A's) 16 bytes apart, unless one
+        assert p.M <= SKINNY_MAX_M and sBk == 1
+        assert m["B_VEC"] == int(_vector_ok(p.K, sBn if p.N > 1 else 0, p.b_batch_strides, p.b_align))
+        assert m["A_VEC"] == int(sAk == 1 and _vector_ok(p.K, sAm if p.M > 1 else 0, p.a_batch_strides, p.a_align))
+    elif cfg.family == "skinny" and m.get("SK_V2"):
         assert dev.cc in Skinny.V2_BY_CC
         assert p.M <= SKINNY_MAX_M and m["MT"] == max(4, -(-p.M // 4) * 4)  # (M = 0 too: skinny.cu needs 4..32)
         assert m["B_VEC"] == int(sBn == 1 and _vector_ok(p.N, sBk, p.b_batch_strides, p.b_align))
@@ -1439,14 +1521,15 @@ def test_long_k_splits_run_in_cluster_pairs_on_sm90_only():
 def test_only_skinny_plans_on_sm90_ask_for_dependent_launch(arch):
     """Programmatic dependent launch (KernelConfig.dependent_launch) was measured faster for the
     skinny kernel on the H200 and slower for split-K GEMMs (their reduce's waiting blocks share
-    the SMs): the flag is set for skinny plans on sm_90+ only, and explain shows it."""
+    the SMs): the flag is set for plans of the skinny families (skinny, and skinny_kmajor for
+    B^T) on sm_90+ only, and explain shows it."""
     dev = DEV[arch]
     for M, N, K in ((1, 4096, 4096), (16, 4096, 4096), (32, 4096, 16384), (256, 256, 65536), (4096, 4096, 4096)):
-        for precision in ("ieee", "tf32"):
-            plan = select(Problem.dense(M, N, K, precision=precision), dev)
+        for precision, b_t in (("ieee", False), ("tf32", False), ("ieee", True), ("tf32", True)):
+            plan = select(Problem.dense(M, N, K, precision=precision, b_t=b_t), dev)
             for cfg in (plan.kernel, plan.reduce, *plan.stagers):
                 if cfg is None:
                     continue
-                want = cfg.family == "skinny" and dev.cc >= (9, 0)
+                want = cfg.family in ("skinny", "skinny_kmajor") and dev.cc >= (9, 0)
                 assert cfg.dependent_launch is want, (arch, M, N, K, precision, cfg.family)
                 assert any(k == "launch" for k, _ in cfg.details) is want

@@ -54,7 +54,8 @@ MAX_DIM = 300
 MAX_BATCH = 5  # per batch dim
 MAX_BATCH_TOTAL = 12  # product of the result's batch dims (keeps one case below ~1e9 multiply-adds)
 LAYOUTS = ("row", "col", "rowpad", "colpad", "step2")
-FORCE = (None, None, None, None, "skinny", "wgmma_tf32", "tf32_mma", "simt_cp_async", "simt_float4", "scalar")
+FORCE = (None, None, None, None, "skinny_kmajor", "skinny", "wgmma_tf32", "tf32_mma", "simt_cp_async", "simt_float4",
+         "scalar")
 
 #: examples run per test in this process (test_zz_example_counts reads them)
 COUNTS: Counter = Counter()
@@ -233,6 +234,8 @@ def _threads_from_macros(cfg) -> int:
         return 256
     if cfg.family in ("skinny", "splitk_reduce", "stage_kmajor"):
         return 256
+    if cfg.family == "skinny_kmajor":
+        return m["KR_WARPS"] * 32
     if cfg.family == "wgmma_tf32":  # a producer and two consumer warpgroups
         return 384
     return m["WARPS_M"] * m["WARPS_N"] * 32
@@ -263,8 +266,8 @@ def check_plan(plan, force: str | None) -> None:
     assert plan.precision_used == (p.precision if cfg.family in ("tf32_mma", "wgmma_tf32") else "ieee")
     if cfg.split_k > 1:
         assert p.batch_total == 1
-        if cfg.split_fused:  # the skinny kernel sums its own slices (last block per column tile)
-            assert plan.reduce is None and cfg.family == "skinny" and cfg.arrival_counters == gx
+        if cfg.split_fused:  # the skinny kernels sum their own slices (last block per column / row tile)
+            assert plan.reduce is None and cfg.family in ("skinny", "skinny_kmajor") and cfg.arrival_counters == gx
         else:
             assert plan.reduce is not None and plan.reduce.family == "splitk_reduce"
             assert 1 <= plan.reduce.grid[0] <= INT32_MAX and plan.reduce.block_dims == (256, 1, 1)

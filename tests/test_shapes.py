@@ -96,7 +96,8 @@ def test_skinny_b_vec_follows_the_real_tensors_layout(offset):
     assert dict(select(p, SM90, variants=V1).kernel.macros) == {"MT": 8, "B_VEC": int(b.data_ptr() % 16 == 0)}
     if offset == 0:
         p, _ = _problem(torch.randn(24, K), torch.randn(N, K).T)  # B^T view: k-contiguous
-        assert p.b_strides == (1, K) and dict(select(p, SM90, variants=V1).kernel.macros) == {"MT": 32, "B_VEC": 0}
+        assert p.b_strides == (1, K) and select(p, SM90, variants=V1).kernel.family == "skinny_kmajor"  # its layout
+        assert dict(select(p, SM90, force="skinny", variants=V1).kernel.macros) == {"MT": 32, "B_VEC": 0}
         p, _ = _problem(torch.randn(9, K), torch.randn(K, N + 4)[:, :N])  # rows N + 4 apart: still float4
         assert dict(select(p, SM90, variants=V1).kernel.macros) == {"MT": 16, "B_VEC": 1}
         p, _ = _problem(torch.randn(9, K), torch.randn(K, N + 1)[:, :N])  # rows N + 1 apart: not

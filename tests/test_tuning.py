@@ -37,7 +37,7 @@ ARCHS = ("sm_75", "sm_80", "sm_86", "sm_89", "sm_90")
 DEV = {arch: DeviceFacts.simulated_device(arch) for arch in ARCHS}
 SM90 = DEV["sm_90"]
 #: Families whose geometry tests/test_plan.py checks against cuda_src/.
-GEOMETRY_KNOWN = ("scalar", "simt_float4", "simt_cp_async", "tf32_mma", "skinny")
+GEOMETRY_KNOWN = ("scalar", "simt_float4", "simt_cp_async", "tf32_mma", "skinny", "skinny_kmajor")
 explain_module = importlib.import_module("fastmm.explain")  # (fastmm.explain is the function)
 KEY = DeviceKey("NVIDIA Test GPU", (9, 0), 13000, (13, 0), fastmm.__version__)
 

@@ -22,6 +22,7 @@ from .simt_core import SimtCore
 from .simt_cp_async import SimtCpAsync
 from .simt_float4 import SimtFloat4
 from .skinny import Skinny
+from .skinny_kmajor import SkinnyKmajor
 from .stage_kmajor import kmajor_batch, kmajor_source, stage_kmajor_config
 from .tf32_mma import Tf32Mma
 from .wgmma_tf32 import MapSpec, WgmmaTf32
@@ -30,6 +31,7 @@ from .work_split import (MAX_SPLIT, second_pass_config, split_cap, split_k_for, 
 
 #: The registry: every family by name, each a frozen instance with its measured defaults.
 FAMILIES: dict[str, Family] = {f.name: f for f in (
+    SkinnyKmajor(),
     Skinny(),
     WgmmaTf32(),
     Tf32Mma(),
@@ -39,7 +41,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
 )}
 
 __all__ = ["FAMILIES", "Family", "KernelConfig", "StreamK", "MapSpec", "Scalar", "SimtCore", "SimtCpAsync",
-           "SimtFloat4", "Skinny", "Tf32Mma", "WgmmaTf32", "DEFAULT_SMEM", "MAX_GRID_Z", "MAX_SPLIT", "SPLIT_FLAGS",
+           "SimtFloat4", "Skinny", "SkinnyKmajor", "Tf32Mma", "WgmmaTf32", "DEFAULT_SMEM", "MAX_GRID_Z", "MAX_SPLIT", "SPLIT_FLAGS",
            "LOAD_VEC_FAST", "LOAD_VEC_K", "LOAD_ELEM_K", "LOAD_ELEM_FAST", "LOAD_NAMES", "vec_ok",
            "kmajor_batch", "kmajor_source", "stage_kmajor_config", "second_pass_config", "split_cap",
            "split_k_for", "splitk_reduce_config", "stream_k_fixup_config"]

@@ -8,7 +8,7 @@ the shared registry (the plan caches could not tell the two apart).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..problem import DeviceFacts, Problem
 
@@ -175,6 +175,17 @@ class Family:
         """The precision the kernel really computes for a request of ``p.precision``: full fp32
         ("ieee") unless the family rounds to TF32."""
         return "ieee"
+
+
+def as_dependent_launch(cfg: KernelConfig, dev: DeviceFacts, from_cc: tuple[int, int]) -> KernelConfig:
+    """``cfg`` launched as a programmatic dependent launch where ``dev`` is ``from_cc`` or newer
+    (its kernel calls grid_dependency_sync first): back-to-back calls then overlap one's launch
+    with the other's last blocks."""
+    if dev.cc < from_cc:
+        return cfg
+    return replace(cfg, dependent_launch=True, details=cfg.details + (
+        ("launch", "programmatic dependent launch unless FASTMM_PDL=0: scheduled while the kernel "
+                   "ahead on the stream finishes"),))
 
 
 def vec_ok(contig_extent: int, other_stride: int, batch_strides: tuple[int, int], align: int) -> bool:

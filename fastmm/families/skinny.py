@@ -3,9 +3,9 @@
 (by the kernel itself or by splitk_reduce)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-from .base import DEFAULT_SMEM, Family, KernelConfig, grid_of, vec_ok, with_split_flags
+from .base import DEFAULT_SMEM, Family, KernelConfig, as_dependent_launch, grid_of, vec_ok, with_split_flags
 from .work_split import MAX_SPLIT, SPLIT_COST, effective_split
 
 
@@ -68,11 +68,7 @@ class Skinny(Family):
     def with_launch_mode(self, cfg, dev):
         """``cfg`` (from configure_v1 / configure_v2) launched as this family launches on ``dev``:
         as a programmatic dependent launch from :attr:`dependent_launch_cc` on."""
-        if dev.cc < self.dependent_launch_cc:
-            return cfg
-        return replace(cfg, dependent_launch=True, details=cfg.details + (
-            ("launch", "programmatic dependent launch unless FASTMM_PDL=0: scheduled while the kernel "
-                       "ahead on the stream finishes"),))
+        return as_dependent_launch(cfg, dev, self.dependent_launch_cc)
 
     def configure_v1(self, p, dev, option=None):
         """The v1 kernel (SK_V2 = 0): one 256-thread block per SM, lanes own 4 columns each."""
