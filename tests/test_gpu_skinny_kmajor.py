@@ -53,13 +53,21 @@ def forced(a, b, precision="ieee", out=None):
 @pytest.mark.parametrize("N", NS)
 def test_weight_layout_products_match_float64(N, K):
     """Every M of interest against W^T: forced onto the family (ieee, and tf32 into a NaN-filled
-    out), and through the dispatcher, which picks this family unless the problem is tiny."""
+    out), and through the dispatcher, which picks this family unless the problem is tiny. K = 1
+    with N > 1: W^T is one row, contiguous along N too, and the family leaves it to skinny."""
     needs_sm80()
     w = randn(N, K)
     w0 = w.clone()
     for M in MS:
         x = randn(M, K)
         x0 = x.clone()
+        if K == 1 and N > 1:
+            with pytest.raises(ValueError, match="B is N-contiguous too"):
+                forced(x, w.t())
+            exp = fastmm.explain(x, w.t(), precision="tf32")
+            assert exp.kernel == ("scalar" if M * N <= TINY_OUTPUTS else "skinny"), str(exp)
+            check(fastmm.matmul(x, w.t(), precision="tf32"), x, w.t())
+            continue
         c, plan = forced(x, w.t())
         assert c.shape == (M, N) and c.is_contiguous()
         assert dict(plan.kernel.macros)["MT"] == 1 << max(0, (M - 1).bit_length())
