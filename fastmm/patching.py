@@ -278,26 +278,33 @@ class FastmmMode(TorchFunctionMode):
             return NotImplemented  # torch's own error
         return ops.addmm(c, a, b, beta=beta, alpha=alpha, precision=self.precision)
 
-    def _baddbmm(self, args, kwargs):
+    def _batched_operands(self, args, kwargs, summed: bool):
+        """(c, batch1, batch2, beta, alpha) of a baddbmm (``summed`` False) or addbmm call this mode
+        serves, else None: three-dimensional operands of one batch and matching k, an input that
+        broadcasts to the result, tensors the mode takes (anything else: torch's own rules)."""
         c, a, b, beta, alpha = _add_operands(args, kwargs, "batch1", "batch2")
         if c is None or a.dim() != 3 or b.dim() != 3 or a.shape[0] != b.shape[0] or a.shape[2] != b.shape[1] \
                 or not self._takes(c, a, b):
-            return NotImplemented
+            return None
+        result = (a.shape[1], b.shape[2]) if summed else (a.shape[0], a.shape[1], b.shape[2])
         try:
-            torch.broadcast_shapes(c.shape, (a.shape[0], a.shape[1], b.shape[2]))
+            torch.broadcast_shapes(c.shape, result)
         except RuntimeError:
+            return None
+        return c, a, b, beta, alpha
+
+    def _baddbmm(self, args, kwargs):
+        operands = self._batched_operands(args, kwargs, summed=False)
+        if operands is None:
             return NotImplemented
+        c, a, b, beta, alpha = operands
         return _scale_add(self._mm(a, b), c, beta, alpha)
 
     def _addbmm(self, args, kwargs):
-        c, a, b, beta, alpha = _add_operands(args, kwargs, "batch1", "batch2")
-        if c is None or a.dim() != 3 or b.dim() != 3 or a.shape[0] != b.shape[0] or a.shape[2] != b.shape[1] \
-                or not self._takes(c, a, b):
+        operands = self._batched_operands(args, kwargs, summed=True)
+        if operands is None:
             return NotImplemented
-        try:
-            torch.broadcast_shapes(c.shape, (a.shape[1], b.shape[2]))
-        except RuntimeError:
-            return NotImplemented
+        c, a, b, beta, alpha = operands
         # sum over the batch of a_i @ b_i = one product with K = batch x k: (n, batch*k) @ (batch*k, p)
         nb, n, k = a.shape
         prod = self._mm(a.transpose(0, 1).reshape(n, nb * k), b.reshape(nb * k, b.shape[2]))

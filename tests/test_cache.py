@@ -198,25 +198,30 @@ def test_read_only_folder_degrades_to_memory_with_one_warning(tmp_path):
         folder.chmod(0o700)
 
 
+def _refuse(*args, **kwargs):
+    raise PermissionError(errno.EACCES, "Permission denied")
+
+
+class _NoCreation:
+    """``os`` as the cache sees it in a folder that refuses new files (simulated, so it also runs
+    as root): opening with O_CREAT (a temporary file, an entry's lock) raises EACCES."""
+
+    def __getattr__(self, name):
+        return getattr(os, name)
+
+    @staticmethod
+    def open(path, flags, *args, **kwargs):
+        if flags & os.O_CREAT:
+            _refuse()
+        return os.open(path, flags, *args, **kwargs)
+
+
 def test_folder_refusing_new_files_degrades_to_memory_with_one_warning(tmp_path, monkeypatch):
     """What a read-only folder does to the probe, simulated so it also runs as root."""
 
-    def refuse(*args, **kwargs):
-        raise PermissionError(errno.EACCES, "Permission denied")
-
-    class RefusingCreation:  # os as the cache sees it: creating a file (an entry's lock) is refused
-        def __getattr__(self, name):
-            return getattr(os, name)
-
-        @staticmethod
-        def open(path, flags, *args, **kwargs):
-            if flags & os.O_CREAT:
-                refuse()
-            return os.open(path, flags, *args, **kwargs)
-
-    monkeypatch.setattr(cache_module.tempfile, "NamedTemporaryFile", refuse)
-    monkeypatch.setattr(cache_module.tempfile, "mkstemp", refuse)
-    monkeypatch.setattr(cache_module, "os", RefusingCreation())
+    monkeypatch.setattr(cache_module.tempfile, "NamedTemporaryFile", _refuse)
+    monkeypatch.setattr(cache_module.tempfile, "mkstemp", _refuse)
+    monkeypatch.setattr(cache_module, "os", _NoCreation())
     _assert_memory_only(DiskCache(tmp_path))
     assert list(tmp_path.iterdir()) == []
 
@@ -227,21 +232,8 @@ def test_a_folder_that_cannot_be_written_still_serves_what_it_holds(tmp_path, mo
     held = DiskCache(tmp_path).get_or_compile(NAME, KEY, ARCH, FakeCompiler(b"precompiled")).path
     before = sorted(p.name for p in tmp_path.iterdir())
 
-    def refuse(*args, **kwargs):
-        raise PermissionError(errno.EACCES, "Permission denied")
-
-    class ReadOnly:  # os and tempfile as the cache sees them: nothing can be created
-        def __getattr__(self, name):
-            return getattr(os, name)
-
-        @staticmethod
-        def open(path, flags, *args, **kwargs):
-            if flags & os.O_CREAT:
-                refuse()
-            return os.open(path, flags, *args, **kwargs)
-
-    monkeypatch.setattr(cache_module, "os", ReadOnly())
-    monkeypatch.setattr(cache_module.tempfile, "mkstemp", refuse)
+    monkeypatch.setattr(cache_module, "os", _NoCreation())
+    monkeypatch.setattr(cache_module.tempfile, "mkstemp", _refuse)
     cache, fake = DiskCache(tmp_path), FakeCompiler()
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")

@@ -39,13 +39,14 @@ class SkinnyKmajor(Family):
             reason = "B is not K-contiguous (its rows along N are the skinny family's)"
         if reason is None and p.b_strides[1] == 1 and p.N > 1:  # K = 1: B is one row, read along N
             reason = "B is N-contiguous too (K = 1): the skinny family reads it along N"
-        if reason is None and -(-p.K // self.slice_cap(p, dev)) > MAX_GRID_Y:
-            reason = (f"K = {p.K} would need more than {MAX_GRID_Y} slices of {self.slice_cap(p, dev)} "
-                      "(the grid's y limit)")
-        if reason is None and p.batch_total > 1 and p.K > self.slice_cap(p, dev):
-            reason = (f"batched with K = {p.K} > {self.slice_cap(p, dev)}: one block holds A's whole K "
-                      "when there is a batch (no split)")
-        return reason
+        if reason is not None:
+            return reason
+        cap = self.slice_cap(p, dev)
+        if -(-p.K // cap) > MAX_GRID_Y:
+            return f"K = {p.K} would need more than {MAX_GRID_Y} slices of {cap} (the grid's y limit)"
+        if p.batch_total > 1 and p.K > cap:
+            return f"batched with K = {p.K} > {cap}: one block holds A's whole K when there is a batch (no split)"
+        return None
 
     @staticmethod
     def geometry(m: int) -> tuple[int, int, int, int]:
