@@ -203,8 +203,8 @@ __device__ __forceinline__ void load_tiles(float* As, float* Bs, const float* Ab
 #if B_SMEM_KN && !PRECISION_X3
 #define ROLE_SWAP 1  // B takes the A role: the product is computed as C^T = B^T A^T per fragment
 #else
-#define ROLE_SWAP 0  // (tf32x3 keeps B in the B role: its 64 x 32 warp tile then holds 4 B-role
-                     // fragments and their small parts instead of 8, which spilled)
+#define ROLE_SWAP 0  // (tf32x3 keeps B in the B role: its warp tile then holds fewer B-role
+                     // fragments and small parts; with 64 x 32 warps, 4 instead of 8, which spilled)
 #endif
 #if ROLE_SWAP
 #define RA (WARP_N / 16)  // A-role fragments per warp tile (along n)
@@ -361,7 +361,15 @@ __device__ __forceinline__ void mma_step(float (&acc)[RA][RB][4], const unsigned
 }
 #endif
 
-extern "C" __global__ void __launch_bounds__(THREADS) fastmm_tf32_mma(FASTMM_PARAMS) {
+// tf32x3 says "one block per SM is enough" outright: given the block size alone, NVRTC 13.0's ptxas
+// capped some 8-warp builds at 128 registers (room for two blocks) and spilled 24-48 bytes there
+// (issue 16); they need ~160. tf32 keeps the bounds its FRAG_PIPE timings were measured with.
+#if PRECISION_X3
+#define TF32_MMA_BOUNDS __launch_bounds__(THREADS, 1)
+#else
+#define TF32_MMA_BOUNDS __launch_bounds__(THREADS)
+#endif
+extern "C" __global__ void TF32_MMA_BOUNDS fastmm_tf32_mma(FASTMM_PARAMS) {
     FASTMM_UNPACK
 #if __CUDA_ARCH__ >= 800
     extern __shared__ __align__(16) float smem[];
@@ -381,9 +389,10 @@ extern "C" __global__ void __launch_bounds__(THREADS) fastmm_tf32_mma(FASTMM_PAR
 #else
     // The block's (batch, tile) pairs in the order of two grid-stride loops (batches outer) as one
     // loop, with C's pointer formed in the epilogue: the batch's pointers are not held through
-    // the k-loop (6 registers). tf32x3 (two accumulator sets) sits at the 255-register cap, where
-    // NVRTC 13.5's ptxas spilled (8-16 bytes with single-float copies; issue 16). FRAG_PIPE keeps
-    // the nested loops: no spill there, and its k-loop's code is as measured (NOTES run 12).
+    // the k-loop (6 registers). tf32x3's 64 x 32 warp tiles sat at the 255-register cap, where
+    // this saved NVRTC 13.5 builds from spilling (issue 16; since then its warp tiles are 64 x 16,
+    // ~160 registers). FRAG_PIPE keeps the nested loops: no spill there, and its k-loop's code is
+    // as measured (NOTES run 12).
     const int tiles = tiles_m * tiles_n;
     for (int z = blockIdx.z, tile = blockIdx.x; z < batch_total && tile < tiles;) {
         const float* Ab = A + (i64)(z / batch_inner) * sA0 + (i64)(z % batch_inner) * sA1;

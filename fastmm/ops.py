@@ -15,6 +15,10 @@ Linear-sized product with grad, against 19 us without), which made patched model
 The route is taken for plain tensors only, outside torch.compile and outside any
 TorchDispatchMode (FlopCounterMode, fake tensors), where data pointers are real.
 
+The registered ops' bodies take the same steady-state path (:func:`fastmm.fast_path.compute`):
+a compiled graph calls them on the same layouts step after step, and a repeat is then a lookup
+and a launch, not a trip through the planner's full path.
+
 Gradients are single products wherever the layout allows: for ``x @ W`` with ``x`` of shape
 (..., K) the weight's gradient is one product with K = all rows (``x`` flattened), not one per
 batch entry followed by a reduction; grad_x is folded the same way (``fastmm.shapes``).
@@ -27,7 +31,6 @@ from typing import Optional
 import torch
 from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
-from .dispatch import matmul_fastmm
 from .fast_path import compute
 from .precision import autocast_half_active, resolve_precision
 from .shapes import PLAIN_TYPES, analyse
@@ -223,7 +226,7 @@ def _check_addmm(c, a, b) -> None:
 @torch.library.custom_op("fastmm::matmul", mutates_args=())
 def matmul_op(a: torch.Tensor, b: torch.Tensor, precision: Optional[str] = None) -> torch.Tensor:
     precision = resolve_precision(precision)  # an unknown name is a ValueError here
-    result, _, _ = matmul_fastmm(a, b, None, precision)
+    result = compute(a, b, None, precision)
     # A fresh, contiguous tensor on every path: what the fake below promises.
     return result.contiguous() if not result.is_contiguous() else result
 
@@ -236,7 +239,7 @@ def _(a, b, precision=None):
 
 @torch.library.custom_op("fastmm::matmul_out", mutates_args={"out"})
 def matmul_out_op(a: torch.Tensor, b: torch.Tensor, precision: Optional[str], out: torch.Tensor) -> None:
-    matmul_fastmm(a, b, out, resolve_precision(precision))
+    compute(a, b, out, resolve_precision(precision))
 
 
 @matmul_out_op.register_fake
@@ -267,7 +270,7 @@ matmul_op.register_autograd(_matmul_backward, setup_context=_matmul_setup)
 def linear_op(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
               precision: Optional[str] = None) -> torch.Tensor:
     precision = resolve_precision(precision)
-    result, _, _ = matmul_fastmm(x, weight.t(), None, precision)
+    result = compute(x, weight.t(), None, precision)
     result = result.contiguous() if not result.is_contiguous() else result
     return result.add_(bias) if bias is not None else result
 
@@ -300,7 +303,7 @@ def addmm_op(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, beta: float = 1.
              precision: Optional[str] = None) -> torch.Tensor:
     precision = resolve_precision(precision)
     _check_addmm(c, a, b)
-    result, _, _ = matmul_fastmm(a, b, None, precision)
+    result = compute(a, b, None, precision)
     result = result.contiguous() if not result.is_contiguous() else result
     return _addmm_value(result, c, beta, alpha)
 

@@ -72,6 +72,26 @@ def test_ops_compute_the_product_with_fastmm_kernels(emulated_gpu):
     assert len(emulated_gpu.launches) == 2  # one kernel launch per op call
 
 
+def test_repeated_op_calls_take_the_steady_state_path(emulated_gpu):
+    """What a compiled graph does: call the registered ops again and again on the same layouts.
+    After the first call of each layout plans it, a repeat is a lookup and a launch: no call
+    goes through the full path again, and each still launches fastmm's kernel."""
+    x, w, bias = torch.randn(3, 30, 40), torch.randn(50, 40), torch.randn(50)
+    a, b, c = torch.randn(30, 40), torch.randn(40, 50), torch.randn(30, 50)
+    calls = (lambda: torch.ops.fastmm.matmul(a, b, "ieee"), lambda: torch.ops.fastmm.linear(x, w, bias, "ieee"),
+             lambda: torch.ops.fastmm.addmm(c, a, b, 0.5, 2.0, "ieee"))
+    firsts = [call() for call in calls]
+    slow, launches = emulated_gpu.slow_calls, len(emulated_gpu.launches)
+    assert slow == 2 and launches >= 3  # (addmm's a @ b is matmul's layout: planned once)
+    for first, call in zip(firsts, calls):
+        assert torch.equal(call(), first)
+    assert emulated_gpu.slow_calls == slow and len(emulated_gpu.launches) == 2 * launches  # the same launches again
+    ref = x.double() @ w.double().T + bias.double()
+    assert ((firsts[1].double() - ref).norm() / ref.norm()).item() <= 1e-6
+    ref = 0.5 * c.double() + 2.0 * (a.double() @ b.double())
+    assert ((firsts[2].double() - ref).norm() / ref.norm()).item() <= 1e-6
+
+
 def test_the_backward_products_are_fastmm_launches(emulated_gpu):
     """grad_a = grad @ b^T and grad_b = a^T @ grad (summed over the broadcast batch dim) run as
     fastmm products on transposed views: one launch each, no copies of a, b or grad."""

@@ -784,7 +784,9 @@ def test_simt_float4_and_scalar_never_split_k():
 @pytest.mark.parametrize("arch", SM80_PLUS)
 @pytest.mark.parametrize("family,precision", [("simt_cp_async", "ieee"), ("tf32_mma", "tf32"), ("tf32_mma", "tf32x3")])
 def test_skinny_or_long_k_problems_split_k_on_the_tiled_families(arch, family, precision):
-    for M, N, K in ((16, 4096, 4096), (256, 256, 65536)):
+    # (16 x 2048: 32-64 column tiles, under half a wave in every family's tile; 16 x 4096 makes
+    # 128 tiles of tf32x3's 128 x 32 blocks, a whole wave on an sm_89's 128 SMs: no split there)
+    for M, N, K in ((16, 2048, 4096), (256, 256, 65536)):
         plan = forced(Problem.dense(M, N, K, precision=precision), arch, family)
         bk = plan.kernel.tile[2]
         slots = 2 * DEV[arch].sm_count
@@ -861,11 +863,11 @@ def test_long_k_with_a_small_output_splits_on_every_sm80_plus_arch(arch, precisi
 
 def test_tile_choice_takes_a_tile_whose_blocks_fill_90_percent_of_a_wave():
     dev = DEV["sm_90"]  # 132 SMs: 0.9 x 132 = 118.8 blocks
-    # tf32 on mma.sync (tf32x3 tiles are 128 x 128 at most): 11 x 11 = 121 tiles reach 90% of a
-    # wave, 10 x 11 = 110 do not
-    assert select(Problem.dense(1408, 1408, 1408, precision="tf32x3"), dev, force="tf32_mma").kernel.tile[:2] == (128, 128)
-    smaller = select(Problem.dense(1280, 1408, 1408, precision="tf32x3"), dev, force="tf32_mma").kernel.tile
-    assert smaller[0] * smaller[1] < 128 * 128
+    # tf32x3 on mma.sync (tiles of 128 x 64 at most): 11 x 11 = 121 tiles reach 90% of a wave,
+    # 11 x 10 = 110 do not
+    assert select(Problem.dense(1408, 704, 1408, precision="tf32x3"), dev, force="tf32_mma").kernel.tile[:2] == (128, 64)
+    smaller = select(Problem.dense(1408, 640, 1408, precision="tf32x3"), dev, force="tf32_mma").kernel.tile
+    assert smaller[0] * smaller[1] < 128 * 64
     # tf32 on wgmma: 128 x 256 tiles, then 128 x 128
     assert select(Problem.dense(1408, 2816, 1408, precision="tf32"), dev).kernel.tile[:2] == (128, 256)
     assert select(Problem.dense(1280, 2816, 1408, precision="tf32"), dev).kernel.tile[:2] == (128, 128)

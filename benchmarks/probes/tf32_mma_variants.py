@@ -3,8 +3,11 @@ every operand layout, then the headline shape timed for a few tile / stage varia
 runs 11-12):
 
     python benchmarks/probes/tf32_mma_variants.py [--no-sweep] [--layouts nn,tn,nt]
+    python benchmarks/probes/tf32_mma_variants.py --x3-warp-n
 
 --no-sweep skips the correctness sweep (each timed variant is still checked on its first rows).
+--x3-warp-n: tf32x3 with 64 x 32 warp tiles against 64 x 16 (WARP_N) at a few shapes and layouts
+(issue 16: the 64 x 32 tile sits at the 255-register cap and spills under NVRTC 13.0).
 """
 from __future__ import annotations
 
@@ -45,9 +48,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="tf32_mma_variants.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("--no-sweep", action="store_true", help="skip the correctness sweep")
     ap.add_argument("--layouts", default="nn,tn,nt", help="layouts timed at the headline shape (default nn,tn,nt)")
+    ap.add_argument("--x3-warp-n", action="store_true", help="tf32x3: WARP_N 32 against 16")
     o = ap.parse_args(argv)
     if not need_gpu(ap.prog):
         return 2
+    if o.x3_warp_n:
+        return x3_warp_n()
     fails = 0
     layouts = o.layouts.split(",")
     dev_index = torch.cuda.current_device()
@@ -90,6 +96,31 @@ def main(argv=None) -> int:
     for r in rows:
         print(f"{r[0]:70s} {r[1]:8.3f} {r[2]:8.1f} {r[3]:.1e}")
     return 1 if fails else 0
+
+
+def x3_warp_n() -> int:
+    """tf32x3 on mma.sync: each shape and layout with the planner's warp grid at WARP_N = 32 and
+    16 (and the stage count the planner gave), plain kernel (no split-K)."""
+    dev_index = torch.cuda.current_device()
+    print("shape layout | warps | WARP_N 32: ms TFLOP/s err | WARP_N 16: ms TFLOP/s err | 16 vs 32")
+    for (M, N, K) in ((8192, 4096, 6144), (2048, 2048, 2048), (1024, 2816, 1024), (1000, 1000, 1000), (512, 512, 512)):
+        for layout in ("nn", "tn", "nt"):
+            a, b = operands(M, N, K, layout)
+            c = torch.empty(M, N, device="cuda")
+            p, _ = build_problem(analyse(a, b), c, "tf32x3")
+            plan = dispatch.plan_for(p, dev_index, "tf32_mma")
+            if plan.staging:  # (run_cfg launches on the operands as they are: no padded copies)
+                print(f"{M}x{N}x{K} {layout}: skipped, the plan stages its operands")
+                continue
+            m = dict(plan.kernel.macros)
+            res = {}
+            for wn in (32, 16):
+                t, err = check_and_time(with_macros(plan.kernel, M, N, WARP_N=wn), plan, a, b, c)
+                res[wn] = (t, 2 * M * N * K / t / 1e9, err)
+            print(f"{M}x{N}x{K} {layout} | {m['WARPS_M']}x{m['WARPS_N']} | "
+                  + " | ".join(f"{t:.3f} {tf:.1f} {e:.1e}" for t, tf, e in res.values())
+                  + f" | {res[32][0] / res[16][0]:.3f}x", flush=True)
+    return 0
 
 
 if __name__ == "__main__":

@@ -44,8 +44,11 @@ class Tf32Mma(Family):
         """(WARPS_M, WARPS_N, WARP_N), largest tile first, those whose two stages fit the device's
         shared memory in any layout. Warps are 64 x 64 for tf32 (with two fragment sets, 128 x 256
         blocks: 204-208 TFLOP/s against 189-198 for 128 x 128 at 8192x4096x6144 on the H200,
-        NOTES run 12); 64 x 32 for tf32x3, which holds three accumulator sets."""
-        opts = ((2, 4, 32), (2, 2, 32), (1, 2, 32)) if x3 else ((2, 4, 64), (2, 2, 64), (1, 2, 64), (1, 1, 64))
+        NOTES run 12); 64 x 16 for tf32x3, which holds two accumulator sets: its 64 x 32 warps sat
+        at the 255-register cap and spilled 4-40 bytes in 56 of 192 builds under NVRTC 13.0
+        (issue 16); 64 x 16 takes ~160 registers, for 0.75-0.84x the speed at 2048^3 and above on
+        the H200's mma.sync and 1.09x at 1024x2816x1024 (NOTES run 17)."""
+        opts = ((2, 4, 16), (2, 2, 16), (1, 2, 16)) if x3 else ((2, 4, 64), (2, 2, 64), (1, 2, 64), (1, 1, 64))
         if dev is None:
             return opts
         return tuple(o for o in opts if 2 * self.stage_bytes_max(o[0] * 64, o[1] * o[2]) <= dev.smem_per_block_optin)
