@@ -22,11 +22,10 @@ from .shapes import analyse, build_problem, extent, overlaps, result_matrix
 
 @dataclass(frozen=True, slots=True)
 class FastEntry:
-    """What a repeat call needs: the C it allocates (view_shape; out_shape as matmul returns it),
-    the kernel and its arguments after the (a, b, c) pointers, or a runner for plans of more
-    than one launch; and, for ``out=``, the byte extents of (a, b, out) for the overlap test."""
+    """What a repeat call needs: the shape of the C it allocates (as matmul returns it), the
+    kernel and its arguments after the (a, b, c) pointers, or a runner for plans of more than one
+    launch; and, for ``out=``, the byte extents of (a, b, out) for the overlap test."""
 
-    view_shape: tuple[int, ...]
     out_shape: tuple[int, ...]
     kernel: object
     tail: tuple
@@ -96,20 +95,27 @@ def remember(key: tuple, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | N
     runner = runners.runner_for(plan, hit.kernel, hit.second, p, a.device)
     tail = runners.gemm_args(p) if runner is None else ()
     extents = (extent(a), extent(b), extent(out)) if out is not None else None
-    ENTRIES[key] = FastEntry(view_shape, s.out_shape, hit.kernel, tail, a.device, index, extents, runner)
+    ENTRIES[key] = FastEntry(s.out_shape, hit.kernel, tail, a.device, index, extents, runner)
 
 
 def launch(entry: FastEntry, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
-    c = result_matrix(entry.view_shape, entry.device) if out is None else out
+    # C allocated in matmul's result shape at once: the same contiguous memory as the batch +
+    # (M, N) matrix the kernel writes (a view from one to the other costs ~1.5 us a call)
+    c = result_matrix(entry.out_shape, entry.device) if out is None else out
     index = entry.index
-    with dispatch.on_device(index):
-        if entry.runner is None:
-            launcher.launch(entry.kernel, dispatch.current_stream(index), (a.data_ptr(), b.data_ptr(), c.data_ptr()) + entry.tail)
-        else:
-            entry.runner(a.data_ptr(), b.data_ptr(), c.data_ptr(), dispatch.current_stream(index))
-    if out is not None:
-        return out
-    return c if entry.view_shape == entry.out_shape else c.view(entry.out_shape)
+    if torch.cuda.current_device() != index:
+        with torch.cuda.device(index):  # (dispatch.on_device: a kernel runs in the current context)
+            _enqueue(entry, a, b, c)
+    else:
+        _enqueue(entry, a, b, c)
+    return c
+
+
+def _enqueue(entry: FastEntry, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> None:
+    if entry.runner is None:
+        launcher.launch(entry.kernel, dispatch.current_stream(entry.index), (a.data_ptr(), b.data_ptr(), c.data_ptr()) + entry.tail)
+    else:
+        entry.runner(a.data_ptr(), b.data_ptr(), c.data_ptr(), dispatch.current_stream(entry.index))
 
 
 def compute(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, precision: str) -> torch.Tensor:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 from . import ops
 from .api import matmul as fastmm_matmul
@@ -54,12 +55,20 @@ class Linear(torch.nn.Linear):
         self.precision = precision
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        weight, bias = self.weight, self.bias
+        # The Parameters straight from their dict where they are there (Module.__getattr__ costs
+        # ~1 us a lookup, on every call of every layer); a parametrized weight or bias is not
+        # (a property computes it): read as attributes then.
+        params = self._parameters
+        weight = params["weight"] if "weight" in params else self.weight
+        bias = params["bias"] if "bias" in params else self.bias
         if not (plain_tensor(input) and plain_tensor(weight) and (bias is None or plain_tensor(bias))) \
-                or input.dim() == 0 or input.device.type not in _OP_DEVICES \
-                or autocast_half_active(input.device.type):
+                or input.dim() == 0 or not (input.is_cuda or input.is_cpu) \
+                or autocast_half_active("cuda" if input.is_cuda else "cpu"):
             return F.linear(input, weight, bias)
-        return ops.linear(input, weight, bias, self.precision)
+        precision = resolve_precision(self.precision)
+        if torch.compiler.is_compiling() or is_in_torch_dispatch_mode():
+            return torch.ops.fastmm.linear(input, weight, bias, precision)
+        return ops.linear_eager(input, weight, bias, precision)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + (f", precision={self.precision!r}" if self.precision is not None else "")

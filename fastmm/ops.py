@@ -184,6 +184,13 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         return torch.nn.functional.linear(x, weight, bias)
     if use_registered_op(x, weight, bias):
         return torch.ops.fastmm.linear(x, weight, bias, precision)
+    return linear_eager(x, weight, bias, precision)
+
+
+def linear_eager(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, precision: str) -> torch.Tensor:
+    """:func:`linear`'s eager route, for callers that made its checks already (plain tensors,
+    no autocast to a half dtype, not compiling, no dispatch mode; ``precision`` resolved):
+    ``fastmm.nn.Linear`` runs it on every call of every layer, so nothing is checked twice."""
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)):
         return _Linear.apply(x, weight, bias, precision)
     out = compute(x, weight.t(), None, precision)

@@ -64,8 +64,7 @@ class Calls:
 def calls(monkeypatch):
     record = Calls()
     fallbacks = []  # every dispatch.fallback, in order: tells a served call from a handed-over one
-    real_fallback, real_compute, real_op_path = (fastmm.dispatch.fallback, fastmm.fast_path.compute,
-                                                 fastmm.ops.matmul_fastmm)
+    real_fallback, real_compute = fastmm.dispatch.fallback, fastmm.fast_path.compute
 
     def fallback(a, b, out, precision, reason):
         fallbacks.append(reason)
@@ -78,16 +77,9 @@ def calls(monkeypatch):
         record.fallbacks.append(fallbacks[-1] if len(fallbacks) > seen else None)
         return result
 
-    def op_path(a, b, out, precision, *args, **kwargs):
-        record.precisions.append(precision)
-        result = real_op_path(a, b, out, precision, *args, **kwargs)
-        record.fallbacks.append(result[2])
-        return result
-
     monkeypatch.setattr(fastmm.dispatch, "fallback", fallback)
-    for module in (fastmm.api, fastmm.ops):  # the eager route: both import compute by name
+    for module in (fastmm.api, fastmm.ops):  # the eager route and the registered ops: compute by name
         monkeypatch.setattr(module, "compute", compute)
-    monkeypatch.setattr(fastmm.ops, "matmul_fastmm", op_path)  # the registered ops
     return record
 
 

@@ -49,6 +49,24 @@ def test_precision_none_survives_mixed_torch_precision_apis():
     assert resolve_precision(None) == "tf32"
 
 
+@pytest.mark.skipif(not hasattr(torch.backends, "fp32_precision"), reason="torch < 2.9 has no fp32_precision API")
+def test_precision_none_follows_the_new_fp32_precision_api_and_its_inheritance():
+    matmul = torch.backends.cuda.matmul
+    old_matmul, old_generic = matmul.fp32_precision, torch.backends.fp32_precision
+    try:
+        for generic in ("ieee", "tf32"):
+            torch.backends.fp32_precision = generic
+            matmul.fp32_precision = "tf32"
+            assert resolve_precision(None) == "tf32"
+            matmul.fp32_precision = "ieee"
+            assert resolve_precision(None) == "ieee"
+            matmul.fp32_precision = "none"  # inherits the generic setting
+            assert resolve_precision(None) == generic
+    finally:
+        torch.backends.fp32_precision = old_generic
+        matmul.fp32_precision = old_matmul
+
+
 @pytest.mark.parametrize("precision", ["ieee", "tf32", "tf32x3"])
 def test_explicit_precision_is_kept_whatever_torchs_setting(precision):
     for setting in ("highest", "high"):
