@@ -14,6 +14,11 @@ WARPS = 8
 MAX_GRID_Y = 65535  # a launch's grid.y limit: one block row per K slice
 #: Shared memory for A per block, at most: the blocks per SM (and the opt-in limit) must fit.
 A_SMEM_CAP = 96 * 1024
+#: The least k a K slice takes when the wave model splits: each slice costs a block's fixed work
+#: (staging A, the arrival, one more partial for the last block to sum) that the model does not
+#: count. Measured on the H200 (NOTES run 16): 1 x 1024 x 4096 at 8 slices of 512 7.2 us, at 16
+#: 7.6, at 32 (the model's choice) 8.2; the larger decode products were best at >= 512 a slice.
+MIN_SLICE_K = 512
 
 
 @dataclass(frozen=True)
@@ -84,7 +89,7 @@ class SkinnyKmajor(Family):
         elif self.split is not None:
             split = max(least, min(self.split, -(-k // unit)))
         else:  # waves of blocks, as the skinny family, but at least the slices A's shared memory needs
-            top = max(least, min(MAX_SPLIT, -(-k // unit)))
+            top = max(least, min(MAX_SPLIT, -(-k // unit), k // MIN_SLICE_K))
             split = min(range(least, top + 1),
                         key=lambda n: (-(-tiles * n // slots) / n * (1 + SPLIT_COST * (n - 1)), n))
         ks = -(-(-(-k // split)) // unit) * unit  # k per block, a multiple of the unit
