@@ -46,6 +46,13 @@
 #ifndef PROMOTE
 #define PROMOTE PRECISION_X3  // add each k-step's big products into fp32 registers (see above)
 #endif
+#ifndef COMPENSATE
+// tf32x3's promotion add: 1 = fast_two_sum_add (3 adds; Dekker's, exact while the running sum
+// is the larger, as it is after the first k-steps; the wgmma kernel's default since run 8), 2 =
+// two_sum_add (6 adds, exact always). The adds are most of the k-loop's fp32 work (64 x 16 warps:
+// 192 of ~250 per k-step), and this kernel is bound by issue, not by its tensor cores.
+#define COMPENSATE 1
+#endif
 #define WARP_M 64
 #define BK 32
 #if FRAG_PIPE && (BK / 8) % 2 != 0
@@ -562,7 +569,11 @@ extern "C" __global__ void TF32_MMA_BOUNDS fastmm_tf32_mma(FASTMM_PARAMS) {
 #pragma unroll
                             for (int q = 0; q < 4; ++q) {
 #if PRECISION_X3
+#if COMPENSATE == 2
                                 two_sum_add(acc[i][j][q], part[q], acc_small[i][j][q]);
+#else
+                                fast_two_sum_add(acc[i][j][q], part[q], acc_small[i][j][q]);
+#endif
 #else
                                 acc[i][j][q] += part[q];
 #endif

@@ -4,10 +4,13 @@ runs 11-12):
 
     python benchmarks/probes/tf32_mma_variants.py [--no-sweep] [--layouts nn,tn,nt]
     python benchmarks/probes/tf32_mma_variants.py --x3-warp-n
+    python benchmarks/probes/tf32_mma_variants.py --x3-compensate
 
 --no-sweep skips the correctness sweep (each timed variant is still checked on its first rows).
 --x3-warp-n: tf32x3 with 64 x 32 warp tiles against 64 x 16 (WARP_N) at a few shapes and layouts
 (issue 16: the 64 x 32 tile sits at the 255-register cap and spills under NVRTC 13.0).
+--x3-compensate: tf32x3's promotion add, two_sum_add (COMPENSATE=2) against fast_two_sum_add (1),
+time and error against float64 at a few shapes, K up to 65536.
 """
 from __future__ import annotations
 
@@ -49,11 +52,14 @@ def main(argv=None) -> int:
     ap.add_argument("--no-sweep", action="store_true", help="skip the correctness sweep")
     ap.add_argument("--layouts", default="nn,tn,nt", help="layouts timed at the headline shape (default nn,tn,nt)")
     ap.add_argument("--x3-warp-n", action="store_true", help="tf32x3: WARP_N 32 against 16")
+    ap.add_argument("--x3-compensate", action="store_true", help="tf32x3: two_sum_add against fast_two_sum_add")
     o = ap.parse_args(argv)
     if not need_gpu(ap.prog):
         return 2
     if o.x3_warp_n:
         return x3_warp_n()
+    if o.x3_compensate:
+        return x3_compensate()
     fails = 0
     layouts = o.layouts.split(",")
     dev_index = torch.cuda.current_device()
@@ -120,6 +126,31 @@ def x3_warp_n() -> int:
             print(f"{M}x{N}x{K} {layout} | {m['WARPS_M']}x{m['WARPS_N']} | "
                   + " | ".join(f"{t:.3f} {tf:.1f} {e:.1e}" for t, tf, e in res.values())
                   + f" | {res[32][0] / res[16][0]:.3f}x", flush=True)
+    return 0
+
+
+def x3_compensate() -> int:
+    """tf32x3 on mma.sync with each promotion add: the planner's configuration (plain kernel, no
+    split-K), COMPENSATE=2 (two_sum_add) and 1 (fast_two_sum_add), time and error of the first
+    256 rows against float64."""
+    dev_index = torch.cuda.current_device()
+    print("shape layout | COMPENSATE 2: ms TFLOP/s err | COMPENSATE 1: ms TFLOP/s err | 1 vs 2")
+    for (M, N, K) in ((2048, 2048, 2048), (1024, 2816, 1024), (1000, 1000, 1000), (512, 512, 512),
+                      (256, 256, 65536), (128, 1024, 16384)):
+        for layout in ("nn", "tn", "nt"):
+            a, b = operands(M, N, K, layout)
+            c = torch.empty(M, N, device="cuda")
+            p, _ = build_problem(analyse(a, b), c, "tf32x3")
+            plan = dispatch.plan_for(p, dev_index, "tf32_mma")
+            if plan.staging:
+                print(f"{M}x{N}x{K} {layout}: skipped, the plan stages its operands")
+                continue
+            res = {}
+            for comp in (2, 1):
+                t, err = check_and_time(with_macros(plan.kernel, M, N, COMPENSATE=comp), plan, a, b, c)
+                res[comp] = (t, 2 * M * N * K / t / 1e9, err)
+            print(f"{M}x{N}x{K} {layout} | " + " | ".join(f"{t:.3f} {tf:.1f} {e:.2e}" for t, tf, e in res.values())
+                  + f" | {res[2][0] / res[1][0]:.3f}x", flush=True)
     return 0
 
 
