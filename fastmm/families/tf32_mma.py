@@ -47,8 +47,9 @@ class Tf32Mma(Family):
         NOTES run 12); 64 x 16 for tf32x3, which holds two accumulator sets: its 64 x 32 warps sat
         at the 255-register cap and spilled 4-40 bytes in 56 of 192 builds under NVRTC 13.0
         (issue 16); 64 x 16 takes ~160 registers. With Dekker's add in the promotion (COMPENSATE
-        in tf32_mma.cu) it runs 2048^3 at 29.0 TFLOP/s on the H200, against 28.0 for the old tile,
-        and mid sizes 1.1-2x faster (fewer idle SMs; NOTES run 17)."""
+        in tf32_mma.cu) it runs 2048^3 at 29.0 TFLOP/s on the H200, against 28.0 for the old tile;
+        1000^3 and 1024x2816x1024 1.4-1.7x faster (twice the blocks), 512^3 0.8-1.3x (NOTES run
+        17)."""
         opts = ((2, 4, 16), (2, 2, 16), (1, 2, 16)) if x3 else ((2, 4, 64), (2, 2, 64), (1, 2, 64), (1, 1, 64))
         if dev is None:
             return opts
