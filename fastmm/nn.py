@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 from . import ops
 from .api import matmul as fastmm_matmul
@@ -66,7 +65,7 @@ class Linear(torch.nn.Linear):
                 or autocast_half_active("cuda" if input.is_cuda else "cpu"):
             return F.linear(input, weight, bias)
         precision = resolve_precision(self.precision)
-        if torch.compiler.is_compiling() or is_in_torch_dispatch_mode():
+        if ops.tracing_or_in_dispatch_mode():  # (plain tensors checked above)
             return torch.ops.fastmm.linear(input, weight, bias, precision)
         return ops.linear_eager(input, weight, bias, precision)
 

@@ -35,11 +35,16 @@ from .fast_path import compute
 from .precision import autocast_half_active, resolve_precision
 from .shapes import PLAIN_TYPES, analyse
 
+def tracing_or_in_dispatch_mode() -> bool:
+    """torch.compile is tracing, or a TorchDispatchMode is active: the registered op is what they
+    must see (the eager route reads data pointers)."""
+    return torch.compiler.is_compiling() or is_in_torch_dispatch_mode()
+
+
 def use_registered_op(*tensors) -> bool:
     """Whether a call must go through the registered op (torch.compile, a TorchDispatchMode, a
     tensor subclass such as FakeTensor or DTensor) rather than the eager route."""
-    return (torch.compiler.is_compiling() or is_in_torch_dispatch_mode()
-            or any(t is not None and type(t) not in PLAIN_TYPES for t in tensors))
+    return tracing_or_in_dispatch_mode() or any(t is not None and type(t) not in PLAIN_TYPES for t in tensors)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -63,11 +63,6 @@ class Skinny(Family):
             cfg = self.configure_v2(p, dev, option, **v2)
         else:
             cfg = self.configure_v1(p, dev, option)
-        return self.with_launch_mode(cfg, dev)
-
-    def with_launch_mode(self, cfg, dev):
-        """``cfg`` (from configure_v1 / configure_v2) launched as this family launches on ``dev``:
-        as a programmatic dependent launch from :attr:`dependent_launch_cc` on."""
         return as_dependent_launch(cfg, dev, self.dependent_launch_cc)
 
     def configure_v1(self, p, dev, option=None):
