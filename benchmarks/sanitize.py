@@ -6,6 +6,8 @@ compute-sanitizer (memcheck, racecheck, synccheck, initcheck).
     PYTHONPATH=. python benchmarks/sanitize.py --quick    # a small set, for the slow tools
     PYTHONPATH=. python benchmarks/sanitize.py --dry-run  # no GPU needed: list the cases and
                                                           # the plans a simulated device gets
+    PYTHONPATH=. python benchmarks/sanitize.py --epilogue # the 2-D cases again with a fused
+                                                          # epilogue: 2 * A @ B + D
 
 What runs: each kernel family forced through ``fastmm.dispatch.matmul_fastmm(..., force=family)`` at
 each distinct precision it computes (the SIMT, scalar and skinny kernels build the same cubin for
@@ -30,7 +32,11 @@ Checks: inputs are small integers, exact in TF32 and summed exactly in fp32, so 
 reproduce the float64 product bit for bit (plus a few randn cases within the precision's
 tolerance); the output lives inside a guard zone of canary values, which must survive; each input
 buffer ends at the operand's last element (so memcheck sees any read past it) and must be
-unchanged. Prints one summary line (--verbose: a line per case); exits 1 if any case was wrong.
+unchanged. --epilogue: every case without batch dims runs ``dispatch.matmul_fused(a, b, d, 2, 1)`` instead:
+the family's kernels and second passes built with EPILOGUE = 1, D an (M, N) matrix of small
+integers (transposed where C would be) in a buffer that ends at its last element, so memcheck
+sees any read past it; the result must be exactly 2 * A @ B + D, and D unchanged.
+Prints one summary line (--verbose: a line per case); exits 1 if any case was wrong.
 """
 from __future__ import annotations
 
@@ -503,6 +509,47 @@ def torch_stand_in(a, b, out, precision, force):
     return (torch.matmul(a, b, out=out) if out is not None else torch.matmul(a, b)), None, None
 
 
+def epilogue_operand(case: Case, gen) -> Operand:
+    """D for --epilogue: (M, N), transposed like C, small integers, no slack after it."""
+    return make_operand(0, case.M, case.N, case.c_t, 0, 0, gen, case.values)
+
+
+def run_epilogue_case(case: Case, device: torch.device, seed: int) -> Result:
+    """``2 * A @ B + D`` in one fused plan (``dispatch.matmul_fused``), checked exactly."""
+    res = Result(case)
+    gen = torch.Generator().manual_seed(seed)
+    a_op = make_operand(0, case.M, case.K, case.a_t, case.pad, case.offsets[0], gen, case.values)
+    b_op = make_operand(0, case.K, case.N, case.b_t, case.pad, case.offsets[1], gen, case.values)
+    d_op = epilogue_operand(case, gen)
+    a_cpu, b_cpu, d_cpu = a_op.view(a_op.base), b_op.view(b_op.base), d_op.view(d_op.base)
+    ref = 2 * reference(a_cpu, b_cpu) + d_cpu.double()
+    bases = [op.base.to(device, copy=True) for op in (a_op, b_op, d_op)]
+    a, b, d = (op.view(base) for op, base in zip((a_op, b_op, d_op), bases))
+    with torch.no_grad():
+        result, plan, reason = dispatch.matmul_fused(a, b, d, 2.0, 1.0, case.precision, case.family)
+    torch.cuda.synchronize(device)
+    if reason is not None:
+        res.error = f"not fused: {reason}"
+        return res
+    cfg = plan.kernel
+    res.family, res.tile, res.split, res.macros = cfg.family, cfg.tile, cfg.split_k, cfg.macros
+    if not any(("EPILOGUE", 1) in k.macros for k in (cfg, plan.reduce) if k is not None):
+        res.error = "no launch of the plan applies the epilogue"
+        return res
+    if not all(torch.equal(base.cpu(), op.base) for op, base in zip((a_op, b_op, d_op), bases)):
+        res.error = "an input buffer changed"
+        return res
+    got = result.cpu()
+    if case.values == "int":
+        res.error = None if torch.equal(got.double(), ref) else (
+            f"{int((got.double() != ref).sum())} of {ref.numel()} elements differ from 2 * A @ B + D")
+    else:
+        scale = (2 * torch.matmul(a_cpu.double().abs(), b_cpu.double().abs()) + d_cpu.double().abs()).norm().item()
+        err = (got.double() - ref).norm().item() / scale
+        res.error = None if err <= TOL[case.precision] else f"error {err:.2e} > {TOL[case.precision]:.0e}"
+    return res
+
+
 def run_case(case: Case, device: torch.device | None, dev_facts: DeviceFacts, seed: int, mm=None) -> Result:
     """Plan ``case``; unless ``device`` is None, run it (on fastmm, or on ``mm`` standing in for
     ``dispatch.matmul_fastmm``) and check the result, the guard zone and the inputs."""
@@ -566,6 +613,8 @@ def main(argv=None) -> int:
                     help="no GPU: run every case on the CPU with torch.matmul standing in for fastmm (checks "
                     "this script's own buffers, guards and references)")
     ap.add_argument("--family", action="append", help="only these forced families (repeatable)")
+    ap.add_argument("--epilogue", action="store_true",
+                    help="the cases without batch dims, each as 2 * A @ B + D with a fused epilogue")
     ap.add_argument("--max-work", type=float, default=None,
                     help="skip cases with more than this many multiply-adds (batch*M*N*K)")
     ap.add_argument("-v", "--verbose", action="store_true", help="one line per case")
@@ -590,10 +639,15 @@ def main(argv=None) -> int:
     cases = build_cases(facts, args.quick, args.family)
     if args.max_work:
         cases = [c for c in cases if c.work <= args.max_work]
+    if args.epilogue:
+        if device is None or mm is not None:
+            print("sanitize: --epilogue runs on a GPU only", file=sys.stderr)
+            return 2
+        cases = [c for c in cases if not c.batch]
     results, wrong = [], []
     for i, case in enumerate(cases):
         try:
-            r = run_case(case, device, facts, seed=i, mm=mm)
+            r = run_epilogue_case(case, device, i) if args.epilogue else run_case(case, device, facts, seed=i, mm=mm)
         except Exception as exc:  # a crash is a finding too; keep going
             r = Result(case, error=f"{type(exc).__name__}: {exc}")
         results.append(r)

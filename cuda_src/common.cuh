@@ -15,6 +15,40 @@
     i64 batch_inner_, i64 batch_total_,                                           \
     i64 sA0, i64 sA1, i64 sB0, i64 sB1, i64 sC0, i64 sC1
 
+// Fused epilogue (EPILOGUE = 1): the store that finishes an output writes
+//   alpha * acc + beta * D[m][n]
+// instead of acc, D being one M x N matrix given by element strides (a stride of 0 broadcasts:
+// a bias is D with sDm = 0) and shared by every batch entry. beta == 0 never reads D, so NaN
+// there is ignored, as torch.addmm ignores its input then. The parameters come last, after a
+// kernel's own (FASTMM_EPILOGUE_PARAMS), alpha and beta as the bits of a float32 (the launcher
+// passes 64-bit integers only). Stores of partial sums (split-K slices, stream-K pieces) never
+// apply it: the pass that finishes an output does (its reduce, fixup or last-arriving block).
+#ifndef EPILOGUE
+#define EPILOGUE 0
+#endif
+#if EPILOGUE
+#define FASTMM_EPILOGUE_PARAMS , const float* __restrict__ D_, i64 sDm_, i64 sDn_, i64 alpha_bits_, i64 beta_bits_
+#define FASTMM_EPILOGUE \
+    const Epilogue epi{D_, sDm_, sDn_, __int_as_float((int)alpha_bits_), __int_as_float((int)beta_bits_)};
+#else
+#define FASTMM_EPILOGUE_PARAMS
+#define FASTMM_EPILOGUE const Epilogue epi{};
+#endif
+
+struct Epilogue {
+#if EPILOGUE
+    const float* D;
+    i64 sDm, sDn;
+    float alpha, beta;
+    __device__ __forceinline__ float operator()(float acc, int m, int n) const {
+        const float v = alpha * acc;  // (exact for alpha = 1: a bias is acc + D, as an add after would be)
+        return beta != 0.f ? fmaf(beta, D[(i64)m * sDm + (i64)n * sDn], v) : v;
+    }
+#else
+    __device__ __forceinline__ float operator()(float acc, int, int) const { return acc; }
+#endif
+};
+
 // Every parameter is 64 bits wide so the host can pass plain Python ints (pointer-sized) with no
 // per-call conversion; sizes themselves are < 2^31 (the planner checks), so kernels use int.
 #define FASTMM_UNPACK \

@@ -5,8 +5,9 @@
 
 #define TILE 16
 
-extern "C" __global__ void __launch_bounds__(TILE * TILE) fastmm_scalar(FASTMM_PARAMS) {
+extern "C" __global__ void __launch_bounds__(TILE * TILE) fastmm_scalar(FASTMM_PARAMS FASTMM_EPILOGUE_PARAMS) {
     FASTMM_UNPACK
+    FASTMM_EPILOGUE
     __shared__ float As[TILE][TILE + 1];
     __shared__ float Bs[TILE][TILE + 1];
     const int tx = threadIdx.x, ty = threadIdx.y;
@@ -29,7 +30,7 @@ extern "C" __global__ void __launch_bounds__(TILE * TILE) fastmm_scalar(FASTMM_P
                 for (int k = 0; k < TILE; ++k) acc = fmaf(As[ty][k], Bs[k][tx], acc);
                 __syncthreads();
             }
-            if (m < M && n < N) Cb[(i64)m * sCm + (i64)n * sCn] = acc;
+            if (m < M && n < N) Cb[(i64)m * sCm + (i64)n * sCn] = epi(acc, m, n);
         }
     }
 }

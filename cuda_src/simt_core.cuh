@@ -167,10 +167,12 @@ __device__ __forceinline__ void zero_tile(float acc[THREAD_M][THREAD_N]) {
 }
 
 // Write the thread tile; rows/cols outside C are skipped. VEC: C rows contiguous, N % 4 == 0
-// and 16-byte aligned, so a float4 is either wholly inside or wholly outside.
-template <bool VEC, int I0 = 0, int I1 = THREAD_M>  // (rows I0 .. I1 - 1 of the thread's tile)
+// and 16-byte aligned, so a float4 is either wholly inside or wholly outside. epi: the fused
+// epilogue of an output's final store (the identity for partial sums: a default Epilogue with
+// EPILOGUE = 0, or store_partial).
+template <bool VEC, int I0 = 0, int I1 = THREAD_M, class Epi>  // (rows I0 .. I1 - 1 of the thread's tile)
 __device__ __forceinline__ void store_tile_as(float* Cb, int M, int N, i64 sCm, i64 sCn, int m0, int n0,
-                                              int am, int bn, const float acc[THREAD_M][THREAD_N]) {
+                                              int am, int bn, const float acc[THREAD_M][THREAD_N], const Epi& epi) {
 #pragma unroll
     for (int i = I0; i < I1; ++i) {
         const int m = m0 + am + (i / 4) * A_GROUP_STRIDE + (i % 4);
@@ -181,21 +183,27 @@ __device__ __forceinline__ void store_tile_as(float* Cb, int M, int N, i64 sCm, 
             if (VEC) {
                 if (n < N)
                     *(float4*)&Cb[(i64)m * sCm + n] =
-                        make_float4(acc[i][4 * h], acc[i][4 * h + 1], acc[i][4 * h + 2], acc[i][4 * h + 3]);
+                        make_float4(epi(acc[i][4 * h], m, n), epi(acc[i][4 * h + 1], m, n + 1),
+                                    epi(acc[i][4 * h + 2], m, n + 2), epi(acc[i][4 * h + 3], m, n + 3));
             } else {
 #pragma unroll
                 for (int j = 0; j < 4; ++j)
-                    if (n + j < N) Cb[(i64)m * sCm + (i64)(n + j) * sCn] = acc[i][4 * h + j];
+                    if (n + j < N) Cb[(i64)m * sCm + (i64)(n + j) * sCn] = epi(acc[i][4 * h + j], m, n + j);
             }
         }
     }
 }
 
+// The identity epilogue: partial sums (split-K slices, stream-K pieces) are stored as they are.
+struct NoEpilogue {
+    __device__ __forceinline__ float operator()(float acc, int, int) const { return acc; }
+};
+
 #ifndef C_VEC
 #define C_VEC 0
 #endif
-// The epilogue into C (C_VEC: set by the planner from C's layout).
+// The final store into C (C_VEC: set by the planner from C's layout), through the epilogue.
 __device__ __forceinline__ void store_tile(float* Cb, int M, int N, i64 sCm, i64 sCn, int m0, int n0,
-                                           int am, int bn, const float acc[THREAD_M][THREAD_N]) {
-    store_tile_as<C_VEC != 0>(Cb, M, N, sCm, sCn, m0, n0, am, bn, acc);
+                                           int am, int bn, const float acc[THREAD_M][THREAD_N], const Epilogue& epi) {
+    store_tile_as<C_VEC != 0>(Cb, M, N, sCm, sCn, m0, n0, am, bn, acc, epi);
 }

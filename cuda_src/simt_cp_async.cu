@@ -300,8 +300,9 @@ __device__ __forceinline__ void pair_add(float acc[THREAD_M][THREAD_N], float* r
 #endif
 
 #if !STREAM_K
-extern "C" __global__ void SPLIT_PAIR_ATTR __launch_bounds__(THREADS, CP_MIN_BLOCKS) fastmm_simt_cp_async(FASTMM_PARAMS) {
+extern "C" __global__ void SPLIT_PAIR_ATTR __launch_bounds__(THREADS, CP_MIN_BLOCKS) fastmm_simt_cp_async(FASTMM_PARAMS FASTMM_EPILOGUE_PARAMS) {
     FASTMM_UNPACK
+    FASTMM_EPILOGUE
 #if __CUDA_ARCH__ >= 800
     extern __shared__ __align__(16) float smem[];
     float* As = smem;                             // STAGES x A_TILE_FLOATS
@@ -330,14 +331,15 @@ extern "C" __global__ void SPLIT_PAIR_ATTR __launch_bounds__(THREADS, CP_MIN_BLO
             float* region = smem + STAGES * (A_TILE_FLOATS + B_TILE_FLOATS);
             if (cluster_rank() == 0) {
                 pair_add<THREAD_M / 2, 0>(acc, region, 1);
-                store_tile_as<C_VEC != 0, 0, THREAD_M / 2>(pair_slice, M, N, sCm, sCn, tm * BM, tn * BN, am, bn, acc);
+                store_tile_as<C_VEC != 0, 0, THREAD_M / 2>(pair_slice, M, N, sCm, sCn, tm * BM, tn * BN, am, bn, acc,
+                                                          NoEpilogue{});
             } else {
                 pair_add<0, THREAD_M / 2>(acc, region, 0);
                 store_tile_as<C_VEC != 0, THREAD_M / 2, THREAD_M>(pair_slice, M, N, sCm, sCn, tm * BM, tn * BN, am, bn,
-                                                                  acc);
+                                                                  acc, NoEpilogue{});
             }
 #else
-            store_tile(Cb, M, N, sCm, sCn, tm * BM, tn * BN, am, bn, acc);
+            store_tile(Cb, M, N, sCm, sCn, tm * BM, tn * BN, am, bn, acc, epi);  // (split: a slice, EPILOGUE = 0)
 #endif
         }
     }
@@ -353,8 +355,9 @@ extern "C" __global__ void SPLIT_PAIR_ATTR __launch_bounds__(THREADS, CP_MIN_BLO
 // j) * BM * BN, dense BM x BN), and stream_k_fixup.cu sums every tile's pieces in block order:
 // the same bits every run, no atomics, no block waiting for another.
 extern "C" __global__ void __launch_bounds__(THREADS, CP_MIN_BLOCKS)
-    fastmm_simt_cp_async_stream_k(FASTMM_PARAMS, float* __restrict__ W, i64 whole_tiles_, i64 iters_) {
+    fastmm_simt_cp_async_stream_k(FASTMM_PARAMS, float* __restrict__ W, i64 whole_tiles_, i64 iters_ FASTMM_EPILOGUE_PARAMS) {
     FASTMM_UNPACK
+    FASTMM_EPILOGUE
 #if __CUDA_ARCH__ >= 800
     extern __shared__ __align__(16) float smem[];
     float* As = smem;
@@ -382,9 +385,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, CP_MIN_BLOCKS)
         float acc[THREAD_M][THREAD_N];
         tile_product(A, B, M, N, K, sAm, sAk, sBk, sBn, tm * BM, tn * BN, kb, ke, As, Bs, am, bn, acc);
         if (whole)
-            store_tile(C, M, N, sCm, sCn, tm * BM, tn * BN, am, bn, acc);
+            store_tile(C, M, N, sCm, sCn, tm * BM, tn * BN, am, bn, acc, epi);
         else  // piece j of block b: its own dense BM x BN slot
-            store_tile_as<true>(W + (i64)(b * segs + j) * (BM * BN), BM, BN, BN, 1, 0, 0, am, bn, acc);
+            store_tile_as<true>(W + (i64)(b * segs + j) * (BM * BN), BM, BN, BN, 1, 0, 0, am, bn, acc, NoEpilogue{});
         g = (t + 1) * k_tiles;
     }
 #endif

@@ -46,8 +46,9 @@ struct StagedTile {
     }
 };
 
-extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) fastmm_simt_float4(FASTMM_PARAMS) {
+extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) fastmm_simt_float4(FASTMM_PARAMS FASTMM_EPILOGUE_PARAMS) {
     FASTMM_UNPACK
+    FASTMM_EPILOGUE
     __shared__ __align__(16) float As[2][A_TILE_FLOATS];
     __shared__ __align__(16) float Bs[2][B_TILE_FLOATS];
     const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
@@ -89,7 +90,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) fastmm_simt_fl
                 }
                 __syncthreads();
             }
-            store_tile(Cb, M, N, sCm, sCn, m0, n0, am, bn, acc);
+            store_tile(Cb, M, N, sCm, sCn, m0, n0, am, bn, acc, epi);
         }
     }
 }

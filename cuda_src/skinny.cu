@@ -29,9 +29,10 @@
 
 // One block per SM: capping registers at 128 for two blocks (MT <= 16) spilled and measured
 // slower on the H200 (decode16: 9.4 -> 6.0 TFLOP/s, benchmarks/NOTES.md).
-extern "C" __global__ void __launch_bounds__(THREADS, 1) fastmm_skinny(FASTMM_PARAMS) {
+extern "C" __global__ void __launch_bounds__(THREADS, 1) fastmm_skinny(FASTMM_PARAMS FASTMM_EPILOGUE_PARAMS) {
     grid_dependency_sync();  // launched as a programmatic dependent launch on sm_90+ (ptx.cuh)
     FASTMM_UNPACK
+    FASTMM_EPILOGUE
     __shared__ float As[KCHUNK * A_LD];
     __shared__ float red[MT * COLS];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -92,7 +93,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fastmm_skinny(FASTMM_PA
             __syncthreads();
             for (int i = threadIdx.x; i < MT * COLS; i += THREADS) {
                 const int m = i / COLS, c = tile * COLS + i % COLS;
-                if (m < M && c < N) Cb[(i64)m * sCm + (i64)c * sCn] = red[i];
+                if (m < M && c < N) Cb[(i64)m * sCm + (i64)c * sCn] = epi(red[i], m, c);  // (split: EPILOGUE = 0)
             }
         }
     }
@@ -451,9 +452,12 @@ __device__ __forceinline__ void sk_compute_stage(float (&acc)[VPT], const float*
 #define SK_FUSED_PARAMS
 #endif
 
-extern "C" __global__ void __launch_bounds__(SK_THREADS, SK_MINB) fastmm_skinny(FASTMM_PARAMS SK_FUSED_PARAMS) {
+extern "C" __global__ void __launch_bounds__(SK_THREADS, SK_MINB) fastmm_skinny(FASTMM_PARAMS SK_FUSED_PARAMS FASTMM_EPILOGUE_PARAMS) {
     grid_dependency_sync();  // launched as a programmatic dependent launch on sm_90+ (ptx.cuh)
     FASTMM_UNPACK
+    FASTMM_EPILOGUE
+    // A split's blocks store partial sums (slices); the epilogue is for final values only
+    const bool final_store = gridDim.y == 1;
     extern __shared__ float4 sk_smem4[];
     float* smem = (float*)sk_smem4;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -550,7 +554,7 @@ extern "C" __global__ void __launch_bounds__(SK_THREADS, SK_MINB) fastmm_skinny(
                     float sum = red[i];
 #pragma unroll
                     for (int s = 1; s < SK_RED; ++s) sum += red[s * (MT * BN) + i];
-                    Cb[(i64)m * sCm + (i64)c * sCn] = sum;
+                    Cb[(i64)m * sCm + (i64)c * sCn] = final_store ? epi(sum, m, c) : sum;
                 }
             }
 #if SK_FUSED
@@ -585,7 +589,7 @@ extern "C" __global__ void __launch_bounds__(SK_THREADS, SK_MINB) fastmm_skinny(
 #pragma unroll
                     for (int j = 0; j < SK_STEP; ++j) {
                         const int i = threadIdx.x + (j0 + j) * SK_THREADS, m = i / BN, c = x.n0 + i % BN;
-                        if (i < MT * BN && m < M && c < N) Out[(i64)m * sOm + (i64)c * sOn] = sum[j];
+                        if (i < MT * BN && m < M && c < N) Out[(i64)m * sOm + (i64)c * sOn] = epi(sum[j], m, c);
                     }
                 }
                 if (threadIdx.x == 0) *(volatile unsigned*)(arrivals + tile) = 0u;

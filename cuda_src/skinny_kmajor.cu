@@ -85,9 +85,11 @@ __device__ __forceinline__ float4 kr_load_w(const float* row, int k, int kend, b
 #endif
 }
 
-extern "C" __global__ void __launch_bounds__(KR_THREADS, KR_MINB) fastmm_skinny_kmajor(FASTMM_PARAMS KR_FUSED_PARAMS) {
+extern "C" __global__ void __launch_bounds__(KR_THREADS, KR_MINB) fastmm_skinny_kmajor(FASTMM_PARAMS KR_FUSED_PARAMS FASTMM_EPILOGUE_PARAMS) {
     grid_dependency_sync();  // launched as a programmatic dependent launch on sm_90+ (ptx.cuh)
     FASTMM_UNPACK
+    FASTMM_EPILOGUE
+    const bool final_store = gridDim.y == 1;  // (a split's blocks store partial sums)
     extern __shared__ float4 kr_smem4[];
     float* As = (float*)kr_smem4;  // As[m * KR_KS + k - kbeg]
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -195,7 +197,7 @@ extern "C" __global__ void __launch_bounds__(KR_THREADS, KR_MINB) fastmm_skinny_
 #pragma unroll
                 for (int i = 0; i < KR_KEEP; ++i) {
                     const int e = base + i, m = e / KR_R, r = e % KR_R, n = row0 + 4 * r;
-                    if (m < M && n < N) Cb[(i64)m * sCm + (i64)n * sCn] = acc[i];
+                    if (m < M && n < N) Cb[(i64)m * sCm + (i64)n * sCn] = final_store ? epi(acc[i], m, n) : acc[i];
                 }
             }
         }
@@ -219,7 +221,7 @@ extern "C" __global__ void __launch_bounds__(KR_THREADS, KR_MINB) fastmm_skinny_
                         for (int u = 0; u < 8; ++u)
                             if (s + u < S) sum += v[u];
                     }
-                    Out[(i64)m * sOm + (i64)n * sOn] = sum;
+                    Out[(i64)m * sOm + (i64)n * sOn] = epi(sum, m, n);
                 }
             }
             if (threadIdx.x == 0) *(volatile unsigned*)(arrivals + tile) = 0u;

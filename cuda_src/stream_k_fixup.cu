@@ -2,7 +2,8 @@
 // after the first whole_tiles was computed in pieces by consecutive stream-K blocks, every piece
 // in its own dense bm x bn workspace slot. This sums a tile's pieces in block order, so the
 // result is the same bits on every run (no atomics), and writes the tile into C, skipping rows
-// and columns outside C. Grid: (ceil(bm * bn / 4 / 256), tiles after whole_tiles); a thread
+// and columns outside C, through the plan's fused epilogue (EPILOGUE = 1).
+// Grid: (ceil(bm * bn / 4 / 256), tiles after whole_tiles); a thread
 // owns 4 consecutive elements of a tile row (bn % 4 == 0: one 16-byte load per piece).
 #include "common.cuh"
 
@@ -18,7 +19,8 @@ __device__ __forceinline__ void add4(float4& s, const float4& v) {
 
 extern "C" __global__ void __launch_bounds__(THREADS) fastmm_stream_k_fixup(
     const float* __restrict__ W, float* __restrict__ C, i64 M_, i64 N_, i64 sCm, i64 sCn, i64 bm_, i64 bn_,
-    i64 k_tiles, i64 whole_tiles, i64 iters) {
+    i64 k_tiles, i64 whole_tiles, i64 iters FASTMM_EPILOGUE_PARAMS) {
+    FASTMM_EPILOGUE
     // The slot offsets of this tile's pieces, shared by the block (divisions done once per piece,
     // not per element); up to THREADS pieces at a time.
     __shared__ i64 piece_at[THREADS];
@@ -58,8 +60,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) fastmm_stream_k_fixup(
     const int m = tm * bm + e / bn, n = tn * bn + e % bn;
     if (m >= M) return;
     float* c = C + (i64)m * sCm + (i64)n * sCn;
-    if (n < N) c[0] = sum.x;
-    if (n + 1 < N) c[sCn] = sum.y;
-    if (n + 2 < N) c[2 * sCn] = sum.z;
-    if (n + 3 < N) c[3 * sCn] = sum.w;
+    if (n < N) c[0] = epi(sum.x, m, n);
+    if (n + 1 < N) c[sCn] = epi(sum.y, m, n + 1);
+    if (n + 2 < N) c[2 * sCn] = epi(sum.z, m, n + 2);
+    if (n + 3 < N) c[3 * sCn] = epi(sum.w, m, n + 3);
 }

@@ -318,14 +318,16 @@ __device__ __forceinline__ float result(const float (&acc)[RA][RB][4], int, int 
 }
 #endif
 
-// C[m][n], C[m][n + 1] where they exist. C_VEC: C rows contiguous, N even, 8-byte aligned, n
-// even: the pair is in or out whole.
-__device__ __forceinline__ void store_pair(float* Cb, int M, int N, i64 sCm, i64 sCn, int m, int n, float c0, float c1) {
+// C[m][n], C[m][n + 1] where they exist, through the fused epilogue. C_VEC: C rows contiguous,
+// N even, 8-byte aligned, n even: the pair is in or out whole. A split-K plan's slices are built
+// with EPILOGUE = 0 (its reduce pass applies it).
+__device__ __forceinline__ void store_pair(float* Cb, int M, int N, i64 sCm, i64 sCn, int m, int n, float c0, float c1,
+                                           const Epilogue& epi) {
 #if C_VEC
-    if (n < N) *(float2*)&Cb[(i64)m * sCm + n] = make_float2(c0, c1);
+    if (n < N) *(float2*)&Cb[(i64)m * sCm + n] = make_float2(epi(c0, m, n), epi(c1, m, n + 1));
 #else
-    if (n < N) Cb[(i64)m * sCm + (i64)n * sCn] = c0;
-    if (n + 1 < N) Cb[(i64)m * sCm + (i64)(n + 1) * sCn] = c1;
+    if (n < N) Cb[(i64)m * sCm + (i64)n * sCn] = epi(c0, m, n);
+    if (n + 1 < N) Cb[(i64)m * sCm + (i64)(n + 1) * sCn] = epi(c1, m, n + 1);
 #endif
 }
 #endif
@@ -376,8 +378,9 @@ __device__ __forceinline__ void mma_step(float (&acc)[RA][RB][4], const unsigned
 #else
 #define TF32_MMA_BOUNDS __launch_bounds__(THREADS)
 #endif
-extern "C" __global__ void TF32_MMA_BOUNDS fastmm_tf32_mma(FASTMM_PARAMS) {
+extern "C" __global__ void TF32_MMA_BOUNDS fastmm_tf32_mma(FASTMM_PARAMS FASTMM_EPILOGUE_PARAMS) {
     FASTMM_UNPACK
+    FASTMM_EPILOGUE
 #if __CUDA_ARCH__ >= 800
     extern __shared__ __align__(16) float smem[];
     float* As = smem;
@@ -606,13 +609,13 @@ extern "C" __global__ void TF32_MMA_BOUNDS fastmm_tf32_mma(FASTMM_PARAMS) {
                         const int n = n0 + wn + arole_row(i, 0, g);
                         if (m < M)
                             store_pair(Cb, M, N, sCm, sCn, m, n, result(acc, ACC_SMALL, i, j, u),
-                                       result(acc, ACC_SMALL, i, j, 2 + u));
+                                       result(acc, ACC_SMALL, i, j, 2 + u), epi);
 #else
                         const int m = m0 + wm + arole_row(i, u, g);
                         const int n = n0 + wn + 8 * j + 2 * t;
                         if (m < M)
                             store_pair(Cb, M, N, sCm, sCn, m, n, result(acc, ACC_SMALL, i, j, 2 * u),
-                                       result(acc, ACC_SMALL, i, j, 2 * u + 1));
+                                       result(acc, ACC_SMALL, i, j, 2 * u + 1), epi);
 #endif
                     }
         }

@@ -180,7 +180,8 @@ __device__ __forceinline__ void x3_step(float* step, float* small, unsigned base
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1) fastmm_wgmma_tf32(
     MAP_PARAMS, float* __restrict__ C,
-    i64 M_, i64 N_, i64 K_, i64 sCm, i64 sCn, i64 batch_inner_, i64 batch_total_, i64 sC0, i64 sC1, i64 bcast) {
+    i64 M_, i64 N_, i64 K_, i64 sCm, i64 sCn, i64 batch_inner_, i64 batch_total_, i64 sC0, i64 sC1, i64 bcast
+    FASTMM_EPILOGUE_PARAMS) {
     const int M = (int)M_, N = (int)N_, K = (int)K_;
     const int batch_inner = (int)batch_inner_, batch_total = (int)batch_total_;
     extern __shared__ unsigned char smem_raw[];
@@ -379,6 +380,29 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fastmm_wgmma_tf32(
                 }
             }
 #endif  // C_VEC
+#if EPILOGUE
+            // The fused epilogue, in a second sweep over this thread's outputs read back from C (its
+            // own stores: program order makes them visible to it), one at a time. Applied in the
+            // store loop above, its D addresses and loads took registers next to the 2 x 64
+            // tf32x3 accumulators (BN 128) or the 128 of BN 256 and spilled 416-1480 bytes under
+            // NVRTC 13.0 (benchmarks/NOTES.md). The tile is in L1/L2: this costs what a separate
+            // add would in memory traffic, and saves its launch.
+            {
+                FASTMM_EPILOGUE
+#pragma unroll 1
+                for (int j = 0; j < BN / 8; ++j)
+#pragma unroll 1
+                    for (int q = 0; q < 4; ++q) {
+                        // the rows and columns the store loop wrote: rows row and row + (A_MN ? 1 : 8),
+                        // columns col0 + 8 j and the next
+                        const int r = row + (q >> 1) * (A_MN ? 1 : 8), col = col0 + 8 * j + (q & 1);
+                        if (r < M && col < N) {
+                            float* p = Cb + (i64)r * sCm + (i64)col * sCn;
+                            *p = epi(*p, r, col);
+                        }
+                    }
+            }
+#endif
         }
     }
 }

@@ -163,7 +163,8 @@ def _prepare(key: tuple, s: Shapes, c: torch.Tensor, problem: Problem, force, va
     """Plan a problem met for the first time and load its kernels (never during graph capture)."""
     dev_index = key[0]
     if first_use_tuner is not None and key[2] is None and not variants and config.tune_on_first_use():
-        first_use_tuner(s, c, problem, dev_index)
+        # (the tuner times the product alone: its choice is per shape, whatever the epilogue)
+        first_use_tuner(s, c, dataclasses.replace(problem, epilogue=False), dev_index)
     plan = plan_for(problem, dev_index, force, variants)
     if plan.kernel is None:
         return Prepared(plan)
@@ -216,10 +217,13 @@ def current_stream(index: int) -> int:
 
 
 def run(s: Shapes, c: torch.Tensor, precision: str, force: str | None = None,
-        variants: tuple[Family, ...] = ()) -> Plan:
-    """Launch the planned kernel(s) writing C = A @ B into ``c`` (shape batch + (M, N))."""
+        variants: tuple[Family, ...] = (), epilogue: "Epilogue | None" = None) -> Plan:
+    """Launch the planned kernel(s) writing C = A @ B into ``c`` (shape batch + (M, N)); with an
+    ``epilogue`` (a problem without batch dims, K > 0), C = alpha * A @ B + beta * D."""
     dev_index = c.device.index if c.device.index is not None else torch.cuda.current_device()
     problem, offsets = build_problem(s, c, precision)
+    if epilogue is not None:
+        problem = dataclasses.replace(problem, epilogue=True)
     key = (dev_index, problem, force or config.forced_kernel(), variants)
     hit = PLANS.prepared.get(key)
     if hit is None:
@@ -232,7 +236,7 @@ def run(s: Shapes, c: torch.Tensor, precision: str, force: str | None = None,
         return plan
     with on_device(dev_index):
         try:
-            launch_plan(hit, s, c, problem, offsets, dev_index)
+            launch_plan(hit, s, c, problem, offsets, dev_index, epilogue)
         except TensorMapError as exc:
             # The driver refused a tensor map the planner thought valid: torch.matmul computes
             # this call (all of C again) and every later one of this problem.
@@ -247,10 +251,12 @@ def run(s: Shapes, c: torch.Tensor, precision: str, force: str | None = None,
     return plan
 
 
-def launch_plan(hit: Prepared, s: Shapes, c: torch.Tensor, problem: Problem, offsets, dev_index: int) -> None:
+def launch_plan(hit: Prepared, s: Shapes, c: torch.Tensor, problem: Problem, offsets, dev_index: int,
+                epilogue: "Epilogue | None" = None) -> None:
     """Stage operands if the plan says so, then queue the kernel(s) on the current stream, once
-    per launch offset (batch dims the kernel cannot walk)."""
+    per launch offset (batch dims the kernel cannot walk; a problem with an epilogue has one)."""
     plan = hit.plan
+    epi = epilogue.args(plan.swap_ab) if epilogue is not None else ()
     stream = current_stream(dev_index)
     p = plan.launch_problem or problem
     pa, pb, pc = s.a.data_ptr(), s.b.data_ptr(), c.data_ptr()
@@ -273,9 +279,9 @@ def launch_plan(hit: Prepared, s: Shapes, c: torch.Tensor, problem: Problem, off
     runner = runners.runner_for(plan, hit.kernel, hit.second, p, c.device)
     if runner is not None:
         for oa, ob, oc in offsets:
-            runner(pa + 4 * oa, pb + 4 * ob, pc + 4 * oc, stream)
+            runner(pa + 4 * oa, pb + 4 * ob, pc + 4 * oc, stream, epi)
         return
-    tail = runners.gemm_args(p)
+    tail = runners.gemm_args(p) + epi
     for oa, ob, oc in offsets:
         launcher.launch(hit.kernel, stream, (pa + 4 * oa, pb + 4 * ob, pc + 4 * oc) + tail)
 
@@ -316,6 +322,60 @@ def matmul_fastmm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, pr
         out.copy_(result)  # computed aside, then copied
         result = out
     return result, plan, None
+
+
+@dataclass(frozen=True)
+class Epilogue:
+    """What a fused epilogue adds to a product: C = alpha * A @ B + beta * D, with ``d`` the
+    (M, N) view of D (broadcast strides allowed). beta = 0 never reads D."""
+
+    d: torch.Tensor
+    alpha: float
+    beta: float
+
+    def strides(self) -> tuple[int, int]:
+        return tuple(self.d.stride())
+
+    def args(self, swap_ab: bool) -> tuple:
+        return runners.epilogue_args(self.d.data_ptr(), self.strides(), self.alpha, self.beta, swap_ab)
+
+
+def fused_reason(s: Shapes, d: torch.Tensor, alpha) -> str | None:
+    """Why ``alpha * (a @ b) + beta * d`` cannot be one fused launch (None: it can). The reasons
+    depend on shapes, strides, dtypes and devices only: the steady-state path remembers them."""
+    if s.batch or s.squeeze_m or s.squeeze_n:
+        return "the fused epilogue takes products without batch dims"
+    if s.K == 0 or s.M == 0 or s.N == 0:
+        return "an empty product"
+    if type(d) not in PLAIN_TYPES or d.dtype != FLOAT32 or d.device != s.a.device or d.data_ptr() % 4:
+        return "the added tensor is not a 4-byte aligned float32 tensor on the operands' device"
+    if alpha == 0 or d.dim() > 2:
+        return "alpha is 0, or the added tensor has more than 2 dims"
+    return None
+
+
+def matmul_fused(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, alpha, beta, precision: str,
+                 force: str | None = None) -> tuple[torch.Tensor | None, Plan | None, str | None]:
+    """``alpha * (a @ b) + beta * d`` (``d`` broadcastable to the product; beta = 0 ignores it)
+    in one fused launch, for operands torch's type rules already accepted. Returns (result, plan,
+    None), or (None, plan or None, why not) where the caller must compute it another way (the
+    product, then the epilogue). ``force`` names a family, as for :func:`matmul_fastmm`."""
+    reason = not_served_reason(a, b)
+    if reason is not None:
+        return None, None, reason
+    s = analyse(a, b)
+    reason = fused_reason(s, d, alpha)
+    if reason is not None:
+        return None, None, reason
+    try:
+        d2 = d.expand(s.M, s.N)
+    except RuntimeError:  # (the caller's unfused add raises torch's own error)
+        return None, None, "the added tensor does not broadcast to the product's shape"
+    c = result_matrix((s.M, s.N), a.device)
+    plan = run(s, c, precision, force, epilogue=Epilogue(d2, alpha, beta))
+    if plan.kernel is None:
+        return None, plan, plan.fallback
+    return c.view(s.out_shape), plan, None
 
 
 def torch_matmul(a, b, out):

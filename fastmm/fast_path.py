@@ -9,7 +9,7 @@ is analysed once, not on every call.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -32,12 +32,17 @@ class FastEntry:
     device: torch.device
     index: int
     extents: tuple[int, int, int] | None
-    runner: object  # runner(pa, pb, pc, stream) or None for one plain launch
+    runner: object  # runner(pa, pb, pc, stream, epi) or None for one plain launch
+    # A fused epilogue's arguments after D's pointer (runners.epilogue_args), or None
+    epi_tail: tuple | None = None
 
 
-#: key -> FastEntry, or NOT_FAST for a key that never takes this path (a missing key: not known yet).
+#: key -> FastEntry, or NOT_FAST for a key that never takes this path (a missing key: not known
+#: yet), or (for a fused key, :func:`compute_fused`) UNFUSED: the product and its epilogue are
+#: computed apart for this key.
 NOT_FAST = False
-ENTRIES: dict[tuple, FastEntry | bool] = {}
+UNFUSED = "unfused"
+ENTRIES: dict[tuple, FastEntry | bool | str] = {}
 
 
 def key_of(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, precision: str) -> tuple:
@@ -135,3 +140,89 @@ def compute(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, precisio
     if plan is not None and reason is None and entry is None and (out is None or tuple(out.shape) == out_shape):
         remember(key, a, b, out, precision)
     return result
+
+
+# ---------------------------------------------------------------------------------------------
+# products with a fused epilogue: alpha * (a @ b) + beta * d
+
+def fused_key(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, alpha, beta, precision: str) -> tuple:
+    return key_of(a, b, None, precision) + ("epilogue", d.shape, d.stride(), d.dtype, d.device, type(d),
+                                           d.data_ptr() & 3, alpha, beta)
+
+
+def compute_fused(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, alpha, beta, precision: str) -> torch.Tensor:
+    """``alpha * (a @ b) + beta * d`` without autograd (``d`` broadcastable to the product; beta = 0
+    ignores it, NaN included, as torch.addmm does), for operands torch's type rules already
+    accepted: one launch whose stores apply the epilogue (``F.linear``'s bias, ``addmm``'s
+    input) where the plan allows (:func:`fastmm.dispatch.fused_reason`), else the product and
+    then the epilogue in place on it. A fresh result either way."""
+    key = fused_key(a, b, d, alpha, beta, precision)
+    entry = ENTRIES.get(key)
+    if type(entry) is FastEntry:
+        try:
+            return launch_fused(entry, a, b, d)
+        except (TensorMapError, LaunchError):  # (not expected: the first call did the same)
+            ENTRIES[key] = entry = NOT_FAST
+    if entry is not UNFUSED:
+        result, plan, reason = dispatch.matmul_fused(a, b, d, alpha, beta, precision)
+        if result is not None:
+            if entry is None:
+                remember_fused(key, a, b, d, alpha, beta, precision)
+            return result
+        if plan is None or plan.kernel is None:  # (shapes, layouts or the device: the same next time)
+            if len(ENTRIES) >= dispatch.MAX_CACHED_SHAPES:
+                ENTRIES.clear()
+            ENTRIES[key] = UNFUSED
+    return add_epilogue(compute(a, b, None, precision), d, alpha, beta)
+
+
+def add_epilogue(prod: torch.Tensor, d: torch.Tensor, alpha, beta) -> torch.Tensor:
+    """beta * d + alpha * prod, written into ``prod`` (fresh). beta = 0 ignores d (NaN in d does
+    not propagate), as torch.addmm does."""
+    if alpha != 1:
+        prod.mul_(alpha)
+    if beta != 0:
+        prod.add_(d, alpha=beta)
+    return prod
+
+
+def remember_fused(key: tuple, a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, alpha, beta, precision: str) -> None:
+    """:func:`remember` for a fused product, after its first call was launched fused."""
+    s = analyse(a, b)
+    problem, _ = build_problem(s, result_matrix((s.M, s.N), "meta"), precision)
+    problem = replace(problem, epilogue=True)
+    index = a.device.index if a.device.index is not None else torch.cuda.current_device()
+    hit = dispatch.PLANS.prepared.get((index, problem, config.forced_kernel(), ()))
+    if hit is None or hit.plan.kernel is None:
+        return
+    plan = hit.plan
+    if len(ENTRIES) >= dispatch.MAX_CACHED_SHAPES:
+        ENTRIES.clear()
+    if plan.staging and not plan.stagers:  # operands torch stages: the full path each call
+        ENTRIES[key] = NOT_FAST
+        return
+    p = plan.launch_problem or problem
+    runner = runners.runner_for(plan, hit.kernel, hit.second, p, a.device)
+    tail = runners.gemm_args(p) if runner is None else ()
+    epi_tail = runners.epilogue_args(0, d.expand(s.M, s.N).stride(), alpha, beta, plan.swap_ab)[1:]
+    ENTRIES[key] = FastEntry(s.out_shape, hit.kernel, tail, a.device, index, None, runner, epi_tail)
+
+
+def launch_fused(entry: FastEntry, a: torch.Tensor, b: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    c = result_matrix(entry.out_shape, entry.device)
+    index = entry.index
+    epi = (d.data_ptr(),) + entry.epi_tail
+    if torch.cuda.current_device() != index:
+        with torch.cuda.device(index):
+            _enqueue_fused(entry, a, b, c, epi)
+    else:
+        _enqueue_fused(entry, a, b, c, epi)
+    return c
+
+
+def _enqueue_fused(entry: FastEntry, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, epi: tuple) -> None:
+    if entry.runner is None:
+        launcher.launch(entry.kernel, dispatch.current_stream(entry.index),
+                        (a.data_ptr(), b.data_ptr(), c.data_ptr()) + entry.tail + epi)
+    else:
+        entry.runner(a.data_ptr(), b.data_ptr(), c.data_ptr(), dispatch.current_stream(entry.index), epi)

@@ -31,7 +31,7 @@ from typing import Optional
 import torch
 from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
-from .fast_path import compute
+from .fast_path import compute, compute_fused
 from .precision import autocast_half_active, resolve_precision
 from .shapes import PLAIN_TYPES, analyse
 
@@ -126,10 +126,7 @@ class _Linear(torch.autograd.Function):
     def forward(ctx, x, w, bias, precision):
         ctx.precision = precision
         ctx.save_for_backward(x, w)
-        out = compute(x, w.t(), None, precision)
-        if bias is not None:
-            out.add_(bias)  # in place on the fresh product: no second output-sized buffer
-        return out
+        return _linear_value(x, w, bias, precision)
 
     @staticmethod
     def backward(ctx, g):
@@ -144,7 +141,7 @@ class _Addmm(torch.autograd.Function):
     def forward(ctx, c, a, b, beta, alpha, precision):
         ctx.precision, ctx.beta, ctx.alpha, ctx.c_shape = precision, beta, alpha, c.shape
         ctx.save_for_backward(a, b)
-        return _addmm_value(compute(a, b, None, precision), c, beta, alpha)
+        return compute_fused(a, b, c, alpha, beta, precision)
 
     @staticmethod
     def backward(ctx, g):
@@ -154,14 +151,11 @@ class _Addmm(torch.autograd.Function):
             + (None, None, None)
 
 
-def _addmm_value(prod: torch.Tensor, c: torch.Tensor, beta, alpha) -> torch.Tensor:
-    """beta * c + alpha * prod, written into ``prod`` (fresh). beta = 0 ignores c (NaN in c
-    does not propagate), as torch.addmm does."""
-    if alpha != 1:
-        prod.mul_(alpha)
-    if beta != 0:
-        prod.add_(c, alpha=beta)
-    return prod
+def _linear_value(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, precision: str) -> torch.Tensor:
+    """``x @ w.t() + bias``, the bias added in the kernel's store where the plan allows."""
+    if bias is None:
+        return compute(x, w.t(), None, precision)
+    return compute_fused(x, w.t(), bias, 1, 1, precision)
 
 
 def _addmm_grads(mm, a, b, g, c_shape, beta, alpha, need_c, need_a, need_b):
@@ -198,8 +192,7 @@ def linear_eager(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     ``fastmm.nn.Linear`` runs it on every call of every layer, so nothing is checked twice."""
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)):
         return _Linear.apply(x, weight, bias, precision)
-    out = compute(x, weight.t(), None, precision)
-    return out.add_(bias) if bias is not None else out
+    return _linear_value(x, weight, bias, precision)
 
 
 def addmm(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta=1, alpha=1,
@@ -214,7 +207,7 @@ def addmm(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta=1, alpha=1,
         return torch.ops.fastmm.addmm(c, a, b, beta, alpha, precision)
     if torch.is_grad_enabled() and (c.requires_grad or a.requires_grad or b.requires_grad):
         return _Addmm.apply(c, a, b, beta, alpha, precision)
-    return _addmm_value(compute(a, b, None, precision), c, beta, alpha)
+    return compute_fused(a, b, c, alpha, beta, precision)
 
 
 def _check_addmm(c, a, b) -> None:
@@ -281,10 +274,8 @@ matmul_op.register_autograd(_matmul_backward, setup_context=_matmul_setup)
 @torch.library.custom_op("fastmm::linear", mutates_args=())
 def linear_op(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
               precision: Optional[str] = None) -> torch.Tensor:
-    precision = resolve_precision(precision)
-    result = compute(x, weight.t(), None, precision)
-    result = result.contiguous() if not result.is_contiguous() else result
-    return result.add_(bias) if bias is not None else result
+    result = _linear_value(x, weight, bias, resolve_precision(precision))
+    return result.contiguous() if not result.is_contiguous() else result
 
 
 @linear_op.register_fake
@@ -315,9 +306,8 @@ def addmm_op(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, beta: float = 1.
              precision: Optional[str] = None) -> torch.Tensor:
     precision = resolve_precision(precision)
     _check_addmm(c, a, b)
-    result = compute(a, b, None, precision)
-    result = result.contiguous() if not result.is_contiguous() else result
-    return _addmm_value(result, c, beta, alpha)
+    result = compute_fused(a, b, c, alpha, beta, precision)
+    return result.contiguous() if not result.is_contiguous() else result
 
 
 @addmm_op.register_fake

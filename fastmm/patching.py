@@ -12,6 +12,10 @@ block of code.
   and ``torch.addbmm`` (function and method forms) on float32 tensors through fastmm for a block
   of code, whichever module makes the call.
 
+:func:`patch` also routes the functional matmuls of the model's forward (``functional=True``,
+the default): a FastmmMode entered by forward hooks around the modules whose code makes them (see
+:func:`patch` for how they are found and what it costs).
+
 What the mode does not reach: torch functions written in Python that dispatch
 ``__torch_function__`` themselves (``F.multi_head_attention_forward``): a torch function mode
 sees each public torch function once, at the outermost level, and torch takes the mode off the
@@ -25,7 +29,12 @@ does running inside :func:`use_fastmm` (torch skips the fast path while a functi
 """
 from __future__ import annotations
 
+import dis
+import inspect
 import sys
+import threading
+import types
+import weakref
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -116,19 +125,67 @@ def _register_known() -> None:
         register_linear_like(conv1d, layout="in_out")
 
 
-def patch(model: torch.nn.Module, precision: str | None = None) -> torch.nn.Module:
-    """Put ``model``'s matmul modules on fastmm: every ``torch.nn.Linear`` (exact type) becomes a
+def patch(model: torch.nn.Module, precision: str | None = None, *, functional: bool | str = True) -> torch.nn.Module:
+    """Put ``model``'s matmuls on fastmm: every ``torch.nn.Linear`` (exact type) becomes a
     :class:`fastmm.nn.Linear` using the same Parameters; ``nn.MultiheadAttention``, GPT-2's
     ``Conv1D`` (where ``transformers`` is imported) and classes given to :func:`register` /
     :func:`register_linear_like` are converted in place to their fastmm subclass. Subclasses of
     these and modules already patched are left alone.
 
+    ``functional`` reaches the matmuls that no module conversion reaches: calls of
+    ``torch.matmul`` / ``@`` / ``mm`` / ``bmm`` / ``F.linear`` / ``addmm`` / ``baddbmm`` /
+    ``addbmm`` on float32 tensors made by the model's own code in its forward (Hugging Face's
+    ``eager_attention_forward``: ``q @ k^T`` and ``attn @ v``; a rotary embedding's
+    ``inv_freq @ positions``; a subclass of ``nn.Linear``). They then run on fastmm's ops, and
+    so does their backward (fastmm's own autograd). CUDA and CPU tensors, as
+    :class:`fastmm.nn.Linear` (on CPU the fastmm op hands the product to torch):
+
+    - ``True`` (default): routed where they are made. At patch time the modules whose forward
+      code (or a function or method it names, three calls deep) names such a call or uses ``@``
+      get a forward pre-hook and an ``always_call`` forward hook (candidates; modules inside
+      converted ones excepted). A candidate's first forward in training mode and in eval mode is
+      a probe: it runs under a :class:`FastmmMode` that also notes which module's forward made
+      each call it routed (modules found that were no candidate get the hooks too). From then
+      on the hooks enter a mode only around the modules that made such calls, with fastmm's own
+      modules inside them run with the mode taken off the stack; a candidate that made none
+      (the attention of an SDPA model) loses its hooks.
+    - ``"forward"``: the mode is on for the whole of every forward of ``model`` (hooks on
+      ``model``): also calls the code does not show (``getattr(torch, name)``) in modules no
+      probe ran, and branches no probe took, at the price of every torch call of the forward.
+    - ``False``: modules only.
+
+    Why this default: every torch call made while a function mode is on passes through it
+    (``x.shape`` too): +1.4-1.6 us a call on this repo's CPU machine, +0.9-2.7 us on an H200
+    host (time.perf_counter, two machines); fastmm.nn.Linear's own host path makes ~33 such
+    calls, a 4-layer Llama forward ~1300. Our models are host-bound, so the mode is kept to the
+    code that needs it. Calls passing through the mode per forward of a 4-layer Llama
+    (transformers 5.17, H200): eager attention 239 (``True``) against 362 (``"forward"``); SDPA
+    23 (``True``: the rotary embedding's product) against 299. Forward time there (hidden 256,
+    16 tokens, host-bound; 4.3-5.9 ms with ``False``): eager +0.75-1.65 ms with ``True`` (the
+    routed products' own host path included), +1.4-2.2 ms with ``"forward"``; SDPA +0.14 ms
+    against +1.2 ms. Hidden 1024, 4 x 256 tokens: eager +0.5 ms on a 4.5 ms forward and +1.2 ms on
+    a 15.4 ms training step; SDPA ~0. The cost is that of the attention code's own torch calls,
+    and it buys the issue's bar (no float32 product on torch but SDPA's core); ``False`` skips
+    it. Under ``torch.compile`` the hooks enter the mode in the traced frame (nothing at run
+    time): the compiled graph holds fastmm ops for those calls.
+
+    Re-entrant and nestable: a hook enters no mode where a :class:`FastmmMode` is on the stack
+    already (a :func:`use_fastmm` block around the model, whose mode then decides; an outer
+    routed module; a module called inside itself), and an exception in the forward leaves no
+    mode behind (``always_call``). Not covered: a ``KeyboardInterrupt`` mid-forward (torch runs
+    ``always_call`` hooks for ``Exception`` only) can leave the mode on that thread's stack; and,
+    with ``True``, a call in a branch that neither probe took (patching again probes again).
+    :func:`fastmm.coverage` names the module of any product left on torch.
+
     Works in place and returns ``model``; if ``model`` itself is converted to a new module that
-    is returned (use the return value). ``precision`` is given to every converted module
-    (``None``: follow ``torch.set_float32_matmul_precision`` at call time).
+    is returned (use the return value). ``precision`` is given to every converted module and to
+    the functional routing (``None``: follow ``torch.set_float32_matmul_precision`` at call time;
+    patching again with a precision changes it).
     """
     if precision is not None:
         resolve_precision(precision)
+    if functional not in (True, False, "forward"):
+        raise ValueError(f"functional must be True, False or 'forward', got {functional!r}")
     _register_known()
 
     def convert(m):
@@ -144,14 +201,26 @@ def patch(model: torch.nn.Module, precision: str | None = None) -> torch.nn.Modu
             m.precision = precision  # patched before: take the new precision
         return None
 
-    return _swap(model, convert)
+    model = _swap(model, convert)
+    before = [h.routing.precision for m in model.modules() for h in m._forward_pre_hooks.values()
+              if isinstance(h, _Enter)]
+    for m in model.modules():  # patched before: set up again (probes again), with this precision
+        _remove_hooks(m, None, _HOOKS)
+    if functional:
+        if precision is None and before:
+            precision = before[0]  # patched before with a precision: keep it
+        _install_functional(model, _FunctionalRouting(precision, whole_forward=functional == "forward"))
+    return model
 
 
 def unpatch(model: torch.nn.Module) -> torch.nn.Module:
     """Undo :func:`patch`: every :class:`fastmm.nn.Linear` becomes a plain ``torch.nn.Linear`` with
-    the same Parameters, and converted modules get their original class back. In place; returns
-    ``model`` (or the converted module if ``model`` is one)."""
+    the same Parameters, converted modules get their original class back, and the hooks of the
+    functional routing are removed from every module of ``model``. In place; returns ``model``
+    (or the converted module if ``model`` is one)."""
     originals = {sub: cls for cls, sub in _SUBCLASSES.items()}
+    for m in model.modules():
+        _remove_hooks(m, None, _HOOKS)
 
     def convert(m):
         if type(m) is Linear:
@@ -164,6 +233,11 @@ def unpatch(model: torch.nn.Module) -> torch.nn.Module:
         return None
 
     return _swap(model, convert)
+
+
+def _converted_types() -> tuple[type, ...]:
+    """The classes :func:`patch` converts to: their forward computes on fastmm itself."""
+    return (Linear,) + tuple(_SUBCLASSES.values())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -192,15 +266,17 @@ class FastmmMode(TorchFunctionMode):
         self.devices = tuple(devices)
 
     # torch runs this with the mode taken off the mode stack, so the torch calls made here (and
-    # inside the fastmm op) are not intercepted again.
+    # inside the fastmm op) are not intercepted again. Every torch call made while the mode is on
+    # the stack comes here (tensor attribute reads such as ``x.shape`` too): the call that is no
+    # matmul takes one dict lookup and goes on. (The mode machinery costs ~1-2.7 us a call, this
+    # method's part of it ~0.1 us: why patch keeps the mode to the modules that need it.)
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
         route = _ROUTES.get(func)
         if route is not None:
-            result = route(self, args, kwargs)
+            result = route(self, args, kwargs or {})
             if result is not NotImplemented:
                 return result
-        return func(*args, **kwargs)
+        return func(*args, **kwargs) if kwargs else func(*args)
 
     def _takes(self, *tensors) -> bool:
         a = tensors[0]
@@ -374,3 +450,339 @@ def use_fastmm(precision: str | None = None, *, devices: tuple[str, ...] = ("cud
     Returns the mode; ``with`` enters it (it nests with other torch function modes).
     """
     return FastmmMode(precision, devices)
+
+
+# ---------------------------------------------------------------------------------------------
+# patch(model, functional=...): the functional matmuls of a patched model's forward
+#
+# A FastmmMode on the stack costs every torch call made meanwhile (~1-2.7 us a call, ``x.shape``
+# included; patch's docstring has the figures), and it changes what torch does (torch skips nn.TransformerEncoder's
+# inference fast path while a function mode is on). So the mode is kept to the modules that need it:
+# 1. candidates (at patch time, from the code): the modules whose class's forward, or a function or
+#    method it names (globals, attributes of its class or of a module it names; three calls deep;
+#    torch's own functions excluded: a torch function mode sees those as one call), names a routed
+#    function (matmul, mm, bmm, linear, addmm, baddbmm, addbmm) or uses ``@``;
+# 2. a probe: a candidate's first forward in training mode and in eval mode runs under a
+#    FastmmMode that also notes, for each call it routes, the module whose forward made it (the
+#    innermost Module._call_impl frame on the Python stack). A candidate that made none (an
+#    attention module whose model uses SDPA) loses its hooks after both probes: no cost from then;
+#    one that did keeps entering the mode; a module found that was no candidate gets hooks too;
+# 3. shields: the converted modules inside a routed module (fastmm.nn.Linear...) run with the
+#    FastmmMode taken off the stack (a pre-hook pops it, a forward hook pushes it back): their
+#    forward computes on fastmm anyway and declines what the mode declines (non-plain tensors,
+#    half autocast), and their host path makes ~33 torch calls that would each pay the mode.
+# The hooks are objects of the classes below (picklable, deep-copyable: torch.save(model) and
+# copy.deepcopy keep working); what a pre-hook did is kept on a per-thread stack of (module, mode,
+# shield?) for its forward hook, which undoes only an entry of its own module (so one whose
+# pre-hook did not run, an earlier pre-hook having raised, changes nothing). Under torch.compile a
+# pre-hook enters the mode in the traced frame where none is on (dynamo traces it into the graph:
+# the functional matmuls become fastmm ops) and pushes nothing otherwise (dynamo mishandles a list
+# side effect made while an outer mode is on); probes and shields are eager-only.
+
+#: the device types the functional routing takes, as fastmm.nn's modules (on CPU the fastmm op
+#: hands the product to torch, through the same op, autograd and compile paths)
+_FUNCTIONAL_DEVICES = ("cuda", "cpu")
+_LOCAL = threading.local()
+_CALL_IMPL = torch.nn.Module._call_impl.__code__
+
+
+def _entries() -> list:
+    """This thread's stack of (module, mode or None, shield?) the hooks below keep."""
+    try:
+        return _LOCAL.entries
+    except AttributeError:
+        _LOCAL.entries = []
+        return _LOCAL.entries
+
+
+def _fastmm_modes() -> list:
+    """The FastmmModes on this thread's torch function mode stack (one C call where it is empty)."""
+    if not torch._C._is_torch_function_mode_enabled():
+        return []
+    return [m for m in torch.overrides._get_current_function_mode_stack() if isinstance(m, FastmmMode)]
+
+
+class _FunctionalRouting:
+    """What one :func:`patch` call set up, shared by the hooks it installed: the precision and
+    ``whole_forward`` (``functional="forward"``)."""
+
+    def __init__(self, precision: str | None, whole_forward: bool) -> None:
+        self.precision = precision
+        self.whole_forward = whole_forward
+
+    def mode(self) -> FastmmMode:
+        return FastmmMode(self.precision, _FUNCTIONAL_DEVICES)
+
+
+class _Enter:
+    """Forward pre-hook: enter the routing's mode (``routes``: the module made routed calls), or
+    a probe mode (a candidate's first call in this ``training`` value), or nothing where a
+    FastmmMode is on already (a :func:`use_fastmm` block, an outer routed module, this module
+    inside itself)."""
+
+    def __init__(self, routing: _FunctionalRouting, routes: bool) -> None:
+        self.routing, self.routes = routing, routes
+        self.probed: set[bool] = set()  # the training values a probe of this module completed for
+
+    def __call__(self, module, args):
+        if torch.compiler.is_compiling():
+            if not _fastmm_modes():  # (traced into the graph; the hooks inside then see it on)
+                mode = self.routing.mode()
+                mode.__enter__()
+                _entries().append((module, mode, False))
+            return
+        modes = _fastmm_modes()
+        if modes:
+            mode = None
+            if isinstance(modes[-1], _ProbeMode):
+                modes[-1].seen.append((self, module))  # probed by the outer probe
+        elif self.routes:
+            mode = self.routing.mode()
+        elif module.training not in self.probed:
+            mode = _ProbeMode(self, module)
+        else:
+            mode = None
+        if mode is not None:
+            mode.__enter__()
+        _entries().append((module, mode, False))
+
+
+class _Exit:
+    """Forward hook (``always_call``): exit the mode its pre-hook entered; after a probe forward
+    that returned, act on what it found."""
+
+    def __init__(self, routing: _FunctionalRouting) -> None:
+        self.routing = routing
+
+    def __call__(self, module, args, output):
+        entries = _entries()
+        if not entries or entries[-1][0] is not module or entries[-1][2]:
+            return  # its pre-hook did not run (or, compiling, entered nothing)
+        mode = entries.pop()[1]
+        if mode is not None:
+            mode.__exit__(None, None, None)
+            if isinstance(mode, _ProbeMode) and sys.exc_info()[0] is None:
+                mode.finish()
+
+
+class _ProbeMode(FastmmMode):
+    """A FastmmMode (routing as any) that also notes the module whose forward made each call it
+    routed, during one forward of a candidate (``owner``)."""
+
+    def __init__(self, hook: _Enter, owner: torch.nn.Module) -> None:
+        super().__init__(hook.routing.precision, _FUNCTIONAL_DEVICES)
+        self.hook, self.owner, self.training = hook, owner, owner.training
+        self.found: dict[int, torch.nn.Module | None] = {}
+        self.seen: list[tuple[_Enter, torch.nn.Module]] = []  # candidates called inside
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        route = _ROUTES.get(func)
+        if route is not None:
+            result = route(self, args, kwargs or {})
+            if result is not NotImplemented:
+                module = _calling_module()
+                self.found[id(module)] = module
+                return result
+        return func(*args, **kwargs) if kwargs else func(*args)
+
+    def finish(self) -> None:
+        """Hooks that enter the mode on the modules found (and the modules of their class inside
+        the owner), shields inside them; the candidates probed in both training values that made
+        no routed call lose their hooks."""
+        routing, owner = self.hook.routing, self.owner
+        inside = {id(m): m for m in owner.modules()}
+        converted = _converted_types()
+        classes = set()
+        for m in self.found.values():
+            if m is None or id(m) not in inside or isinstance(m, converted):
+                m = owner  # (outside the owner or unknown: the owner's forward)
+            hook = _enter_hook(m, routing)
+            if hook is not None:
+                hook.routes = True
+                _shield_inside(m, routing)
+            else:
+                classes.add(type(m))
+        for m in inside.values():
+            if type(m) in classes and _enter_hook(m, routing) is None:
+                _add_pair(m, _Enter(routing, routes=True), _Exit(routing))
+                _shield_inside(m, routing)
+        for hook, m in [(self.hook, owner)] + self.seen:
+            hook.probed.add(self.training)
+            if not hook.routes and hook.probed == {True, False}:
+                _remove_hooks(m, routing)
+
+
+def _calling_module() -> torch.nn.Module | None:
+    """The module whose forward runs innermost: the ``self`` of the innermost
+    ``Module._call_impl`` frame, or None."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code is _CALL_IMPL:
+            return frame.f_locals.get("self")
+        frame = frame.f_back
+    return None
+
+
+class _ShieldEnter:
+    """Forward pre-hook of a converted module inside a routed module: take the FastmmMode off the
+    top of the stack while its forward (fastmm's own) runs."""
+
+    def __init__(self, routing: _FunctionalRouting) -> None:
+        self.routing = routing
+
+    def __call__(self, module, args):
+        if not torch._C._is_torch_function_mode_enabled() or torch.compiler.is_compiling():
+            return
+        top = torch._C._get_function_stack_at(torch._C._len_torch_function_stack() - 1)
+        if isinstance(top, FastmmMode):
+            _entries().append((module, torch._C._pop_torch_function_stack(), True))
+
+
+class _ShieldExit:
+    """Forward hook (``always_call``): put back what :class:`_ShieldEnter` took off."""
+
+    def __init__(self, routing: _FunctionalRouting) -> None:
+        self.routing = routing
+
+    def __call__(self, module, args, output):
+        entries = _entries()
+        if entries and entries[-1][0] is module and entries[-1][2]:
+            torch._C._push_on_torch_function_stack(entries.pop()[1])
+
+
+_HOOKS = (_Enter, _Exit, _ShieldEnter, _ShieldExit)
+
+
+def _add_pair(module: torch.nn.Module, enter, exit_) -> None:
+    # the pre-hook first (an earlier one that raises leaves the mode unentered), the forward hook
+    # first too (it exits before the other forward hooks run, as the forward ended)
+    module.register_forward_pre_hook(enter, prepend=True)
+    module.register_forward_hook(exit_, prepend=True, always_call=True)
+
+
+def _enter_hook(module: torch.nn.Module, routing: _FunctionalRouting) -> _Enter | None:
+    for hook in module._forward_pre_hooks.values():
+        if isinstance(hook, _Enter) and hook.routing is routing:
+            return hook
+    return None
+
+
+def _shield_inside(scope: torch.nn.Module, routing: _FunctionalRouting) -> None:
+    converted = _converted_types()
+    for m in scope.modules():
+        if m is not scope and isinstance(m, converted) and not any(
+                isinstance(h, _ShieldEnter) and h.routing is routing for h in m._forward_pre_hooks.values()):
+            _add_pair(m, _ShieldEnter(routing), _ShieldExit(routing))
+
+
+def _remove_hooks(module: torch.nn.Module, routing: _FunctionalRouting | None,
+                  kinds: tuple[type, ...] = (_Enter, _Exit)) -> None:
+    """Remove ``module``'s hooks of these kinds that belong to ``routing`` (None: to any)."""
+    for table in (module._forward_pre_hooks, module._forward_hooks):
+        for key, hook in list(table.items()):
+            if isinstance(hook, kinds) and (routing is None or hook.routing is routing):
+                del table[key]
+                module._forward_hooks_always_called.pop(key, None)
+
+
+def _install_functional(model: torch.nn.Module, routing: _FunctionalRouting) -> None:
+    converted = _converted_types()
+    if isinstance(model, converted):
+        return  # (its forward is fastmm's own)
+    if routing.whole_forward:
+        _add_pair(model, _Enter(routing, routes=True), _Exit(routing))
+        _shield_inside(model, routing)
+        return
+    # a converted module's forward is fastmm's own and calls none of its children (MHA's
+    # out_proj): nothing inside it is a candidate (hooks there would also turn off
+    # nn.TransformerEncoderLayer's inference fast path, which declines modules with hooks)
+    stack, done = [model], set()
+    while stack:
+        m = stack.pop()
+        if id(m) in done or isinstance(m, converted) or isinstance(m, torch.jit.ScriptModule):
+            continue  # (a scripted module's code is TorchScript: no Python calls to route)
+        done.add(id(m))
+        if _makes_routed_calls(m):
+            _add_pair(m, _Enter(routing, routes=False), _Exit(routing))
+        stack.extend(c for c in m._modules.values() if c is not None)
+
+
+# --- candidates: what a module's code names ---------------------------------------------------
+
+#: names of the functions FastmmMode routes (as attributes: torch.matmul, x.mm, F.linear, ...)
+_ROUTED_NAMES = frozenset({"matmul", "mm", "bmm", "linear", "addmm", "baddbmm", "addbmm", "__matmul__",
+                           "__rmatmul__"})
+_BINARY_OP = dis.opmap.get("BINARY_OP", -1)  # Python >= 3.11: argument 4 is @, 17 is @=
+_BINARY_OP_MATMUL = frozenset(i for i, (_, sign) in enumerate(getattr(dis, "_nb_ops", ())) if sign in ("@", "@=")) \
+    or frozenset({4, 17})
+_MATMUL_OPS = frozenset(dis.opmap[n] for n in ("BINARY_MATRIX_MULTIPLY", "INPLACE_MATRIX_MULTIPLY", "BINARY_OP")
+                        if n in dis.opmap)
+_SCAN_DEPTH = 3
+_CANDIDATE_CLASSES: "weakref.WeakKeyDictionary[type, bool]" = weakref.WeakKeyDictionary()
+
+
+def _makes_routed_calls(module: torch.nn.Module) -> bool:
+    """Whether ``module``'s forward may make a call :class:`FastmmMode` routes, by its code."""
+    own = module.__dict__.get("forward")  # (a forward set on the instance)
+    if own is not None:
+        return _safe_scan(own, type(module))
+    cls = type(module)
+    known = _CANDIDATE_CLASSES.get(cls)
+    if known is None:
+        known = _CANDIDATE_CLASSES[cls] = _safe_scan(cls.forward, cls)
+    return known
+
+
+def _safe_scan(forward, cls: type) -> bool:
+    try:
+        return _scan(forward, cls, _SCAN_DEPTH, set(), top=True)
+    except Exception:  # (code this reading does not expect: no candidate; "forward" covers it)
+        return False
+
+
+def _scan(fn, cls: type | None, depth: int, seen: set, top: bool = False) -> bool:
+    """Whether the function ``fn`` (its decorators' wrapped functions too) names a routed
+    function or uses ``@``, or calls a function that does (``depth`` calls deep). Below the
+    forward (``top``), torch's own functions are not read: they dispatch ``__torch_function__``
+    themselves (the mode sees the outer call) or are Module machinery."""
+    while fn is not None:
+        fn = getattr(fn, "__func__", fn)  # (a bound method)
+        code = getattr(fn, "__code__", None)
+        if code is not None and code not in seen and (top or not _from_torch(fn)):
+            seen.add(code)
+            if _scan_code(code, getattr(fn, "__globals__", {}), cls, depth, seen):
+                return True
+        fn = getattr(fn, "__wrapped__", None)
+    return False
+
+
+def _from_torch(fn) -> bool:
+    module = getattr(fn, "__module__", None) or ""
+    return module == "torch" or module.startswith("torch.")
+
+
+def _scan_code(code: types.CodeType, globals_: dict, cls: type | None, depth: int, seen: set) -> bool:
+    if not _ROUTED_NAMES.isdisjoint(code.co_names):
+        return True
+    raw = code.co_code  # (op, arg) byte pairs; an @ has an argument below 256: no EXTENDED_ARG
+    if any(op in _MATMUL_OPS and (op != _BINARY_OP or arg in _BINARY_OP_MATMUL)
+           for op, arg in zip(raw[::2], raw[1::2])):
+        return True
+    for const in code.co_consts:  # nested functions, lambdas, comprehensions
+        if isinstance(const, types.CodeType) and _scan_code(const, globals_, cls, depth, seen):
+            return True
+    if depth == 0:
+        return False
+    holders = [m for name in code.co_names
+               if isinstance(m := globals_.get(name), types.ModuleType) and not m.__name__.startswith("torch")]
+    for name in code.co_names:
+        # (getattr_static: no descriptor runs, no lazy module imports anything)
+        targets = [globals_.get(name)] + [inspect.getattr_static(h, name, None) for h in holders]
+        if cls is not None:
+            targets.append(inspect.getattr_static(cls, name, None))
+        for target in targets:
+            if isinstance(target, (staticmethod, classmethod)):
+                target = target.__func__
+            if isinstance(target, types.FunctionType) and _scan(target, cls, depth - 1, seen):
+                return True
+    return False

@@ -149,10 +149,29 @@ def _select(p: Problem, dev: DeviceFacts, force: str | None = None, variants: tu
     launch_p, staging, swap = fam.staging(p)
     if staging or swap:
         chosen = fam.configure(launch_p, dev)
-    reduce = second_pass_config(p, dev, chosen)
+    chosen, reduce = with_epilogue(p, chosen, second_pass_config(p, dev, chosen))
     stagers = fam.stagers(p, staging) if staging else ()
     return Plan(p, dev, chosen, used, tuple(rejected), None, reduce, staging, launch_p if staging or swap else None,
                 stagers, swap_ab=swap, variants=variants)
+
+
+EPILOGUE_MACRO = ("EPILOGUE", 1)
+
+
+def with_epilogue(p: Problem, kernel: KernelConfig, second: KernelConfig | None):
+    """``(kernel, second)`` built to apply ``p``'s fused epilogue (``p.epilogue``) in the stores
+    that finish outputs: the GEMM's own where it writes C (no split, a split summed by its last
+    block, stream-K's whole tiles), the second pass's where there is one (split-K's reduce,
+    stream-K's fixup). A GEMM that writes only partial slices is built without it."""
+    if not p.epilogue:
+        return kernel, second
+    what = ("epilogue", "alpha * product + beta * D (a bias, addmm's input) in the store that finishes each "
+                        "output: no second pass over C")
+    if second is not None:
+        second = replace(second, macros=second.macros + (EPILOGUE_MACRO,), details=second.details + (what,))
+    if second is None or kernel.stream_k is not None:
+        kernel = replace(kernel, macros=kernel.macros + (EPILOGUE_MACRO,), details=kernel.details + (what,))
+    return kernel, second
 
 
 def select(p: Problem, dev: DeviceFacts, force: str | None = None, tuned: TunedChoice | None = None,
@@ -174,7 +193,7 @@ def select(p: Problem, dev: DeviceFacts, force: str | None = None, tuned: TunedC
     if plan.kernel is None:
         return plan
     chosen = _configure(family_of(tuned.family, variants), plan.launch_problem or p, dev, tuned.option)
-    reduce = second_pass_config(p, dev, chosen)
+    chosen, reduce = with_epilogue(p, chosen, second_pass_config(p, dev, chosen))
     rejected = tuple((name, reason.replace(" (forced)", " (tuned)")) for name, reason in plan.rejected)
     origin = "tuned" + (f": {tuned.provenance}" if tuned.provenance else "")
     return replace(plan, kernel=chosen, reduce=reduce, rejected=rejected, origin=origin)

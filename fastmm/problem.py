@@ -68,6 +68,9 @@ class Problem:
     # the launch problem of a staged plan, so 16-byte copies may run past N (or K).
     a_padded: bool = False
     b_padded: bool = False
+    # The kernel finishes each output as alpha * product + beta * D (cuda_src/common.cuh, the
+    # fused epilogue): D, alpha and beta are per-call arguments, like the operands' pointers.
+    epilogue: bool = False
 
     @classmethod
     def dense(cls, M: int, N: int, K: int, precision: str = "ieee", batch: int = 1,

@@ -6,6 +6,9 @@ arguments, with the conventions of cuda_src/:
   split-K into workspace slices (split_range; cluster pairs adding into one slice; a fused split
   summing its own slices with zeroed arrival counters);
 - splitk_reduce.cu: the slices summed in slice order;
+- the fused epilogue (EPILOGUE = 1, common.cuh): alpha * product + beta * D in the stores that
+  finish outputs, its five arguments last (D's pointer, its strides, alpha's and beta's float32
+  bits); beta = 0 reads no D;
 - stage_kmajor.cu: an operand copied K-major, zero-padded, split into TF32 halves for tf32x3;
 - wgmma_tf32.cu: A and B read through tensor maps (``tensor_map.encode`` records the pointer and
   geometry and checks what cuTensorMapEncodeTiled requires), zeros outside a map, the copy
@@ -21,6 +24,7 @@ emulated (their launches fail loudly); at the sizes CPU tests use the planner ne
 from __future__ import annotations
 
 import ctypes
+import struct
 import weakref
 from dataclasses import dataclass
 
@@ -161,9 +165,33 @@ def _check_vector_access(cfg, args) -> None:
         assert all(s % floats_per == 0 for s in batch), f"{where}: batch strides {batch}"
 
 
+def has_epilogue(cfg) -> bool:
+    return ("EPILOGUE", 1) in cfg.macros
+
+
+def split_epilogue(cfg, args) -> tuple[tuple, object]:
+    """(the arguments before a fused epilogue's, the epilogue as a function of the finished
+    (M, N) values at their row / column offsets), the identity where ``cfg`` has none."""
+    if not has_epilogue(cfg):
+        return args, lambda values, m0=0, n0=0: values
+    pd, sdm, sdn, alpha_bits, beta_bits = args[-5:]
+    alpha, beta = (struct.unpack("<f", struct.pack("<I", x))[0] for x in (alpha_bits, beta_bits))
+
+    def epilogue(values, m0=0, n0=0):
+        out = alpha * values.double()
+        if beta != 0:  # (D is not read: NaN there is ignored)
+            M, N = values.shape
+            out = out + beta * floats(pd + 4 * (m0 * sdm + n0 * sdn), (M, N), (sdm, sdn)).double()
+        return out.float()
+    return args[:-5], epilogue
+
+
 def emulate_gemm(cfg, args) -> None:
     """A GEMM family's kernel (FASTMM_PARAMS), split-K slices and the fused split's own sums."""
     assert cfg.stream_k is None, "stream-K launches are not emulated"
+    args, epilogue = split_epilogue(cfg, args)
+    # a split that a second pass sums writes partial slices only: its epilogue is the reduce's
+    assert not (has_epilogue(cfg) and cfg.split_k > 1 and not cfg.split_fused), cfg
     fused = args[20:]  # a fused split-K launch: (out, its strides, arrival counters)
     assert len(args) >= 20 and len(fused) == (4 if cfg.split_fused else 0), (cfg.family, len(args))
     (pa, pb, pc, M, N, K, sam, sak, sbk, sbn, scm, scn, inner, total,
@@ -184,7 +212,7 @@ def emulate_gemm(cfg, args) -> None:
                 c.copy_(part if y % 2 == 0 else c + part)
             else:
                 c = floats(pc + 4 * (za * sc0 + zb * sc1 + y * sc0), (M, N), (scm, scn))
-                c.copy_(part)
+                c.copy_(part if split > 1 else epilogue(part))
     if fused:  # the last block of each column tile sums the slices in order; counters start at 0
         out, som, son, counters = fused
         count = floats(counters, (cfg.arrival_counters,), (1,), torch.int32)
@@ -194,17 +222,18 @@ def emulate_gemm(cfg, args) -> None:
         sums = torch.zeros(M, N)
         for y in range(split):
             sums += floats(pc + 4 * y * sc0, (M, N), (scm, scn))
-        floats(out, (M, N), (som, son)).copy_(sums)
+        floats(out, (M, N), (som, son)).copy_(epilogue(sums))
 
 
 def emulate_reduce(cfg, args) -> None:
     """splitk_reduce.cu: C = the sum of S contiguous M x N slices, in slice order, in float32."""
+    args, epilogue = split_epilogue(cfg, args)
     w, c, M, N, S, scm, scn = args
     work = floats(w, (S, M, N), (M * N, N, 1))
     total = torch.zeros(M, N)
     for s in range(S):
         total += work[s]
-    floats(c, (M, N), (scm, scn)).copy_(total)
+    floats(c, (M, N), (scm, scn)).copy_(epilogue(total))
 
 
 def emulate_stage(cfg, args) -> None:
@@ -242,6 +271,7 @@ def emulate_wgmma(cfg, maps, args) -> None:
     assert cfg.family == "wgmma_tf32"
     macros = dict(cfg.macros)
     x3, a_mn, bn, c_vec = macros["PRECISION_X3"], macros["A_MN"], macros["BN"], macros["C_VEC"]
+    args, epilogue = split_epilogue(cfg, tuple(args))
     assert len(args) == 11 and all(isinstance(x, int) for x in args), args
     pc, M, N, K, scm, scn, inner, total, sc0, sc1, bits = args
     assert M > 0 and N > 0 and K > 0 and 1 <= inner <= total and total % inner == 0
@@ -267,7 +297,7 @@ def emulate_wgmma(cfg, maps, args) -> None:
         a = sum(_read_map(m, M, K, a2, a3, bool(a_mn)) for m in a_maps)
         bt = sum(_read_map(m, N, K, b2, b3, False) for m in b_maps)
         c = floats(pc + 4 * (z0 * sc0 + z1 * sc1), (M, N), (scm, scn))
-        c.copy_((a @ bt.t()).float())
+        c.copy_(epilogue((a @ bt.t()).float()))
 
 
 PLAIN_KERNELS = {"splitk_reduce": emulate_reduce, "stage_kmajor": emulate_stage}
@@ -292,24 +322,28 @@ class Launch:
     @property
     def pointers(self) -> tuple:
         """The data pointers: what differs between two calls of one plan on fresh tensors."""
+        d = self.args[-5:-4] if has_epilogue(self.cfg) else ()  # (a fused epilogue's D)
         if self.maps is not None:
-            return tuple(m.ptr for m in self.maps) + self.args[:1]
+            return tuple(m.ptr for m in self.maps) + self.args[:1] + d
         if self.family == "splitk_reduce":
-            return self.args[:2]  # (workspace, C)
+            return self.args[:2] + d  # (workspace, C)
         if self.cfg.split_fused:
-            return self.args[:3] + self.args[20:21]  # (A, B, workspace, out)
-        return self.args[:3]  # (A, B, C); stage_kmajor: (source, copy, its second half)
+            return self.args[:3] + self.args[20:21] + d  # (A, B, workspace, out)
+        return self.args[:3] + d  # (A, B, C); stage_kmajor: (source, copy, its second half)
 
     @property
     def rest(self) -> tuple:
         """Everything else: what a later call of the same plan must repeat exactly."""
+        args = self.args
+        if has_epilogue(self.cfg):  # (without D's pointer)
+            args = args[:-5] + args[-4:]
         if self.maps is not None:
-            return self.cfg, tuple((m.spec, m.tf32) for m in self.maps), self.args[1:]
+            return self.cfg, tuple((m.spec, m.tf32) for m in self.maps), args[1:]
         if self.family == "splitk_reduce":
-            return self.cfg, self.args[2:]
+            return self.cfg, args[2:]
         if self.cfg.split_fused:
-            return self.cfg, self.args[3:20] + self.args[21:]  # (the arrival counters too: per stream)
-        return self.cfg, self.args[3:]
+            return self.cfg, args[3:20] + args[21:]  # (the arrival counters too: per stream)
+        return self.cfg, args[3:]
 
 
 class EmulatedGpu:

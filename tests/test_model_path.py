@@ -59,13 +59,18 @@ def test_the_folded_result_is_viewed_into_out_or_computed_aside():
 def products(monkeypatch):
     """Every product the eager route asks fastmm for: (a shape, b shape)."""
     seen = []
-    real = ops.compute
+    real, real_fused = ops.compute, ops.compute_fused
 
     def recording(a, b, out, precision):
         seen.append((tuple(a.shape), tuple(b.shape)))
         return real(a, b, out, precision)
 
+    def recording_fused(a, b, d, alpha, beta, precision):  # (with a bias or addmm's input)
+        seen.append((tuple(a.shape), tuple(b.shape)))
+        return real_fused(a, b, d, alpha, beta, precision)
+
     monkeypatch.setattr(ops, "compute", recording)
+    monkeypatch.setattr(ops, "compute_fused", recording_fused)
     return seen
 
 

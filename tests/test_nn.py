@@ -70,16 +70,25 @@ def calls(monkeypatch):
         fallbacks.append(reason)
         return real_fallback(a, b, out, precision, reason)
 
-    def compute(a, b, out, precision):
+    real_fused = fastmm.fast_path.compute_fused
+
+    def recorded(run, precision):
         record.precisions.append(precision)
         seen = len(fallbacks)
-        result = real_compute(a, b, out, precision)
+        result = run()
         record.fallbacks.append(fallbacks[-1] if len(fallbacks) > seen else None)
         return result
+
+    def compute(a, b, out, precision):
+        return recorded(lambda: real_compute(a, b, out, precision), precision)
+
+    def compute_fused(a, b, d, alpha, beta, precision):  # (a product with a bias or addmm's input)
+        return recorded(lambda: real_fused(a, b, d, alpha, beta, precision), precision)
 
     monkeypatch.setattr(fastmm.dispatch, "fallback", fallback)
     for module in (fastmm.api, fastmm.ops):  # the eager route and the registered ops: compute by name
         monkeypatch.setattr(module, "compute", compute)
+    monkeypatch.setattr(fastmm.ops, "compute_fused", compute_fused)
     return record
 
 
@@ -176,13 +185,13 @@ def test_linear_forward_backward_equal_torch_on_cpu(calls, shape, bias):
 
 def test_linear_weight_is_passed_transposed_without_copy(monkeypatch):
     seen = []
-    real = fastmm.ops.compute
+    real = fastmm.ops.compute_fused
 
-    def spy(a, b, out, precision):  # the eager route's one product
+    def spy(a, b, d, alpha, beta, precision):  # the eager route's one product, with its bias
         seen.append(b)
-        return real(a, b, out, precision)
+        return real(a, b, d, alpha, beta, precision)
 
-    monkeypatch.setattr(fastmm.ops, "compute", spy)
+    monkeypatch.setattr(fastmm.ops, "compute_fused", spy)
     m = Linear(8, 4)
     m(torch.randn(3, 8))
     (b,) = seen

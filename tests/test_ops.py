@@ -80,9 +80,13 @@ def test_repeated_op_calls_take_the_steady_state_path(emulated_gpu):
     a, b, c = torch.randn(30, 40), torch.randn(40, 50), torch.randn(30, 50)
     calls = (lambda: torch.ops.fastmm.matmul(a, b, "ieee"), lambda: torch.ops.fastmm.linear(x, w, bias, "ieee"),
              lambda: torch.ops.fastmm.addmm(c, a, b, 0.5, 2.0, "ieee"))
-    firsts = [call() for call in calls]
+    firsts, finishing = [], []  # each call's result, and whether its last launch applies an epilogue
+    for call in calls:
+        firsts.append(call())
+        finishing.append(("EPILOGUE", 1) in emulated_gpu.launches[-1].cfg.macros)
     slow, launches = emulated_gpu.slow_calls, len(emulated_gpu.launches)
-    assert slow == 2 and launches >= 3  # (addmm's a @ b is matmul's layout: planned once)
+    assert slow == 3 and launches >= 3  # one plan each: linear's bias and addmm's c are fused into a store
+    assert finishing == [False, True, True]
     for first, call in zip(firsts, calls):
         assert torch.equal(call(), first)
     assert emulated_gpu.slow_calls == slow and len(emulated_gpu.launches) == 2 * launches  # the same launches again

@@ -516,7 +516,7 @@ class _FakeClock:
     def __init__(self, times, wrong_family):
         self.now, self.times, self.wrong, self.launches = 0.0, times, wrong_family, []
 
-    def launch(self, hit, s, c, problem, offsets, index):
+    def launch(self, hit, s, c, problem, offsets, index, epilogue=None):
         plan = hit.plan
         self.launches.append(plan.kernel.family)
         c.copy_(torch.matmul(s.a, s.b) * (1.5 if plan.kernel.family == self.wrong else 1.0))

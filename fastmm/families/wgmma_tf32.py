@@ -109,7 +109,8 @@ class WgmmaTf32(Family):
 
     def configure(self, p, dev):
         x3 = p.precision == "tf32x3"
-        bn, stages = pick_tile(p, dev, self.tile_options(x3), lambda o: (self.bm, o[0]))
+        # (no area test: its tile choices were measured with the fill rule alone)
+        bn, stages = pick_tile(p, dev, self.tile_options(x3), lambda o: (self.bm, o[0]), pad_slack=None)
         while stages > 2 and self.smem_bytes(bn, stages, x3) > dev.smem_per_block_optin:
             stages -= 1
         a_mn = not x3 and not self.a_ready(p) and self.a_mn_ready(p)

@@ -1,5 +1,5 @@
 """What one launch of a multi-kernel plan queues, prepared once per plan: a ``run(pa, pb, pc,
-stream)`` closure over everything that does not change between calls, so the full path (fastmm.dispatch,
+stream, epi=())`` closure over everything that does not change between calls, so the full path (fastmm.dispatch,
 once per launch offset) and the steady-state path (fastmm.fast_path) queue the same work.
 
 - split-K: the GEMM into a workspace, then the fixed-order reduce pass; or, for a fused plan,
@@ -8,10 +8,15 @@ once per launch offset) and the steady-state path (fastmm.fast_path) queue the s
 - wgmma: its K-major copies (stage_kmajor), the tensor maps, the GEMM (through
   ``launcher.maps_launcher``).
 
+``epi`` is a fused epilogue's arguments (:func:`epilogue_args`; empty for a plan without one),
+passed to the launches that finish outputs: those built with EPILOGUE = 1 (``plan.with_epilogue``).
+
 Module attributes (``launcher.launch``, ``tensor_map.encode``) are looked up per call, so tests
 can replace them.
 """
 from __future__ import annotations
+
+import struct
 
 import torch
 
@@ -25,6 +30,22 @@ def gemm_args(p: Problem) -> tuple:
     in cuda_src/common.cuh) for launch problem ``p``."""
     return (p.M, p.N, p.K, *p.a_strides, *p.b_strides, *p.c_strides, p.batch_inner, p.batch_total,
             *p.a_batch_strides, *p.b_batch_strides, *p.c_batch_strides)
+
+
+def float_bits(x: float) -> int:
+    """The bits of ``x`` as a float32, as the kernels read alpha and beta (the launcher passes
+    64-bit integers only)."""
+    return struct.unpack("<I", struct.pack("<f", float(x)))[0]
+
+
+def epilogue_args(pd: int, d_strides: tuple[int, int], alpha, beta, swap_ab: bool) -> tuple:
+    """The fused epilogue's kernel arguments (FASTMM_EPILOGUE_PARAMS in cuda_src/common.cuh) for
+    D at ``pd`` with strides (along M, along N) of the requested product; a plan computing C^T
+    (``swap_ab``) sees D transposed as well."""
+    sm, sn = d_strides
+    if swap_ab:
+        sm, sn = sn, sm
+    return (pd, sm, sn, float_bits(alpha), float_bits(beta))
 
 
 def split_gemm_args(p: Problem) -> tuple:
@@ -44,10 +65,10 @@ def split_runner(loaded, reduce, split: int, p: Problem, device):
     reduce_tail = (p.M, p.N, split, *p.c_strides)
     work_floats = split * p.M * p.N
 
-    def run(pa: int, pb: int, pc: int, stream: int) -> None:
+    def run(pa: int, pb: int, pc: int, stream: int, epi: tuple = ()) -> None:
         work = torch.empty(work_floats, dtype=torch.float32, device=device)
         launcher.launch(loaded, stream, (pa, pb, work.data_ptr()) + tail)
-        launcher.launch(reduce, stream, (work.data_ptr(), pc) + reduce_tail)
+        launcher.launch(reduce, stream, (work.data_ptr(), pc) + reduce_tail + epi)
     return run
 
 
@@ -59,10 +80,10 @@ def fused_split_runner(loaded, cfg, p: Problem, device):
     out_strides = tuple(p.c_strides)
     work_floats, n_counters = cfg.split_k * p.M * p.N, cfg.arrival_counters
 
-    def run(pa: int, pb: int, pc: int, stream: int) -> None:
+    def run(pa: int, pb: int, pc: int, stream: int, epi: tuple = ()) -> None:
         work = torch.empty(work_floats, dtype=torch.float32, device=device)
         count = arrivals.counters(device, stream, n_counters)
-        launcher.launch(loaded, stream, (pa, pb, work.data_ptr()) + tail + (pc,) + out_strides + (count.data_ptr(),))
+        launcher.launch(loaded, stream, (pa, pb, work.data_ptr()) + tail + (pc,) + out_strides + (count.data_ptr(),) + epi)
     return run
 
 
@@ -77,10 +98,10 @@ def stream_k_runner(loaded, fixup, cfg, p: Problem, device):
     fixup_tail = (p.M, p.N, *p.c_strides, bm, bn, sk.k_tiles, sk.whole_tiles, sk.iters)
     work_floats = sk.workspace_floats(bm, bn)
 
-    def run(pa: int, pb: int, pc: int, stream: int) -> None:
+    def run(pa: int, pb: int, pc: int, stream: int, epi: tuple = ()) -> None:
         work = torch.empty(work_floats, dtype=torch.float32, device=device)
-        launcher.launch(loaded, stream, (pa, pb, pc) + tail + (work.data_ptr(),) + numbers)
-        launcher.launch(fixup, stream, (work.data_ptr(), pc) + fixup_tail)
+        launcher.launch(loaded, stream, (pa, pb, pc) + tail + (work.data_ptr(),) + numbers + epi)
+        launcher.launch(fixup, stream, (work.data_ptr(), pc) + fixup_tail + epi)
     return run
 
 
@@ -122,7 +143,7 @@ def wgmma_runner(plan, loaded, p: Problem, device: torch.device):
         copies.append((which == "a", (2 if x3 else 1, total, rows, cols), launcher.load(plan.device, stager),
                        (rows, plan.problem.K, s_rows, s_k, cols, inner, total, s0, s1)))
 
-    def run(pa: int, pb: int, pc: int, stream: int) -> None:
+    def run(pa: int, pb: int, pc: int, stream: int, epi: tuple = ()) -> None:
         a_parts, b_parts = (pa,), (pb,)
         staged = []  # referenced until the GEMM is queued (the allocator is stream-ordered)
         for is_a, shape, stager, args in copies:
@@ -141,5 +162,5 @@ def wgmma_runner(plan, loaded, p: Problem, device: torch.device):
         encode = tensor_map.encode
         maps = tuple(encode(ptr, spec_a, tf32=not x3) for ptr in a_parts) + tuple(
             encode(ptr, spec_b, tf32=not x3) for ptr in b_parts)
-        gemm(stream, maps, (pc,) + tail)
+        gemm(stream, maps, (pc,) + tail + epi)
     return run

@@ -1,0 +1,203 @@
+"""The fused epilogue: ``F.linear``'s bias and ``torch.addmm``'s beta * C + alpha * (A @ B) are
+applied by the store that finishes each output (the GEMM's own, a split-K reduce, a fused split's
+last block), not by a second pass over C.
+
+CPU tests: the planner's placement of EPILOGUE on a simulated H200, and whole calls on the
+emulated GPU (tests/emulation.py), whose kernels read D, alpha and beta from the launch arguments
+fastmm passes, so a wrong stride, a transposed D (plans computing C^T) or an epilogue applied
+twice gives a wrong result here. The GPU tests run the same calls on the real kernels.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fastmm
+from fastmm.families import FAMILIES
+from fastmm.plan import EPILOGUE_MACRO, select
+from fastmm.problem import DeviceFacts, Problem
+
+NAN = float("nan")
+H200 = DeviceFacts.simulated_device("sm_90")
+TOL = {"ieee": 1e-6, "tf32": 3e-3, "tf32x3": 1e-6}
+
+
+def fused(cfg) -> bool:
+    return cfg is not None and EPILOGUE_MACRO in cfg.macros
+
+
+def rel(got: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((got.double() - ref).norm() / ref.norm()).item()
+
+
+# --- where the planner puts it ----------------------------------------------------------------
+
+def plan_of(M, N, K, precision="ieee", family=None, dev=H200, **kw):
+    p = dataclasses.replace(Problem.dense(M, N, K, precision, **kw), epilogue=True)
+    return select(p, dev, family)
+
+
+def test_a_single_launch_plan_applies_it_in_the_gemm():
+    plan = plan_of(2048, 2048, 512)
+    assert plan.reduce is None and fused(plan.kernel)
+    assert "epilogue" in dict(plan.kernel.details)
+    assert "EPILOGUE=1" in plan.describe()
+    # and a problem without one builds the kernel without it
+    assert not fused(select(Problem.dense(2048, 2048, 512), H200).kernel)
+
+
+def test_a_split_k_plan_applies_it_in_the_reduce_not_in_the_slices():
+    plan = plan_of(1024, 2816, 1024)
+    assert plan.kernel.split_k > 1 and not plan.kernel.split_fused and plan.reduce is not None
+    assert fused(plan.reduce) and not fused(plan.kernel)
+
+
+def test_a_fused_split_applies_it_in_the_gemm_that_sums_its_slices():
+    plan = plan_of(1, 4096, 4096, b_t=True)  # decode: skinny_kmajor, its last block sums the slices
+    assert plan.kernel.family == "skinny_kmajor" and plan.kernel.split_fused and plan.reduce is None
+    assert fused(plan.kernel)
+
+
+def test_stream_k_applies_it_in_the_whole_tiles_and_in_the_fixup():
+    plan = plan_of(8192, 4096, 6144)
+    assert plan.kernel.stream_k is not None, plan.describe()
+    assert fused(plan.kernel) and fused(plan.reduce)
+
+
+def test_cluster_pairs_leave_it_to_the_reduce():
+    plan = plan_of(256, 256, 65536)
+    assert plan.kernel.split_pair, plan.describe()
+    assert fused(plan.reduce) and not fused(plan.kernel)
+
+
+def test_wgmma_applies_it_in_its_store_and_its_stagers_never():
+    plan = plan_of(2048, 2048, 2048, "tf32", a_t=True)
+    assert plan.kernel.family == "wgmma_tf32" and fused(plan.kernel)
+    assert not any(fused(s) for s in plan.stagers)
+
+
+# --- whole calls on the emulated GPU ----------------------------------------------------------
+
+#: (family forced, precision, x shape, out features): a linear layer each family serves; long K
+#: for the split plans
+LINEAR_CASES = [
+    ("scalar", "ieee", (2, 9, 12), 20),
+    ("simt_float4", "ieee", (2, 24, 40), 36),
+    ("simt_cp_async", "ieee", (2, 24, 40), 36),
+    ("simt_cp_async", "ieee", (64, 16384), 64),  # split-K + reduce
+    ("tf32_mma", "tf32", (2, 24, 40), 36),
+    ("tf32_mma", "tf32x3", (3, 30, 41), 50),  # K not a multiple of 4
+    ("tf32_mma", "tf32", (64, 8192), 64),  # split-K + reduce
+    ("wgmma_tf32", "tf32", (2, 64, 64), 96),
+    ("wgmma_tf32", "tf32x3", (100, 72), 40),
+    ("skinny", "ieee", (2, 8, 64), 200),
+    ("skinny_kmajor", "ieee", (1, 4096), 96),  # decode: a fused split
+    ("skinny_kmajor", "tf32", (5, 300), 130),
+]
+
+
+@pytest.mark.parametrize("family,precision,x_shape,n", LINEAR_CASES, ids=[f"{c[0]}-{c[1]}-{c[2]}" for c in LINEAR_CASES])
+def test_linear_bias_is_added_by_the_store_that_finishes_each_output(emulated_gpu, monkeypatch, family, precision,
+                                                                     x_shape, n):
+    monkeypatch.setenv("FASTMM_KERNEL", family)
+    x, w, bias = torch.randn(x_shape), torch.randn(n, x_shape[-1]), torch.randn(n)
+    y = fastmm.linear(x, w, bias, precision=precision)
+    ref = x.double() @ w.double().t() + bias.double()
+    assert y.shape == ref.shape and rel(y, ref) <= TOL[precision]
+    launches = emulated_gpu.launches
+    assert family in emulated_gpu.families
+    # one launch applies the epilogue, the one that finishes C; nothing runs after it
+    assert [fused(x.cfg) for x in launches].count(True) == 1 and fused(launches[-1].cfg), emulated_gpu.families
+
+
+@pytest.mark.parametrize("family,precision", [("simt_cp_async", "ieee"), ("wgmma_tf32", "tf32"), ("wgmma_tf32", "tf32x3"),
+                                              ("skinny", "ieee"), ("tf32_mma", "tf32")])
+@pytest.mark.parametrize("c_shape", [(), (1,), (72,), (1, 72), (48, 1), (48, 72)])
+@pytest.mark.parametrize("beta,alpha", [(1, 1), (0.5, -2.0), (0, 3.0)])
+def test_addmm_applies_beta_c_and_alpha_in_the_store(emulated_gpu, monkeypatch, family, precision, c_shape, beta, alpha):
+    """Every broadcast of C (a row, a column, a scalar, all of it), scaled; beta = 0 ignores C,
+    NaN included. wgmma tf32 with a row-major B computes C^T (its plan swaps A and B): D is read
+    transposed there."""
+    monkeypatch.setenv("FASTMM_KERNEL", family)
+    M = 24 if family == "skinny" else 48
+    c_shape = tuple(M if d == 48 else d for d in c_shape)
+    a, b = torch.randn(M, 36), torch.randn(36, 72)
+    c = torch.full(c_shape, NAN) if beta == 0 else torch.randn(c_shape)
+    got = fastmm.addmm(c, a, b, beta=beta, alpha=alpha, precision=precision)
+    ref = alpha * (a.double() @ b.double()) + (0 if beta == 0 else beta * c.double())
+    assert not torch.isnan(got).any()
+    assert got.shape == (M, 72) and rel(got, ref.expand(M, 72)) <= TOL[precision]
+    assert fused(emulated_gpu.launches[-1].cfg)
+    if (family, precision) == ("wgmma_tf32", "tf32"):
+        assert fastmm.explain(a, b, precision=precision).plan.swap_ab  # (the case this covers)
+
+
+def test_a_transposed_c_is_read_through_its_strides(emulated_gpu):
+    a, b, c = torch.randn(40, 24), torch.randn(24, 56), torch.randn(56, 40).t()
+    got = fastmm.addmm(c, a, b, beta=2.0, precision="ieee")
+    assert rel(got, a.double() @ b.double() + 2 * c.double()) <= 1e-6
+    assert fused(emulated_gpu.launches[-1].cfg)
+
+
+def test_a_repeat_is_one_lookup_and_reads_the_new_bias(emulated_gpu):
+    """The steady-state path passes each call's D: a fresh bias tensor (another pointer) must be
+    the one added, with no call through the full path."""
+    x, w = torch.randn(4, 16, 40), torch.randn(36, 40)
+    biases = []  # (kept alive: a freed bias's memory may be handed to the next one)
+    for i in range(3):
+        bias = torch.randn(36)
+        biases.append(bias)
+        y = fastmm.linear(x, w, bias, precision="ieee")
+        assert rel(y, x.double() @ w.double().t() + bias.double()) <= 1e-6
+        if i == 0:
+            slow = emulated_gpu.slow_calls
+    assert emulated_gpu.slow_calls == slow
+    ptrs = {x.pointers[-1] for x in emulated_gpu.launches if fused(x.cfg)}
+    assert len(ptrs) == 3  # each call's own bias
+
+
+def test_with_grad_the_forward_is_fused_and_the_gradients_are_right(emulated_gpu):
+    x = torch.randn(2, 20, 24, requires_grad=True)
+    w = torch.randn(30, 24, requires_grad=True)
+    bias = torch.randn(30, requires_grad=True)
+    y = fastmm.linear(x, w, bias, precision="ieee")
+    assert fused(emulated_gpu.launches[-1].cfg)
+    g = torch.randn(y.shape)  # (torch.randn: memory the emulation knows)
+    y.backward(g)
+    refs = [t.detach().double().requires_grad_() for t in (x, w, bias)]
+    F.linear(*refs).backward(g.double())
+    for got, ref in zip((x.grad, w.grad, bias.grad), refs):
+        assert rel(got, ref.grad) <= 1e-6
+
+
+def test_products_it_cannot_fuse_still_get_their_epilogue(emulated_gpu):
+    """A 1-D input, batch dims that do not fold into rows: the product, then the bias added."""
+    w, bias = torch.randn(36, 40), torch.randn(36)
+    x1 = torch.randn(40)
+    torch.testing.assert_close(fastmm.linear(x1, w, bias, precision="ieee"), F.linear(x1, w, bias), rtol=1e-5, atol=1e-5)
+    x3 = torch.randn(16, 4, 40).transpose(0, 1)  # rows of a transposed batch view: no fold
+    torch.testing.assert_close(fastmm.linear(x3, w, bias, precision="ieee"), F.linear(x3, w, bias), rtol=1e-5, atol=1e-5)
+    assert not any(fused(x.cfg) for x in emulated_gpu.launches)
+
+
+def test_a_bias_of_the_wrong_size_raises_torchs_error(emulated_gpu):
+    x, w = torch.randn(8, 40), torch.randn(36, 40)
+    with pytest.raises(RuntimeError, match="must match the size"):
+        fastmm.linear(x, w, torch.randn(5), precision="ieee")
+
+
+def test_every_gemm_family_declares_the_epilogue_parameters():
+    """Each GEMM family's kernel and each second pass takes FASTMM_EPILOGUE_PARAMS, and every
+    final store goes through ``epi`` (a source check: a family that forgot one would ignore D)."""
+    from fastmm.runtime.sources import read_source
+
+    sources = {f.source for f in FAMILIES.values() if f.name != "stage_kmajor"} | {"splitk_reduce.cu",
+                                                                                   "stream_k_fixup.cu"}
+    for src in sorted(sources):
+        text = read_source(src)
+        assert "FASTMM_EPILOGUE_PARAMS" in text and re.search(r"FASTMM_EPILOGUE\n", text), src
+        assert re.search(r"\bepi\b[(),]", text), src  # the stores use it (epi(...), or passed on: , epi)
