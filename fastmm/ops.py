@@ -33,7 +33,7 @@ from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 from .fast_path import compute, compute_fused
 from .precision import autocast_half_active, resolve_precision
-from .shapes import PLAIN_TYPES, analyse
+from .shapes import PLAIN_TYPES, analyse, resize_out
 
 def tracing_or_in_dispatch_mode() -> bool:
     """torch.compile is tracing, or a TorchDispatchMode is active: the registered op is what they
@@ -196,11 +196,15 @@ def linear_eager(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
 
 
 def addmm(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta=1, alpha=1,
-          precision: str | None = None) -> torch.Tensor:
-    """``torch.addmm(c, a, b, beta=beta, alpha=alpha)`` on fastmm: beta * c + alpha * (a @ b),
-    with a and b matrices and c broadcastable to the result."""
+          precision: str | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``torch.addmm(c, a, b, beta=beta, alpha=alpha, out=out)`` on fastmm: beta * c + alpha * (a @ b),
+    with a and b matrices and c broadcastable to the result. ``out`` follows torch's rules
+    (resized if its shape differs, with torch's warning when it had elements; no autograd); the
+    result is computed aside and copied in, so an ``out`` that overlaps an input is safe."""
     precision = resolve_precision(precision)
     _check_addmm(c, a, b)
+    if out is not None:
+        return _addmm_into(out, c, a, b, beta, alpha, precision)
     if autocast_half_active(a.device.type):  # autocast owns the dtype: torch computes in half
         return torch.addmm(c, a, b, beta=beta, alpha=alpha)
     if use_registered_op(c, a, b):
@@ -208,6 +212,17 @@ def addmm(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta=1, alpha=1,
     if torch.is_grad_enabled() and (c.requires_grad or a.requires_grad or b.requires_grad):
         return _Addmm.apply(c, a, b, beta, alpha, precision)
     return compute_fused(a, b, c, alpha, beta, precision)
+
+
+def _addmm_into(out: torch.Tensor, c, a, b, beta, alpha, precision: str) -> torch.Tensor:
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (out, c, a, b)):
+        raise RuntimeError("addmm(): functions with out=... arguments don't support automatic differentiation, "
+                           "but one of the arguments requires grad.")
+    if out.dtype != a.dtype or out.device != a.device or autocast_half_active(a.device.type):
+        return torch.addmm(c, a, b, beta=beta, alpha=alpha, out=out)  # torch's rules and errors
+    result = addmm(c, a, b, beta=beta, alpha=alpha, precision=precision)
+    resize_out(out, tuple(result.shape))
+    return out.copy_(result)
 
 
 def _check_addmm(c, a, b) -> None:

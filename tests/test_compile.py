@@ -44,6 +44,8 @@ def _problems() -> list[Problem]:
             (1023, 1024, 1023, {"a_t": True, "b_t": True}),  # transposed, odd extents
             (1024, 2048, 512, {}),  # mid sizes: with 512^2 and 8192^2 they reach every tile option
             (1536, 1536, 512, {}),
+            (1024, 768, 1024, {}),  # tf32x3's 128 x 32 tile on sm_80, sm_89, sm_90 ...
+            (768, 640, 1024, {}),  # ... and on sm_86 (the area rule keeps the larger products off it)
             (512, 512, 512, {}),  # small: small tile options
             (64, 64, 64, {}),
             (3, 5, 4, {}),

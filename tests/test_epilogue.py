@@ -184,6 +184,28 @@ def test_products_it_cannot_fuse_still_get_their_epilogue(emulated_gpu):
     assert not any(fused(x.cfg) for x in emulated_gpu.launches)
 
 
+def test_addmm_into_out_follows_torchs_rules(emulated_gpu):
+    """out= as torch.addmm takes it: written in full (NaN-filled before), resized with torch's
+    warning when its shape differs, no autograd, an out that overlaps an input still right."""
+    c, a, b = torch.randn(36), torch.randn(20, 24), torch.randn(24, 36)
+    ref = 0.5 * c.double() + 2.0 * (a.double() @ b.double())
+    out = torch.full((20, 36), NAN)
+    assert fastmm.addmm(c, a, b, beta=0.5, alpha=2.0, precision="ieee", out=out) is out
+    assert rel(out, ref) <= 1e-6 and fused(emulated_gpu.launches[-1].cfg)
+    out = torch.full((3, 3), NAN)
+    with pytest.warns(UserWarning, match="An output with one or more elements was resized"):
+        fastmm.addmm(c, a, b, beta=0.5, alpha=2.0, precision="ieee", out=out)
+    assert out.shape == (20, 36) and rel(out, ref) <= 1e-6
+    square = torch.randn(24, 24)
+    expected = square.double() + square.double() @ square.double()
+    fastmm.addmm(square, square, square, precision="ieee", out=square)  # out is every input
+    assert rel(square, expected) <= 1e-6
+    with pytest.raises(RuntimeError, match="don't support automatic differentiation"):
+        fastmm.addmm(c, a.requires_grad_(), b, out=torch.empty(20, 36))
+    with pytest.raises(RuntimeError, match="Expected out tensor to have dtype float"):
+        fastmm.addmm(c, a.detach(), b, out=torch.empty(20, 36, dtype=torch.float64))
+
+
 def test_a_bias_of_the_wrong_size_raises_torchs_error(emulated_gpu):
     x, w = torch.randn(8, 40), torch.randn(36, 40)
     with pytest.raises(RuntimeError, match="must match the size"):
