@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import sys
 import tempfile
 import time
@@ -42,6 +41,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # a source checkout without install; spawned children inherit sys.path
 
 import torch  # noqa: E402
+
+from dist_util import free_port, init_rank  # noqa: E402  (beside this script)
 
 TOL = {"ieee": 1e-5, "tf32": 1e-3, "tf32x3": 1e-5}
 #: layer widths: aligned and unaligned sizes, so several kernel families and load modes run
@@ -105,14 +106,7 @@ def worker(rank: int, world: int, port: int, precisions, batch: int, steps: int,
 
     from fastmm.runtime.cache import default_cache
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    if cpu:
-        device = torch.device("cpu")
-        dist.init_process_group("gloo", rank=rank, world_size=world)
-    else:
-        torch.cuda.set_device(rank)
-        device = torch.device("cuda", rank)
-        dist.init_process_group("nccl", rank=rank, world_size=world, device_id=device)
+    device = init_rank(rank, world, port, cpu)
     try:
         result = {"rank": rank, "runs": {}}
         for precision in precisions:
@@ -145,12 +139,6 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     denom = b.double().norm().item()
     diff = (a.double() - b.double()).norm().item()
     return diff / denom if denom else diff
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main(argv=None) -> int:

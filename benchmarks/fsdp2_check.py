@@ -76,7 +76,6 @@ import gc
 import json
 import math
 import os
-import socket
 import statistics
 import sys
 import tempfile
@@ -88,6 +87,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # a source checkout without install; spawned children inherit sys.path
 
 import torch  # noqa: E402
+
+from dist_util import free_port, init_rank  # noqa: E402  (beside this script)
 
 #: per-step relative loss tolerance against the reference run, and that reference
 TOL = {"ieee": 1e-4, "tf32x3": 1e-4, "tf32": 1e-2}
@@ -321,15 +322,9 @@ def worker(rank: int, world: int, port: int, precisions, size, opts: dict, outdi
 
     from fastmm.runtime.cache import default_cache
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     if cpu:
         torch.set_num_threads(max(1, (os.cpu_count() or world) // world))
-        device = torch.device("cpu")
-        dist.init_process_group("gloo", rank=rank, world_size=world)
-    else:
-        torch.cuda.set_device(rank)
-        device = torch.device("cuda", rank)
-        dist.init_process_group("nccl", rank=rank, world_size=world, device_id=device)
+    device = init_rank(rank, world, port, cpu)
     fully_shard = fully_shard_fn()
     result = {"rank": rank, "runs": {}}
     try:
@@ -361,12 +356,6 @@ def worker(rank: int, world: int, port: int, precisions, size, opts: dict, outdi
         torch.save(result, os.path.join(outdir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rel_diffs(got: list[float], ref: list[float]) -> list[float]:

@@ -333,11 +333,8 @@ class Epilogue:
     alpha: float
     beta: float
 
-    def strides(self) -> tuple[int, int]:
-        return tuple(self.d.stride())
-
     def args(self, swap_ab: bool) -> tuple:
-        return runners.epilogue_args(self.d.data_ptr(), self.strides(), self.alpha, self.beta, swap_ab)
+        return (self.d.data_ptr(),) + runners.epilogue_tail(self.d.stride(), self.alpha, self.beta, swap_ab)
 
 
 def fused_reason(s: Shapes, d: torch.Tensor, alpha) -> str | None:

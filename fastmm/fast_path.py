@@ -33,7 +33,7 @@ class FastEntry:
     index: int
     extents: tuple[int, int, int] | None
     runner: object  # runner(pa, pb, pc, stream, epi) or None for one plain launch
-    # A fused epilogue's arguments after D's pointer (runners.epilogue_args), or None
+    # A fused epilogue's arguments after D's pointer (runners.epilogue_tail), or None
     epi_tail: tuple | None = None
 
 
@@ -66,11 +66,13 @@ def ranges_overlap(entry: FastEntry, a: torch.Tensor, b: torch.Tensor, out: torc
     return (o < a.data_ptr() + ea and a.data_ptr() < o + eo) or (o < b.data_ptr() + eb and b.data_ptr() < o + eo)
 
 
-def remember(key: tuple, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, precision: str) -> None:
+def remember(key: tuple, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, precision: str,
+             epilogue: tuple | None = None) -> None:
     """After a first call has planned and loaded the kernel: keep what the next identical call
     needs. Only for one launch offset, no operands staged by torch (the SIMT and mma.sync
     families' padded copies), K > 0, and an ``out`` (if any) that already had the right shape and
-    is written directly."""
+    is written directly. ``epilogue``: (d, alpha, beta) of a call launched fused
+    (:func:`compute_fused`)."""
     s = analyse(a, b)
     if s.K == 0 or any(n == 0 for n in s.batch + (s.M, s.N)):
         return
@@ -84,6 +86,8 @@ def remember(key: tuple, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | N
         if c is None:  # computed aside and copied: the full path's job
             return
     problem, offsets = build_problem(s, c, precision)
+    if epilogue is not None:
+        problem = replace(problem, epilogue=True)
     index = a.device.index if a.device.index is not None else torch.cuda.current_device()
     hit = dispatch.PLANS.prepared.get((index, problem, config.forced_kernel(), ()))
     if hit is None:
@@ -100,27 +104,36 @@ def remember(key: tuple, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | N
     runner = runners.runner_for(plan, hit.kernel, hit.second, p, a.device)
     tail = runners.gemm_args(p) if runner is None else ()
     extents = (extent(a), extent(b), extent(out)) if out is not None else None
-    ENTRIES[key] = FastEntry(s.out_shape, hit.kernel, tail, a.device, index, extents, runner)
+    epi_tail = None
+    if epilogue is not None:
+        d, alpha, beta = epilogue
+        epi_tail = runners.epilogue_tail(d.expand(s.M, s.N).stride(), alpha, beta, plan.swap_ab)
+    ENTRIES[key] = FastEntry(s.out_shape, hit.kernel, tail, a.device, index, extents, runner, epi_tail)
 
 
-def launch(entry: FastEntry, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+def launch(entry: FastEntry, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None,
+           d: torch.Tensor | None = None) -> torch.Tensor:
+    """Queue ``entry``'s work on ``a``, ``b`` (and a fused epilogue's ``d``) into ``out`` or a
+    fresh C."""
     # C allocated in matmul's result shape at once: the same contiguous memory as the batch +
     # (M, N) matrix the kernel writes (a view from one to the other costs ~1.5 us a call)
     c = result_matrix(entry.out_shape, entry.device) if out is None else out
+    epi = () if d is None else (d.data_ptr(),) + entry.epi_tail
     index = entry.index
     if torch.cuda.current_device() != index:
         with torch.cuda.device(index):  # (dispatch.on_device: a kernel runs in the current context)
-            _enqueue(entry, a, b, c)
+            _enqueue(entry, a, b, c, epi)
     else:
-        _enqueue(entry, a, b, c)
+        _enqueue(entry, a, b, c, epi)
     return c
 
 
-def _enqueue(entry: FastEntry, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> None:
+def _enqueue(entry: FastEntry, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, epi: tuple) -> None:
     if entry.runner is None:
-        launcher.launch(entry.kernel, dispatch.current_stream(entry.index), (a.data_ptr(), b.data_ptr(), c.data_ptr()) + entry.tail)
+        launcher.launch(entry.kernel, dispatch.current_stream(entry.index),
+                        (a.data_ptr(), b.data_ptr(), c.data_ptr()) + entry.tail + epi)
     else:
-        entry.runner(a.data_ptr(), b.data_ptr(), c.data_ptr(), dispatch.current_stream(entry.index))
+        entry.runner(a.data_ptr(), b.data_ptr(), c.data_ptr(), dispatch.current_stream(entry.index), epi)
 
 
 def compute(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, precision: str) -> torch.Tensor:
@@ -160,14 +173,14 @@ def compute_fused(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, alpha, beta
     entry = ENTRIES.get(key)
     if type(entry) is FastEntry:
         try:
-            return launch_fused(entry, a, b, d)
+            return launch(entry, a, b, None, d)
         except (TensorMapError, LaunchError):  # (not expected: the first call did the same)
             ENTRIES[key] = entry = NOT_FAST
     if entry is not UNFUSED:
         result, plan, reason = dispatch.matmul_fused(a, b, d, alpha, beta, precision)
         if result is not None:
             if entry is None:
-                remember_fused(key, a, b, d, alpha, beta, precision)
+                remember(key, a, b, None, precision, (d, alpha, beta))
             return result
         if plan is None or plan.kernel is None:  # (shapes, layouts or the device: the same next time)
             if len(ENTRIES) >= dispatch.MAX_CACHED_SHAPES:
@@ -185,44 +198,3 @@ def add_epilogue(prod: torch.Tensor, d: torch.Tensor, alpha, beta) -> torch.Tens
         prod.add_(d, alpha=beta)
     return prod
 
-
-def remember_fused(key: tuple, a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, alpha, beta, precision: str) -> None:
-    """:func:`remember` for a fused product, after its first call was launched fused."""
-    s = analyse(a, b)
-    problem, _ = build_problem(s, result_matrix((s.M, s.N), "meta"), precision)
-    problem = replace(problem, epilogue=True)
-    index = a.device.index if a.device.index is not None else torch.cuda.current_device()
-    hit = dispatch.PLANS.prepared.get((index, problem, config.forced_kernel(), ()))
-    if hit is None or hit.plan.kernel is None:
-        return
-    plan = hit.plan
-    if len(ENTRIES) >= dispatch.MAX_CACHED_SHAPES:
-        ENTRIES.clear()
-    if plan.staging and not plan.stagers:  # operands torch stages: the full path each call
-        ENTRIES[key] = NOT_FAST
-        return
-    p = plan.launch_problem or problem
-    runner = runners.runner_for(plan, hit.kernel, hit.second, p, a.device)
-    tail = runners.gemm_args(p) if runner is None else ()
-    epi_tail = runners.epilogue_args(0, d.expand(s.M, s.N).stride(), alpha, beta, plan.swap_ab)[1:]
-    ENTRIES[key] = FastEntry(s.out_shape, hit.kernel, tail, a.device, index, None, runner, epi_tail)
-
-
-def launch_fused(entry: FastEntry, a: torch.Tensor, b: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
-    c = result_matrix(entry.out_shape, entry.device)
-    index = entry.index
-    epi = (d.data_ptr(),) + entry.epi_tail
-    if torch.cuda.current_device() != index:
-        with torch.cuda.device(index):
-            _enqueue_fused(entry, a, b, c, epi)
-    else:
-        _enqueue_fused(entry, a, b, c, epi)
-    return c
-
-
-def _enqueue_fused(entry: FastEntry, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, epi: tuple) -> None:
-    if entry.runner is None:
-        launcher.launch(entry.kernel, dispatch.current_stream(entry.index),
-                        (a.data_ptr(), b.data_ptr(), c.data_ptr()) + entry.tail + epi)
-    else:
-        entry.runner(a.data_ptr(), b.data_ptr(), c.data_ptr(), dispatch.current_stream(entry.index), epi)

@@ -8,7 +8,8 @@ once per launch offset) and the steady-state path (fastmm.fast_path) queue the s
 - wgmma: its K-major copies (stage_kmajor), the tensor maps, the GEMM (through
   ``launcher.maps_launcher``).
 
-``epi`` is a fused epilogue's arguments (:func:`epilogue_args`; empty for a plan without one),
+``epi`` is a fused epilogue's arguments (D's pointer, then :func:`epilogue_tail`; empty for a plan
+without one),
 passed to the launches that finish outputs: those built with EPILOGUE = 1 (``plan.with_epilogue``).
 
 Module attributes (``launcher.launch``, ``tensor_map.encode``) are looked up per call, so tests
@@ -38,14 +39,14 @@ def float_bits(x: float) -> int:
     return struct.unpack("<I", struct.pack("<f", float(x)))[0]
 
 
-def epilogue_args(pd: int, d_strides: tuple[int, int], alpha, beta, swap_ab: bool) -> tuple:
-    """The fused epilogue's kernel arguments (FASTMM_EPILOGUE_PARAMS in cuda_src/common.cuh) for
-    D at ``pd`` with strides (along M, along N) of the requested product; a plan computing C^T
-    (``swap_ab``) sees D transposed as well."""
+def epilogue_tail(d_strides: tuple[int, int], alpha, beta, swap_ab: bool) -> tuple:
+    """The fused epilogue's kernel arguments after D's pointer (FASTMM_EPILOGUE_PARAMS in
+    cuda_src/common.cuh), for D with strides (along M, along N) of the requested product; a plan
+    computing C^T (``swap_ab``) sees D transposed as well."""
     sm, sn = d_strides
     if swap_ab:
         sm, sn = sn, sm
-    return (pd, sm, sn, float_bits(alpha), float_bits(beta))
+    return (sm, sn, float_bits(alpha), float_bits(beta))
 
 
 def split_gemm_args(p: Problem) -> tuple:
