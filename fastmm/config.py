@@ -72,6 +72,14 @@ def forced_kernel() -> str | None:
     return (value.strip() or None) if value is not None else None
 
 
+def switches() -> tuple:
+    """(FASTMM_DISABLE, FASTMM_KERNEL) as they are set now, unparsed: part of the key of every
+    remembered call (fastmm.fast_path), which must change whenever either does. Read per product,
+    so read raw: values that parse alike ("1" and "true") give keys that differ, which costs a
+    second entry, never a wrong one."""
+    return _read_disable(), _read_force()
+
+
 def tune_on_first_use() -> bool:
     return _flag(TUNE_ENV)
 

@@ -47,7 +47,7 @@ ENTRIES: dict[tuple, FastEntry | bool | str] = {}
 
 def key_of(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, precision: str) -> tuple:
     key = (a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, a.device, b.device,
-           a.data_ptr() & 15, b.data_ptr() & 15, precision, config.disabled(), config.forced_kernel())
+           a.data_ptr() & 15, b.data_ptr() & 15, precision, config.switches())
     if out is not None:
         key += (out.shape, out.stride(), out.dtype, out.device, out.data_ptr() & 15)
     return key
@@ -146,6 +146,13 @@ def compute(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, precisio
             return launch(entry, a, b, out)
         except (TensorMapError, LaunchError):  # (not expected: the first call did the same)
             ENTRIES[key] = entry = NOT_FAST  # the full path decides, falling back if it must
+    return _compute_full(key, entry, a, b, out, precision)
+
+
+def _compute_full(key: tuple, entry, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None,
+                  precision: str) -> torch.Tensor:
+    """:func:`compute` where ``key``'s entry did not serve: the full path, remembered under
+    ``key`` if there was no entry yet."""
     out_shape = None if out is None else tuple(out.shape)
     result, plan, reason = dispatch.matmul_fastmm(a, b, out, precision)
     # (an out that was resized no longer matches the key, which holds its old shape: the next
@@ -176,6 +183,13 @@ def compute_fused(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, alpha, beta
             return launch(entry, a, b, None, d)
         except (TensorMapError, LaunchError):  # (not expected: the first call did the same)
             ENTRIES[key] = entry = NOT_FAST
+    return _fused_full(key, entry, a, b, d, alpha, beta, precision)
+
+
+def _fused_full(key: tuple, entry, a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, alpha, beta,
+                precision: str) -> torch.Tensor:
+    """:func:`compute_fused` where ``key``'s entry did not serve: the fused full path (remembered
+    under ``key`` if there was no entry yet), or the product and then the epilogue."""
     if entry is not UNFUSED:
         result, plan, reason = dispatch.matmul_fused(a, b, d, alpha, beta, precision)
         if result is not None:
@@ -198,3 +212,34 @@ def add_epilogue(prod: torch.Tensor, d: torch.Tensor, alpha, beta) -> torch.Tens
         prod.add_(d, alpha=beta)
     return prod
 
+
+# ---------------------------------------------------------------------------------------------
+# F.linear: x @ w.t() (+ bias), keyed on (x, w, bias) themselves
+
+def linear_key(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, precision: str) -> tuple:
+    """The key of ``x @ w.t()`` (+ ``bias``, alpha = beta = 1): what :func:`key_of` (no bias) or
+    :func:`fused_key` hold for ``(x, w.t(), bias)``, read from ``w`` itself (w.t()'s shape and
+    strides are w's reversed, its pointer is w's). It starts with "linear", where theirs start
+    with a shape, so the two kinds of key never meet."""
+    key = ("linear", x.shape, x.stride(), w.shape, w.stride(), x.dtype, w.dtype, x.device, w.device,
+           x.data_ptr() & 15, w.data_ptr() & 15, precision, config.switches())
+    if bias is not None:
+        key += (bias.shape, bias.stride(), bias.dtype, bias.device, type(bias), bias.data_ptr() & 3)
+    return key
+
+
+def compute_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, precision: str) -> torch.Tensor:
+    """``F.linear(x, w, bias)`` without autograd: :func:`compute` of ``x @ w.t()``, or with a bias
+    :func:`compute_fused` (the bias added in the kernel's stores where the plan allows), with
+    the entry under :func:`linear_key`. A repeat call so makes neither the transposed view
+    (~1.3 us) nor the generic key; its launch reads w.t()'s pointer from ``w`` (the same)."""
+    key = linear_key(x, w, bias, precision)
+    entry = ENTRIES.get(key)
+    if type(entry) is FastEntry:
+        try:
+            return launch(entry, x, w, None, bias)
+        except (TensorMapError, LaunchError):  # (not expected: the first call did the same)
+            ENTRIES[key] = entry = NOT_FAST
+    if bias is None:
+        return _compute_full(key, entry, x, w.t(), None, precision)
+    return _fused_full(key, entry, x, w.t(), bias, 1, 1, precision)

@@ -26,13 +26,14 @@ from .precision import autocast_half_active, resolve_precision
 __all__ = ["Linear", "MultiheadAttention", "plain_tensor"]
 
 _OP_DEVICES = ("cuda", "cpu")
+_PLAIN_TYPES, _FLOAT32, _STRIDED = (torch.Tensor, torch.nn.Parameter), torch.float32, torch.strided
 
 
 def plain_tensor(t) -> bool:
     """A strided float32 ``torch.Tensor`` (or Parameter), not a tensor subclass: what the fastmm
-    op takes. Subclasses (DTensor, nested, ...) keep their own matmul semantics."""
-    return (type(t) is torch.Tensor or type(t) is torch.nn.Parameter) and t.dtype == torch.float32 \
-        and t.layout == torch.strided
+    op takes. Subclasses (DTensor, nested, ...) keep their own matmul semantics. (Three calls
+    per Linear forward: the module's constants spare the lookups through ``torch``.)"""
+    return type(t) in _PLAIN_TYPES and t.dtype == _FLOAT32 and t.layout == _STRIDED
 
 
 class Linear(torch.nn.Linear):

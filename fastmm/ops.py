@@ -31,8 +31,9 @@ from typing import Optional
 import torch
 from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
-from .fast_path import compute, compute_fused
+from .fast_path import compute, compute_fused, compute_linear
 from .precision import autocast_half_active, resolve_precision
+from .problem import PRECISIONS
 from .shapes import PLAIN_TYPES, analyse, resize_out
 
 def tracing_or_in_dispatch_mode() -> bool:
@@ -85,14 +86,14 @@ def matmul_grads(mm, a, b, g, need_a: bool, need_b: bool):
 def linear_grads(mm, x, w, g, need_x: bool, need_w: bool, need_bias: bool):
     """(grad_x, grad_weight, grad_bias) of ``x @ w.t() + bias``."""
     grad_x = grad_w = grad_bias = None
-    n = w.shape[0]
-    g2 = g.reshape(-1, n)
     if need_x:
         grad_x = mm(g, w)  # folded: (..., N) @ (N, K)
-    if need_w:
-        grad_w = mm(g2.transpose(0, 1), x.reshape(-1, x.shape[-1]))  # (N, rows) @ (rows, K)
-    if need_bias:
-        grad_bias = g2.sum(0)
+    if need_w or need_bias:  # (not for a frozen layer's grad_x alone)
+        g2 = g.reshape(-1, w.shape[0])
+        if need_w:
+            grad_w = mm(g2.transpose(0, 1), x.reshape(-1, x.shape[-1]))  # (N, rows) @ (rows, K)
+        if need_bias:
+            grad_bias = g2.sum(0)
     return grad_x, grad_w, grad_bias
 
 
@@ -107,6 +108,27 @@ def _eager_mm(precision: str):
     return mm
 
 
+#: The backward passes' product functions, one per (resolved) precision, made once.
+_EAGER_MM = {precision: _eager_mm(precision) for precision in PRECISIONS}
+
+# torch.autograd.Function.apply is a Python wrapper (torch/autograd/function.py) around the C-level
+# apply: a few us a call, a fair share of an enqueue-bound product's host time. Where no functorch
+# transform is active it does no more than unwrap dead functorch wrappers (tensors that outlived
+# their transform) and call it, since these Functions define no setup_context: so the eager route
+# does that itself (``_c_apply``), and leaves the rest (vmap, grad, ...) to the wrapper. A torch
+# without these functions always takes the wrapper.
+try:
+    _transforms_active = torch._C._are_functorch_transforms_active
+    _unwrap = torch._C._functorch.unwrap_if_dead
+except AttributeError:
+    _transforms_active, _unwrap = (lambda: True), None
+
+
+def _c_apply(fn: type):
+    """``fn``'s C-level apply (torch._C._FunctionBase.apply bound to ``fn``)."""
+    return super(torch.autograd.Function, fn).apply
+
+
 class _Matmul(torch.autograd.Function):
     @staticmethod
     def forward(ctx, a, b, precision):
@@ -117,7 +139,7 @@ class _Matmul(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         a, b = ctx.saved_tensors
-        grad_a, grad_b = matmul_grads(_eager_mm(ctx.precision), a, b, g, *ctx.needs_input_grad[:2])
+        grad_a, grad_b = matmul_grads(_EAGER_MM[ctx.precision], a, b, g, *ctx.needs_input_grad[:2])
         return grad_a, grad_b, None
 
 
@@ -126,14 +148,13 @@ class _Linear(torch.autograd.Function):
     def forward(ctx, x, w, bias, precision):
         ctx.precision = precision
         ctx.save_for_backward(x, w)
-        return _linear_value(x, w, bias, precision)
+        return compute_linear(x, w, bias, precision)
 
     @staticmethod
     def backward(ctx, g):
         x, w = ctx.saved_tensors
         nx, nw, nb = ctx.needs_input_grad[:3]
-        grads = linear_grads(_eager_mm(ctx.precision), x, w, g, nx, nw, nb)
-        return grads + (None,)
+        return linear_grads(_EAGER_MM[ctx.precision], x, w, g, nx, nw, nb) + (None,)
 
 
 class _Addmm(torch.autograd.Function):
@@ -147,15 +168,11 @@ class _Addmm(torch.autograd.Function):
     def backward(ctx, g):
         a, b = ctx.saved_tensors
         nc, na, nb = ctx.needs_input_grad[:3]
-        return _addmm_grads(_eager_mm(ctx.precision), a, b, g, ctx.c_shape, ctx.beta, ctx.alpha, nc, na, nb) \
+        return _addmm_grads(_EAGER_MM[ctx.precision], a, b, g, ctx.c_shape, ctx.beta, ctx.alpha, nc, na, nb) \
             + (None, None, None)
 
 
-def _linear_value(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, precision: str) -> torch.Tensor:
-    """``x @ w.t() + bias``, the bias added in the kernel's store where the plan allows."""
-    if bias is None:
-        return compute(x, w.t(), None, precision)
-    return compute_fused(x, w.t(), bias, 1, 1, precision)
+_MATMUL_APPLY, _LINEAR_APPLY, _ADDMM_APPLY = _c_apply(_Matmul), _c_apply(_Linear), _c_apply(_Addmm)
 
 
 def _addmm_grads(mm, a, b, g, c_shape, beta, alpha, need_c, need_a, need_b):
@@ -171,7 +188,9 @@ def matmul_autograd(a: torch.Tensor, b: torch.Tensor, precision: str) -> torch.T
     """``a @ b`` with gradients: the eager route, or the registered op where it must be."""
     if use_registered_op(a, b):
         return torch.ops.fastmm.matmul(a, b, precision)
-    return _Matmul.apply(a, b, precision)
+    if _transforms_active():
+        return _Matmul.apply(a, b, precision)
+    return _MATMUL_APPLY(_unwrap(a), _unwrap(b), precision)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -190,9 +209,12 @@ def linear_eager(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     """:func:`linear`'s eager route, for callers that made its checks already (plain tensors,
     no autocast to a half dtype, not compiling, no dispatch mode; ``precision`` resolved):
     ``fastmm.nn.Linear`` runs it on every call of every layer, so nothing is checked twice."""
-    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)):
+    if not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
+                                         or (bias is not None and bias.requires_grad))):
+        return compute_linear(x, weight, bias, precision)
+    if _transforms_active():
         return _Linear.apply(x, weight, bias, precision)
-    return _linear_value(x, weight, bias, precision)
+    return _LINEAR_APPLY(_unwrap(x), _unwrap(weight), None if bias is None else _unwrap(bias), precision)
 
 
 def addmm(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta=1, alpha=1,
@@ -210,7 +232,9 @@ def addmm(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta=1, alpha=1,
     if use_registered_op(c, a, b):
         return torch.ops.fastmm.addmm(c, a, b, beta, alpha, precision)
     if torch.is_grad_enabled() and (c.requires_grad or a.requires_grad or b.requires_grad):
-        return _Addmm.apply(c, a, b, beta, alpha, precision)
+        if _transforms_active():
+            return _Addmm.apply(c, a, b, beta, alpha, precision)
+        return _ADDMM_APPLY(_unwrap(c), _unwrap(a), _unwrap(b), beta, alpha, precision)
     return compute_fused(a, b, c, alpha, beta, precision)
 
 
@@ -289,7 +313,7 @@ matmul_op.register_autograd(_matmul_backward, setup_context=_matmul_setup)
 @torch.library.custom_op("fastmm::linear", mutates_args=())
 def linear_op(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
               precision: Optional[str] = None) -> torch.Tensor:
-    result = _linear_value(x, weight, bias, resolve_precision(precision))
+    result = compute_linear(x, weight, bias, resolve_precision(precision))
     return result.contiguous() if not result.is_contiguous() else result
 
 

@@ -23,8 +23,8 @@ TINY_OUTPUTS = 1024
 TINY_K = 1024
 
 PREFERENCE = {
-    "tf32": ("skinny_kmajor", "skinny", "wgmma_tf32", "tf32_mma", "simt_cp_async", "simt_float4", "scalar"),
-    "tf32x3": ("skinny_kmajor", "skinny", "wgmma_tf32", "tf32_mma", "simt_cp_async", "simt_float4", "scalar"),
+    "tf32": ("kmajor_mma", "skinny_kmajor", "skinny", "wgmma_tf32", "tf32_mma", "simt_cp_async", "simt_float4", "scalar"),
+    "tf32x3": ("kmajor_mma", "skinny_kmajor", "skinny", "wgmma_tf32", "tf32_mma", "simt_cp_async", "simt_float4", "scalar"),
     "ieee": ("skinny_kmajor", "skinny", "simt_cp_async", "simt_float4", "scalar"),
 }
 

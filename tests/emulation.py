@@ -135,7 +135,7 @@ def _vectors(cfg) -> dict:
             out["b"] = (16, "n")
         if m.get("A_VEC"):
             out["a"] = (16, "k")
-    elif family == "skinny_kmajor":  # W's rows (B along k) read as float4; A staged with 16-byte copies along k
+    elif family in ("skinny_kmajor", "kmajor_mma"):  # W's rows (B along k) read as float4; A along k (16 bytes)
         if m["B_VEC"]:
             out["b"] = (16, "k")
         if m["A_VEC"]:
@@ -301,7 +301,7 @@ def emulate_wgmma(cfg, maps, args) -> None:
 
 
 PLAIN_KERNELS = {"splitk_reduce": emulate_reduce, "stage_kmajor": emulate_stage}
-GEMM_FAMILIES = ("scalar", "simt_float4", "simt_cp_async", "tf32_mma", "skinny", "skinny_kmajor")
+GEMM_FAMILIES = ("scalar", "simt_float4", "simt_cp_async", "tf32_mma", "skinny", "skinny_kmajor", "kmajor_mma")
 
 
 # ---------------------------------------------------------------------------------------------

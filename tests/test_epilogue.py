@@ -97,6 +97,8 @@ LINEAR_CASES = [
     ("skinny", "ieee", (2, 8, 64), 200),
     ("skinny_kmajor", "ieee", (1, 4096), 96),  # decode: a fused split
     ("skinny_kmajor", "tf32", (5, 300), 130),
+    ("kmajor_mma", "tf32", (1, 4096), 96),  # decode on tensor cores: a fused split
+    ("kmajor_mma", "tf32x3", (3, 5, 300), 130),  # K not a multiple of 4: single-float loads
 ]
 
 

@@ -29,9 +29,9 @@ def test_the_registry_holds_every_family_the_planner_prefers_under_its_own_name(
 @pytest.mark.parametrize("name", sorted(FAMILIES))
 def test_every_family_answers_the_planners_questions(name):
     fam = FAMILIES[name]
-    # the skinny families' own problems: 16 rows, and B read along K (x @ W.t()) for skinny_kmajor
-    p = Problem.dense(16 if name in ("skinny", "skinny_kmajor") else 1024, 1024, 1024, precision=fam.precisions[-1],
-                      b_t=name == "skinny_kmajor")
+    # the skinny families' own problems: 16 rows, and B read along K (x @ W.t()) for the K-major ones
+    p = Problem.dense(16 if name in ("skinny", "skinny_kmajor", "kmajor_mma") else 1024, 1024, 1024,
+                      precision=fam.precisions[-1], b_t=name in ("skinny_kmajor", "kmajor_mma"))
     assert fam.reject(p, H200) is None
     reason = fam.heuristic_reason(p, H200)
     assert reason is None or isinstance(reason, str)
@@ -49,7 +49,7 @@ def test_only_the_tensor_core_families_compute_below_fp32_and_only_wgmma_launche
     for name, fam in FAMILIES.items():
         for precision in fam.precisions:
             computed = fam.precision_computed(Problem.dense(256, 256, 256, precision=precision))
-            assert computed == (precision if name in ("tf32_mma", "wgmma_tf32") else "ieee"), (name, precision)
+            assert computed == (precision if name in ("tf32_mma", "wgmma_tf32", "kmajor_mma") else "ieee"), (name, precision)
         assert (fam.launch_form == "tensor_maps") == (name == "wgmma_tf32")
 
 

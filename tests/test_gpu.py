@@ -28,7 +28,7 @@ FAMILY_PRECISIONS = [("scalar", "ieee"), ("simt_float4", "ieee"), ("simt_cp_asyn
                      ("tf32_mma", "tf32"), ("tf32_mma", "tf32x3"), ("wgmma_tf32", "tf32"),
                      ("wgmma_tf32", "tf32x3")]
 FP_IDS = [f"{f}-{p}" for f, p in FAMILY_PRECISIONS]
-TENSOR_CORE_FAMILIES = ("tf32_mma", "wgmma_tf32")
+TENSOR_CORE_FAMILIES = ("tf32_mma", "wgmma_tf32", "kmajor_mma")
 PRECISIONS = ("ieee", "tf32", "tf32x3")
 SHAPES = [(1, 1, 1), (3, 5, 4), (17, 19, 23), (129, 96, 132), (257, 129, 193), (1000, 1000, 1000),
           (4097, 4095, 4093)]
@@ -681,12 +681,14 @@ def test_skinny_matches_float64(N, K, rel_err):
         check(out, a, b, "ieee", rel_err)
         # the dispatcher: skinny (B row-major; K = 1 too, where B is one row) unless the problem is
         # tiny; a single column (N = 1) is K-contiguous as well, which skinny_kmajor reads first
+        # (kmajor_mma's tensor cores for tf32 at 8 to 16 rows)
         exp = fastmm.explain(a, b, precision="tf32")
         tiny = not (M * N > TINY_OUTPUTS or K > TINY_K)
-        assert exp.kernel == ("scalar" if tiny else "skinny_kmajor" if N == 1 else "skinny"), str(exp)
+        kmajor = "kmajor_mma" if 8 <= M <= 16 else "skinny_kmajor"
+        assert exp.kernel == ("scalar" if tiny else kmajor if N == 1 else "skinny"), str(exp)
         out = torch.full((M, N), NAN, device="cuda")
         assert fastmm.matmul(a, b, precision="tf32", out=out) is out
-        check(out, a, b, "ieee", rel_err)
+        check(out, a, b, "tf32" if exp.kernel == "kmajor_mma" else "ieee", rel_err)
         check(fastmm.matmul(a, b, precision="ieee"), a, b, "ieee", rel_err)
         assert torch.equal(a, a0) and torch.equal(b, b0)
 

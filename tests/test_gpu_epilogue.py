@@ -19,7 +19,8 @@ pytestmark = pytest.mark.cuda
 TOL = {"ieee": 1e-5, "tf32": 1e-3, "tf32x3": 1e-6}
 NAN = float("nan")
 FAMILY_PRECISIONS = [("scalar", "ieee"), ("simt_float4", "ieee"), ("simt_cp_async", "ieee"), ("skinny", "ieee"),
-                     ("skinny_kmajor", "ieee"), ("skinny_kmajor", "tf32"), ("tf32_mma", "tf32"),
+                     ("skinny_kmajor", "ieee"), ("skinny_kmajor", "tf32"), ("kmajor_mma", "tf32"),
+                     ("kmajor_mma", "tf32x3"), ("tf32_mma", "tf32"),
                      ("tf32_mma", "tf32x3"), ("wgmma_tf32", "tf32"), ("wgmma_tf32", "tf32x3")]
 SHAPES = [(1, 1, 1), (3, 5, 4), (17, 19, 23), (31, 96, 132), (129, 96, 132), (257, 129, 193), (1000, 1000, 1000)]
 #: (name, beta, alpha, D's shape as a function of (M, N), B given as nn.Linear stores it)

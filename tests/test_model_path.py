@@ -59,7 +59,7 @@ def test_the_folded_result_is_viewed_into_out_or_computed_aside():
 def products(monkeypatch):
     """Every product the eager route asks fastmm for: (a shape, b shape)."""
     seen = []
-    real, real_fused = ops.compute, ops.compute_fused
+    real, real_fused, real_linear = ops.compute, ops.compute_fused, ops.compute_linear
 
     def recording(a, b, out, precision):
         seen.append((tuple(a.shape), tuple(b.shape)))
@@ -69,8 +69,13 @@ def products(monkeypatch):
         seen.append((tuple(a.shape), tuple(b.shape)))
         return real_fused(a, b, d, alpha, beta, precision)
 
+    def recording_linear(x, w, bias, precision):  # F.linear's x @ w.t()
+        seen.append((tuple(x.shape), tuple(w.t().shape)))
+        return real_linear(x, w, bias, precision)
+
     monkeypatch.setattr(ops, "compute", recording)
     monkeypatch.setattr(ops, "compute_fused", recording_fused)
+    monkeypatch.setattr(ops, "compute_linear", recording_linear)
     return seen
 
 

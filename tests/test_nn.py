@@ -43,9 +43,9 @@ def _keep_matmul_precision():
 
 
 class Calls:
-    """Records every product fastmm computes: each call of ``fast_path.compute`` (the eager route:
-    plain and autograd calls, steady-state entries included) and of ``dispatch.matmul_fastmm``
-    from the registered ops (torch.compile). For each: its precision and, after it returned, the
+    """Records every product fastmm computes: each call of ``fast_path.compute``, ``compute_fused``
+    and ``compute_linear`` (the eager route: plain and autograd calls, steady-state entries
+    included) and of ``dispatch.matmul_fastmm`` from the registered ops (torch.compile). For each: its precision and, after it returned, the
     reason it fell back to torch (None: fastmm's kernels ran)."""
 
     def __init__(self):
@@ -85,10 +85,16 @@ def calls(monkeypatch):
     def compute_fused(a, b, d, alpha, beta, precision):  # (a product with a bias or addmm's input)
         return recorded(lambda: real_fused(a, b, d, alpha, beta, precision), precision)
 
+    real_linear = fastmm.fast_path.compute_linear
+
+    def compute_linear(x, w, bias, precision):  # (F.linear's product, with its bias or not)
+        return recorded(lambda: real_linear(x, w, bias, precision), precision)
+
     monkeypatch.setattr(fastmm.dispatch, "fallback", fallback)
     for module in (fastmm.api, fastmm.ops):  # the eager route and the registered ops: compute by name
         monkeypatch.setattr(module, "compute", compute)
     monkeypatch.setattr(fastmm.ops, "compute_fused", compute_fused)
+    monkeypatch.setattr(fastmm.ops, "compute_linear", compute_linear)
     return record
 
 
@@ -185,13 +191,13 @@ def test_linear_forward_backward_equal_torch_on_cpu(calls, shape, bias):
 
 def test_linear_weight_is_passed_transposed_without_copy(monkeypatch):
     seen = []
-    real = fastmm.ops.compute_fused
+    real = fastmm.dispatch.matmul_fused
 
-    def spy(a, b, d, alpha, beta, precision):  # the eager route's one product, with its bias
+    def spy(a, b, d, alpha, beta, precision, *args):  # the eager route's one product, with its bias
         seen.append(b)
-        return real(a, b, d, alpha, beta, precision)
+        return real(a, b, d, alpha, beta, precision, *args)
 
-    monkeypatch.setattr(fastmm.ops, "compute_fused", spy)
+    monkeypatch.setattr(fastmm.dispatch, "matmul_fused", spy)
     m = Linear(8, 4)
     m(torch.randn(3, 8))
     (b,) = seen

@@ -58,12 +58,16 @@ def is_tiny(p: Problem) -> bool:
 
 
 def skinny_family(p: Problem, dev: DeviceFacts) -> str:
-    """The skinny family that takes a non-tiny problem of M <= 32: skinny_kmajor for B read along
-    K on sm80+ (unless a batch needs a split of K, which it does not make), else skinny."""
+    """The skinny family that takes a non-tiny problem of M <= 32: for B read along K on sm80+,
+    kmajor_mma for tf32 requests of 8 to 16 rows (tensor cores; K = 1 excepted, where B is
+    N-contiguous too), else skinny_kmajor (unless a batch needs a split of K, which it does not
+    make); every other layout, skinny."""
     kmajor = FAMILIES["skinny_kmajor"]
-    if (dev.cc >= kmajor.min_cc and p.b_strides[0] == 1
-            and (p.batch_total == 1 or p.K <= kmajor.slice_cap(p, dev))):
-        return "skinny_kmajor"
+    if dev.cc >= kmajor.min_cc and p.b_strides[0] == 1 and not (p.b_strides[1] == 1 and p.N > 1):
+        if p.precision == "tf32" and 8 <= p.M <= 16:
+            return "kmajor_mma"
+        if p.batch_total == 1 or p.K <= kmajor.slice_cap(p, dev):
+            return "skinny_kmajor"
     return "skinny"
 
 
@@ -77,6 +81,8 @@ def tile_from_macros(family: str, m: dict) -> tuple[int, int]:
         return m["MT"], m.get("SK_BN", 128)  # skinny.cu: MT rows, COLS 128 (v1) or SK_BN (v2)
     if family == "skinny_kmajor":  # skinny_kmajor.cu: KR_BN = KR_G x KR_WARPS x 4 rows x KR_R
         return m["MT"], m["KR_G"] * m["KR_WARPS"] * 4 * m["KR_R"]
+    if family == "kmajor_mma":  # kmajor_mma.cu: 8 rows of A per B-role fragment, KM_BN = 16 x KM_NF (x warps)
+        return 8 * m["KM_MF"], 16 * m["KM_NF"] * (m["KM_WARPS"] if m["KM_ROWS"] else 1)
     if family == "tf32_mma":
         return m["WARPS_M"] * 64, m["WARPS_N"] * m["WARP_N"]  # tf32_mma.cu: WARP_M 64
     if family == "wgmma_tf32":
@@ -102,7 +108,7 @@ def dynamic_smem_from_macros(family: str, m: dict) -> int:
     if family == "wgmma_tf32":  # wgmma_tf32.cu: STAGES x (A + B tiles of 32 floats a row, twice for
         parts = 2 if m["PRECISION_X3"] else 1  # tf32x3's halves), the mbarriers, 1 KiB to align the ring
         return m["STAGES"] * (parts * (bm + bn) * 32 * 4 + 16) + 1024
-    return 0  # scalar, simt_float4 and skinny use static shared memory only
+    return 0  # scalar, simt_float4, skinny and kmajor_mma use static shared memory only
 
 
 def skinny_kchunk(m: dict) -> int:
@@ -138,6 +144,16 @@ def check_geometry(plan) -> None:
         assert p.b_strides[0] == 1 and dev.cc >= (8, 0)
         assert m["KR_FUSED"] == int(cfg.grid[1] > 1) == int(cfg.split_fused)
         assert cfg.grid[1] == -(-max(p.K, 1) // m["KR_KS"])  # one slice of KR_KS per block row, none idle
+    elif cfg.family == "kmajor_mma":
+        assert cfg.block_dims == (m["KM_WARPS"] * 32, 1, 1) and cfg.block == m["KM_WARPS"] * 32
+        assert p.M <= 8 * m["KM_MF"] <= 16 and (m["KM_MF"] == 1 or p.M > 8)
+        assert cfg.tile[2] == m["KM_KS"] and m["KM_KS"] % 32 == 0
+        assert p.b_strides[0] == 1 and dev.cc >= (8, 0) and p.precision in ("tf32", "tf32x3")
+        assert m["X3"] == int(p.precision == "tf32x3")
+        assert m["KM_FUSED"] == int(cfg.grid[1] > 1) == int(cfg.split_fused)
+        assert cfg.grid[1] == -(-max(p.K, 1) // m["KM_KS"])  # one slice of KM_KS per block row, none idle
+        # kmajor_mma.cu: red[KM_WARPS][4 KM_MF KM_NF][32] floats of static shared memory
+        assert m["KM_WARPS"] * 4 * m["KM_MF"] * m["KM_NF"] * 32 * 4 <= 48 * 1024
     elif cfg.family == "wgmma_tf32":  # wgmma_tf32.cu: THREADS 384 (3 warpgroups)
         assert cfg.block_dims == (384, 1, 1) and cfg.block == 384
         assert cfg.arch_suffix == "a" and plan.device.cc == (9, 0)
@@ -161,18 +177,18 @@ def check_geometry(plan) -> None:
     if gy == 1:
         assert plan.reduce is None
     else:
-        assert cfg.family in ("simt_cp_async", "tf32_mma", "skinny", "skinny_kmajor") and p.batch_total == 1
+        assert cfg.family in ("simt_cp_async", "tf32_mma", "skinny", "skinny_kmajor", "kmajor_mma") and p.batch_total == 1
         assert gy <= -(-p.K // cfg.tile[2]), "a split with no k-tile to compute"
         assert gy <= 65535  # gridDim.y's limit
         if cfg.family == "skinny_kmajor":  # at most a wave's worth, unless A's slices in shared memory need more
             assert gy <= max(MAX_SPLIT, 2 * dev.sm_count, -(-p.K // FAMILIES["skinny_kmajor"].slice_cap(p, dev)))
         else:
             assert gy <= max(MAX_SPLIT, 2 * dev.sm_count)  # families.split_cap: at most one wave's worth
-        if cfg.family not in ("skinny", "skinny_kmajor"):  # the tiled families keep >= MIN_KTILES_PER_SPLIT k-tiles per split
+        if cfg.family not in ("skinny", "skinny_kmajor", "kmajor_mma"):  # the tiled families keep >= MIN_KTILES_PER_SPLIT k-tiles per split
             assert gy <= -(-p.K // cfg.tile[2]) // MIN_KTILES_PER_SPLIT
         r = plan.reduce
         if cfg.split_fused:  # the skinny kernels' last block per tile sums the slices
-            assert dict(cfg.macros).get("SK_FUSED", cfg.family == "skinny_kmajor") == 1
+            assert dict(cfg.macros).get("SK_FUSED", cfg.family in ("skinny_kmajor", "kmajor_mma")) == 1
             assert r is None and cfg.arrival_counters == gx
             return
         assert "SK_FUSED" not in m
@@ -353,10 +369,10 @@ def test_tf32_requests_get_tensor_cores_for_every_non_tiny_shape(arch, precision
                 assert plan.kernel.family == "tf32_mma", _zoo_id(p)
                 assert arch != "sm_90" or "wgmma_tf32" in rejected(plan)
             assert plan.precision_used == precision
-        elif not is_tiny(p):  # M <= 32: a memory-bound skinny kernel (skinny_kmajor for B^T), fp32 FMA
-            family = "skinny_kmajor" if p.b_strides[0] == 1 else "skinny"
+        elif not is_tiny(p):  # M <= 32: a memory-bound skinny kernel (for B^T: skinny_kmajor, fp32 FMA, or
+            family = skinny_family(p, DEV[arch])  # kmajor_mma's tensor cores for tf32 at 8-16 rows)
             assert plan.kernel.family == family, _zoo_id(p)
-            assert plan.precision_used == "ieee"
+            assert plan.precision_used == (precision if family == "kmajor_mma" else "ieee")
             assert rejected(plan)["tf32_mma"] == f"{family} is preferred"
 
 
@@ -370,7 +386,8 @@ def test_tiny_problems_pick_scalar(arch, precision, mnk):
     for name, reason in plan.rejected:
         assert ("is tiny" in reason or "needs sm80+" in reason or "needs sm90+" in reason
                 or "does not compute precision" in reason
-                or (name == "skinny_kmajor" and reason.startswith("B is not K-contiguous"))), (name, reason)
+                or (name in ("skinny_kmajor", "kmajor_mma") and reason.startswith("B is not K-contiguous"))
+                or (name == "kmajor_mma" and reason == f"M = {mnk[0]} > 16: one mma fragment pair of rows")), (name, reason)
     assert "is tiny" in rejected(plan)["skinny"]  # even where M <= 32 (sm75+: skinny runs on every arch)
     if arch != "sm_75":
         assert "is tiny" in rejected(plan)["simt_cp_async"]
@@ -644,8 +661,11 @@ def test_force_picks_the_named_family(arch, family, precision):
     assert plan.precision_used == (precision if family == "tf32_mma" else "ieee")
     reasons = rejected(plan)
     assert family not in reasons
-    for name in ("skinny_kmajor", "skinny"):  # the two families that cannot take 2048 rows
+    for name in ("skinny_kmajor", "skinny"):  # the families that cannot take 2048 rows
         assert reasons.pop(name) == "M = 2048 > 32: not skinny"
+    if precision != "ieee":
+        assert reasons.pop("kmajor_mma") == ("needs sm80+, device is sm_75" if arch == "sm_75"
+                                             else "M = 2048 > 16: one mma fragment pair of rows")
     if arch != "sm_90" and precision != "ieee":
         assert reasons.pop("wgmma_tf32") == f"needs sm90+, device is {arch}"
     for name, reason in reasons.items():
@@ -659,16 +679,20 @@ def test_force_skinny_picks_it_and_the_rest_are_rejected_as_forced(arch, precisi
     plan = select(Problem.dense(16, 2048, 2048, precision=precision, b_t=b_t), DEV[arch], force="skinny")
     assert plan.kernel.family == "skinny" and plan.precision_used == "ieee"
     for name, reason in rejected(plan).items():
-        if name in ("tf32_mma", "wgmma_tf32") and precision == "ieee":
+        if name in ("tf32_mma", "wgmma_tf32", "kmajor_mma") and precision == "ieee":
             assert reason == f"does not compute precision '{precision}'"
         elif name == "wgmma_tf32" and arch != "sm_90":
             assert reason == f"needs sm90+, device is {arch}", (name, reason)
         elif name == "wgmma_tf32":  # 16 rows: 16 tiles for 132 SMs, and no split-K
             assert f"fill under 1/{3 if precision == 'tf32' else 4} of the 132 SMs" in reason, (name, reason)
-        elif arch == "sm_75" and name in ("simt_cp_async", "tf32_mma", "skinny_kmajor"):
+        elif arch == "sm_75" and name in ("simt_cp_async", "tf32_mma", "skinny_kmajor", "kmajor_mma"):
             assert reason == "needs sm80+, device is sm_75", (name, reason)
         elif name == "skinny_kmajor" and not b_t:  # B row-major: read along N, skinny's layout
             assert reason == "B is not K-contiguous (its rows along N are the skinny family's)", (name, reason)
+        elif name == "kmajor_mma" and not b_t:
+            assert reason == "B is not K-contiguous (W's rows along K are what this family streams)", (name, reason)
+        elif name == "kmajor_mma" and precision == "tf32x3":  # (a heuristic: skinny_kmajor is as fast)
+            assert reason.startswith("skinny_kmajor computes full fp32 as fast here"), (name, reason)
         else:
             assert reason in ("skinny is preferred (forced)", f"does not compute precision '{precision}'"), (name, reason)
 
@@ -919,10 +943,13 @@ def test_m_up_to_32_picks_skinny_on_every_arch_and_precision(arch, precision, M)
         p = Problem.dense(M, N, K, precision=precision, **kw)
         assert M * N > TINY_OUTPUTS
         plan = select(p, DEV[arch])
-        # B^T (x @ W.t()) is skinny_kmajor's on sm80+; every other layout, and sm75, skinny's
-        family = "skinny_kmajor" if kw.get("b_t") and arch != "sm_75" else "skinny"
+        # B^T (x @ W.t()) is skinny_kmajor's on sm80+ (kmajor_mma's for tf32 at 8-16 rows); every
+        # other layout, and sm75, skinny's
+        family = skinny_family(p, DEV[arch])
+        assert family == ("skinny" if not kw.get("b_t") or arch == "sm_75" else
+                          "kmajor_mma" if precision == "tf32" and 8 <= M <= 16 else "skinny_kmajor")
         assert plan.kernel.family == family, (N, K, kw)
-        assert plan.precision_used == "ieee"  # fp32 FFMA, even for tf32 requests
+        assert plan.precision_used == ("tf32" if family == "kmajor_mma" else "ieee")  # else fp32 FFMA
         assert plan.describe().startswith(f"kernel: {family} (fastmm_{family} in cuda_src/{family}.cu): tile ")
         reasons = rejected(plan)
         assert reasons["scalar"] == reasons["simt_float4"] == f"{family} is preferred"
@@ -935,6 +962,8 @@ def test_m_up_to_32_picks_skinny_on_every_arch_and_precision(arch, precision, M)
                 assert reasons[name] == f"{family} is preferred"
         if arch == "sm_75":
             assert reasons["skinny_kmajor"] == "needs sm80+, device is sm_75"
+        elif family == "kmajor_mma":
+            assert reasons["skinny"] == reasons["skinny_kmajor"] == "kmajor_mma is preferred"
         elif family == "skinny_kmajor":
             assert reasons["skinny"] == "skinny_kmajor is preferred"
         else:
@@ -1180,7 +1209,7 @@ def test_random_problems_keep_every_invariant(p, arch, force):
         assert cfg.family == skinny_family(p, dev)
     elif force is None:
         assert cfg.family not in ("skinny", "skinny_kmajor")
-    assert plan.precision_used == (p.precision if cfg.family in ("tf32_mma", "wgmma_tf32") else "ieee")
+    assert plan.precision_used == (p.precision if cfg.family in ("tf32_mma", "wgmma_tf32", "kmajor_mma") else "ieee")
     check_geometry(plan)
     m = dict(cfg.macros)
     if cfg.family == "wgmma_tf32":  # reads its operands through tensor maps (p: the launch problem)
@@ -1203,6 +1232,10 @@ def test_random_problems_keep_every_invariant(p, arch, force):
         assert p.M <= SKINNY_MAX_M and sBk == 1
         assert m["B_VEC"] == int(_vector_ok(p.K, sBn if p.N > 1 else 0, p.b_batch_strides, p.b_align))
         assert m["A_VEC"] == int(sAk == 1 and _vector_ok(p.K, sAm if p.M > 1 else 0, p.a_batch_strides, p.a_align))
+    elif cfg.family == "kmajor_mma":  # float4 along K for both, or for neither
+        a_vec = sAk == 1 and _vector_ok(p.K, sAm if p.M > 1 else 0, p.a_batch_strides, p.a_align)
+        b_vec = _vector_ok(p.K, sBn if p.N > 1 else 0, p.b_batch_strides, p.b_align)
+        assert p.M <= 16 and sBk == 1 and m["B_VEC"] == m["A_VEC"] == int(a_vec and b_vec)
     elif cfg.family == "skinny" and m.get("SK_V2"):
         assert dev.cc in Skinny.V2_BY_CC
         assert p.M <= SKINNY_MAX_M and m["MT"] == max(4, -(-p.M // 4) * 4)  # (M = 0 too: skinny.cu needs 4..32)
@@ -1532,7 +1565,7 @@ def test_only_skinny_plans_on_sm90_ask_for_dependent_launch(arch):
             for cfg in (plan.kernel, plan.reduce, *plan.stagers):
                 if cfg is None:
                     continue
-                want = cfg.family in ("skinny", "skinny_kmajor") and dev.cc >= (9, 0)
+                want = cfg.family in ("skinny", "skinny_kmajor", "kmajor_mma") and dev.cc >= (9, 0)
                 assert cfg.dependent_launch is want, (arch, M, N, K, precision, cfg.family)
                 assert any(k == "launch" for k, _ in cfg.details) is want
 

@@ -236,6 +236,8 @@ def _threads_from_macros(cfg) -> int:
         return 256
     if cfg.family == "skinny_kmajor":
         return m["KR_WARPS"] * 32
+    if cfg.family == "kmajor_mma":
+        return m["KM_WARPS"] * 32
     if cfg.family == "wgmma_tf32":  # a producer and two consumer warpgroups
         return 384
     return m["WARPS_M"] * m["WARPS_N"] * 32
@@ -258,16 +260,16 @@ def check_plan(plan, force: str | None) -> None:
     if cfg.family == "scalar":
         assert cfg.block_dims == (16, 16, 1)
     if dev.cc < (8, 0):
-        assert cfg.family not in ("simt_cp_async", "tf32_mma", "wgmma_tf32")
+        assert cfg.family not in ("simt_cp_async", "tf32_mma", "wgmma_tf32", "kmajor_mma")
     if cfg.family == "wgmma_tf32":
         assert dev.cc == (9, 0) and cfg.target(dev.arch) == "sm_90a"
     if p.precision == "ieee":
-        assert cfg.family not in ("tf32_mma", "wgmma_tf32")
-    assert plan.precision_used == (p.precision if cfg.family in ("tf32_mma", "wgmma_tf32") else "ieee")
+        assert cfg.family not in ("tf32_mma", "wgmma_tf32", "kmajor_mma")
+    assert plan.precision_used == (p.precision if cfg.family in ("tf32_mma", "wgmma_tf32", "kmajor_mma") else "ieee")
     if cfg.split_k > 1:
         assert p.batch_total == 1
         if cfg.split_fused:  # the skinny kernels sum their own slices (last block per column / row tile)
-            assert plan.reduce is None and cfg.family in ("skinny", "skinny_kmajor") and cfg.arrival_counters == gx
+            assert plan.reduce is None and cfg.family in ("skinny", "skinny_kmajor", "kmajor_mma") and cfg.arrival_counters == gx
         else:
             assert plan.reduce is not None and plan.reduce.family == "splitk_reduce"
             assert 1 <= plan.reduce.grid[0] <= INT32_MAX and plan.reduce.block_dims == (256, 1, 1)

@@ -26,13 +26,14 @@ from fastmm.families import FAMILIES  # noqa: E402
 from fastmm.runtime import launcher, tensor_map  # noqa: E402
 from probe_util import need_gpu  # noqa: E402
 
-N_CALLS = 2000
+N_CALLS = 500  # (fewer than the ~1000 launches a stream queues before the host waits)
 
 
 def bench(name, fn, n=None):
     n = n or N_CALLS
     fn()
     torch.cuda.synchronize()
+    torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU work ahead: the calls only enqueue
     t0 = time.perf_counter()
     for _ in range(n):
         fn()
@@ -84,6 +85,56 @@ def wgmma_pieces(a, b):
     bench("ctypes arrays only", arrays)
 
 
+def plain_pieces(a, b):
+    """One plain launch (a SIMT kernel, pointer arguments only) four ways: cuda.core's launch,
+    cuda.bindings' cuLaunchKernel, ctypes with the parameter arrays built per call, and ctypes
+    with arrays built once (three pointer slots rewritten per call); and allocations."""
+    c, plan, reason = dispatch.matmul_fastmm(a, b, None, "ieee", force="simt_cp_async")
+    if reason is not None or plan.kernel.split_k > 1 or plan.kernel.stream_k is not None:
+        print(f"plain pieces skipped: {reason or 'a multi-launch plan'}")
+        return
+    from fastmm.runtime import runners
+
+    loaded = launcher.load(plan.device, plan.kernel)
+    p = plan.launch_problem or plan.problem
+    args = (a.data_ptr(), b.data_ptr(), c.data_ptr()) + runners.gemm_args(p)
+    stream = dispatch.current_stream(plan.device.index)
+    cfg = loaded.launch_config
+    print(f"plain: {plan.kernel.describe()}, {len(args)} arguments")
+    bench("launcher.launch (cuda.core)", lambda: launcher.launch(loaded, stream, args))
+    from cuda.bindings import driver
+
+    handle = loaded.kernel.handle
+    types = tuple(ctypes.c_int64 for _ in args)
+    grid, block = tuple(cfg.grid), tuple(cfg.block)
+    bench("cuda.bindings cuLaunchKernel", lambda: driver.cuLaunchKernel(
+        handle, *grid, *block, cfg.shmem_size, stream, (args, types), 0))
+    cu_launch = launcher._cu_launch_kernel()
+    h = int(handle)
+    n = len(args)
+
+    def per_call():
+        values = (ctypes.c_int64 * n)(*args)
+        base = ctypes.addressof(values)
+        params = (ctypes.c_void_p * n)(*range(base, base + 8 * n, 8))
+        cu_launch(h, *grid, *block, cfg.shmem_size, stream, params, None)
+    bench("ctypes, arrays per call", per_call)
+    values = (ctypes.c_int64 * n)(*args)
+    base = ctypes.addressof(values)
+    params = (ctypes.c_void_p * n)(*range(base, base + 8 * n, 8))
+    head = (h, *grid, *block, cfg.shmem_size)
+
+    def prebuilt():
+        values[0], values[1], values[2] = a.data_ptr(), b.data_ptr(), c.data_ptr()
+        cu_launch(*head, stream, params, None)
+    bench("ctypes, arrays built once", prebuilt)
+    bench("torch.empty((1024, 2816), device=dev)", lambda: torch.empty((1024, 2816), device=a.device))
+    bench("torch.empty(1024, 2816, device='cuda')", lambda: torch.empty(1024, 2816, device="cuda"))
+    bench("a.new_empty((1024, 2816))", lambda: a.new_empty((1024, 2816)))
+    bench("torch.cuda.current_stream().cuda_stream", lambda: torch.cuda.current_stream().cuda_stream)
+    bench("torch._C._cuda_getCurrentRawStream(0)", lambda: torch._C._cuda_getCurrentRawStream(0))
+
+
 def main(argv=None) -> int:
     global N_CALLS
     ap = argparse.ArgumentParser(prog="launch_cost.py", description=__doc__.split("\n\n")[0])
@@ -97,6 +148,7 @@ def main(argv=None) -> int:
         wgmma_pieces(a, b)
     else:
         print("wgmma pieces skipped: they need sm_90")
+    plain_pieces(torch.randn(256, 256, device="cuda"), torch.randn(256, 256, device="cuda"))
     bench("torch.empty 256x256", lambda: torch.empty(256, 256, device="cuda"))
     bench("fast_path.key_of", lambda: fast_path.key_of(a, b, None, "tf32"))
     bench("fastmm.matmul tf32 256x256x64 (fast path)", lambda: fastmm.matmul(a, b, precision="tf32"))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from .base import (DEFAULT_SMEM, LOAD_ELEM_FAST, LOAD_ELEM_K, LOAD_NAMES, LOAD_VEC_FAST, LOAD_VEC_K, MAX_GRID_Z,
                    SPLIT_FLAGS, Family, KernelConfig, StreamK, vec_ok)
+from .kmajor_mma import KmajorMma
 from .scalar import Scalar
 from .simt_core import SimtCore
 from .simt_cp_async import SimtCpAsync
@@ -31,6 +32,7 @@ from .work_split import (MAX_SPLIT, second_pass_config, split_cap, split_k_for, 
 
 #: The registry: every family by name, each a frozen instance with its measured defaults.
 FAMILIES: dict[str, Family] = {f.name: f for f in (
+    KmajorMma(),
     SkinnyKmajor(),
     Skinny(),
     WgmmaTf32(),
@@ -40,7 +42,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     Scalar(),
 )}
 
-__all__ = ["FAMILIES", "Family", "KernelConfig", "StreamK", "MapSpec", "Scalar", "SimtCore", "SimtCpAsync",
+__all__ = ["FAMILIES", "Family", "KernelConfig", "StreamK", "MapSpec", "KmajorMma", "Scalar", "SimtCore", "SimtCpAsync",
            "SimtFloat4", "Skinny", "SkinnyKmajor", "Tf32Mma", "WgmmaTf32", "DEFAULT_SMEM", "MAX_GRID_Z", "MAX_SPLIT", "SPLIT_FLAGS",
            "LOAD_VEC_FAST", "LOAD_VEC_K", "LOAD_ELEM_K", "LOAD_ELEM_FAST", "LOAD_NAMES", "vec_ok",
            "kmajor_batch", "kmajor_source", "stage_kmajor_config", "second_pass_config", "split_cap",

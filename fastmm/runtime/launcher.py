@@ -177,20 +177,42 @@ def maps_launcher(loaded: LoadedKernel):
     this builds the parameter array itself and calls the driver's cuLaunchKernel through ctypes
     (the Python bindings' wrapper cost about 10 us more per call). A CUkernel handle may be
     passed as the function: the stream supplies the context. Always a plain launch, never a
-    programmatic dependent one: the wgmma kernel does not wait for the kernel ahead."""
+    programmatic dependent one: the wgmma kernel does not wait for the kernel ahead.
+
+    The two ctypes arrays (the int64 argument values, and the parameter pointers: the maps', then
+    the values') are built once per launcher and thread, and refilled per call (building them
+    cost ~2 us a call). Per thread: ctypes releases the GIL during cuLaunchKernel, and Python may
+    switch threads between the refill and the call, so arrays shared by two threads could be
+    rewritten under a launch that is reading them. The driver copies the parameters
+    when the launch is queued, so a thread may refill its arrays as soon as the call returns."""
     cfg = loaded.launch_config
     head = (int(loaded.kernel.handle), *cfg.grid, *cfg.block, cfg.shmem_size)
     cu_launch = _cu_launch_kernel()
+    per_thread = threading.local()  # .arrays: (number of maps, values, params)
 
     def launch(stream_handle: int, maps: tuple, args: tuple) -> None:
-        n = len(args)
-        values = _array_type(ctypes.c_int64, n)(*args)  # int64: the bits of any argument, negative too
-        base = ctypes.addressof(values)
-        params = _array_type(ctypes.c_void_p, len(maps) + n)(*[m.getPtr() for m in maps], *range(base, base + 8 * n, 8))
+        n_maps = len(maps)
+        arrays = getattr(per_thread, "arrays", None)
+        if arrays is None or arrays[0] != n_maps or len(arrays[1]) != len(args):
+            arrays = per_thread.arrays = _parameter_arrays(n_maps, len(args))
+        _, values, params = arrays
+        values[:] = args  # int64: the bits of any argument, negative too
+        for i, m in enumerate(maps):
+            params[i] = m.getPtr()
         err = cu_launch(*head, stream_handle, params, None)
         if err != 0:
             raise LaunchError(f"cuLaunchKernel failed: CUresult {err}")
     return launch
+
+
+def _parameter_arrays(n_maps: int, n: int) -> tuple[int, ctypes.Array, ctypes.Array]:
+    """(n_maps, values, params) for :func:`maps_launcher`: ``n`` int64 values and the
+    cuLaunchKernel parameter array, whose first ``n_maps`` slots are filled per call and whose
+    others point at the values."""
+    values = _array_type(ctypes.c_int64, n)()
+    base = ctypes.addressof(values)
+    params = _array_type(ctypes.c_void_p, n_maps + n)(*[None] * n_maps, *range(base, base + 8 * n, 8))
+    return n_maps, values, params
 
 
 _array_types: dict[tuple, type] = {}

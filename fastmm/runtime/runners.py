@@ -159,9 +159,11 @@ def wgmma_runner(plan, loaded, p: Problem, device: torch.device):
                 b_parts = parts
         if swap:  # the kernel's A is B (its B is A, or A's copy): C^T = B^T A^T
             a_parts, b_parts = b_parts, a_parts
-        # tf32x3 halves are TF32 already: plain fp32 maps; tf32: the copy engine rounds
         encode = tensor_map.encode
-        maps = tuple(encode(ptr, spec_a, tf32=not x3) for ptr in a_parts) + tuple(
-            encode(ptr, spec_b, tf32=not x3) for ptr in b_parts)
+        if x3:  # two halves of each operand, TF32 already: plain fp32 maps
+            maps = tuple([encode(ptr, spec_a, tf32=False) for ptr in a_parts]
+                         + [encode(ptr, spec_b, tf32=False) for ptr in b_parts])
+        else:  # one part each (the operand or its copy); the copy engine rounds to TF32
+            maps = (encode(a_parts[0], spec_a, tf32=True), encode(b_parts[0], spec_b, tf32=True))
         gemm(stream, maps, (pc,) + tail + epi)
     return run
