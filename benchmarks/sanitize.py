@@ -63,7 +63,7 @@ TOL = {"ieee": 1e-5, "tf32": 1e-3, "tf32x3": 1e-5}  # randn cases: ||C - ref|| /
 #: (family, precision) pairs with distinct kernels: precision does not enter the macros of the
 #: fp32 families, so one precision covers them; tf32_mma builds different code for tf32 / tf32x3.
 FORCED = [("scalar", "ieee"), ("simt_float4", "ieee"), ("simt_cp_async", "ieee"), ("skinny", "ieee"),
-          ("skinny_kmajor", "ieee"),
+          ("skinny_kmajor", "ieee"), ("kmajor_mma", "tf32"), ("kmajor_mma", "tf32x3"),
           ("tf32_mma", "tf32"), ("tf32_mma", "tf32x3"), ("wgmma_tf32", "tf32"), ("wgmma_tf32", "tf32x3")]
 
 
@@ -256,8 +256,10 @@ def family_cases(dev: DeviceFacts, family: str, precision: str, quick: bool) -> 
             add("randn", 32, 384, 1000, values="randn")
         return out
 
-    if family == "skinny_kmajor":  # B = W^T (K-contiguous) in every case; tile (MT, rows, KR_KS)
+    if family in ("skinny_kmajor", "kmajor_mma"):  # B = W^T (K-contiguous) in every case
+        cap = 16 if family == "kmajor_mma" else 32  # (rows: kmajor_mma takes M <= 16)
         Ms = [1, 3, 17, 32] if quick else [1, 2, 3, 5, 8, 9, 16, 17, 31, 32]
+        Ms = sorted({min(M, cap) for M in Ms})
         Ns = [1, 127, 128, 129, 257]
         Ks = [2, 3, 31, 129, 999] if quick else [2, 3, 31, 32, 129, 999, 4099]  # (K = 1 is skinny's)
         for i, M in enumerate(Ms):
@@ -265,7 +267,7 @@ def family_cases(dev: DeviceFacts, family: str, precision: str, quick: bool) -> 
         for N in Ns:
             add("edge", 5, N, 257, b_t=True)
         for K in Ks:
-            add("edge", 17, 129, K, b_t=True)
+            add("edge", min(17, cap), 129, K, b_t=True)
         add("layout", 9, 132, 300, a_t=True, b_t=True)
         add("layout", 9, 132, 300, b_t=True, c_t=True)
         add("offset", 16, 256, 257, b_t=True, offsets=(1, 2, 3))
@@ -273,9 +275,9 @@ def family_cases(dev: DeviceFacts, family: str, precision: str, quick: bool) -> 
         add("batch", 12, 130, 70, b_t=True, batch=3)
         add("batch", 1, 300, 64, b_t=True, batch=3, b_broadcast=True)  # batch stride 0 on W
         add("split", 1, 300, 20000, b_t=True)  # slices summed by the last block of each row tile
-        add("split", 17, 129, 9999, b_t=True, offsets=(0, 1, 0))
+        add("split", min(17, cap), 129, 9999, b_t=True, offsets=(0, 1, 0))
         if not quick:
-            add("randn", 32, 384, 5000, b_t=True, values="randn")
+            add("randn", cap, 384, 5000, b_t=True, values="randn")
         return out
 
     if family == "wgmma_tf32":
@@ -464,8 +466,8 @@ def build_cases(dev: DeviceFacts, quick: bool, families=None) -> list[Case]:
 def _dummy_problem(precision, family=None):
     from fastmm.problem import Problem
 
-    # M <= 32: the skinny families take it too (skinny_kmajor with B K-contiguous)
-    return Problem.dense(16, 64, 64, precision, b_t=family == "skinny_kmajor")
+    # M <= 16: the skinny families take it too (the K-major ones with B K-contiguous)
+    return Problem.dense(16, 64, 64, precision, b_t=family in ("skinny_kmajor", "kmajor_mma"))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -273,26 +273,8 @@ extern "C" __global__ void __launch_bounds__(KM_THREADS, KM_MINB) fastmm_kmajor_
 #endif
 #if KM_FUSED
         // (a split has a batch of 1: z == 0 here, and Cb is this block's workspace slice)
-        if (split_arrive_last(arrivals + tile)) {
-            const int S = gridDim.y;
-            for (int i = threadIdx.x; i < 8 * KM_MF * KM_BN; i += KM_THREADS) {  // (KM_BN: the block's rows)
-                const int m = i / KM_BN, n = n0 + i % KM_BN;
-                if (m < M && n < N) {
-                    const float* p = C + (i64)m * sCm + (i64)n * sCn;
-                    float sum = 0.f;
-                    for (int s = 0; s < S; s += 8) {  // 8 slices' loads in flight, added in slice order
-                        float v[8];
-#pragma unroll
-                        for (int u = 0; u < 8; ++u) v[u] = s + u < S ? ld_l2_ordered(p + (i64)(s + u) * sC0) : 0.f;
-#pragma unroll
-                        for (int u = 0; u < 8; ++u)
-                            if (s + u < S) sum += v[u];
-                    }
-                    Out[(i64)m * sOm + (i64)n * sOn] = epi(sum, m, n);
-                }
-            }
-            if (threadIdx.x == 0) *(volatile unsigned*)(arrivals + tile) = 0u;
-        }
+        if (split_arrive_last(arrivals + tile))
+            split_sum_slices(C, sCm, sCn, sC0, Out, sOm, sOn, M, N, 8 * KM_MF, n0, KM_BN, epi, arrivals + tile);
 #endif
     }
 }

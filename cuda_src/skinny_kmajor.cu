@@ -204,28 +204,8 @@ extern "C" __global__ void __launch_bounds__(KR_THREADS, KR_MINB) fastmm_skinny_
         cp_async_wait<0>();  // (K = 0: the copies were never waited for; before the next entry's staging)
 #if KR_FUSED
         // (a split has a batch of 1: z == 0 here, and Cb is this block's workspace slice)
-        if (split_arrive_last(arrivals + tile)) {
-            const int S = gridDim.y;
-            for (int i = threadIdx.x; i < MT * KR_BN; i += KR_THREADS) {
-                const int m = i / KR_BN, n = n0 + i % KR_BN;
-                if (m < M && n < N) {
-                    const float* w = C + (i64)m * sCm + (i64)n * sCn;
-                    float sum = 0.f;
-                    // 8 slices' loads in flight, then added in slice order (an add between two
-                    // loads would hold the second back until the first's data arrived)
-                    for (int s = 0; s < S; s += 8) {
-                        float v[8];
-#pragma unroll
-                        for (int u = 0; u < 8; ++u) v[u] = s + u < S ? ld_l2_ordered(w + (i64)(s + u) * sC0) : 0.f;
-#pragma unroll
-                        for (int u = 0; u < 8; ++u)
-                            if (s + u < S) sum += v[u];
-                    }
-                    Out[(i64)m * sOm + (i64)n * sOn] = epi(sum, m, n);
-                }
-            }
-            if (threadIdx.x == 0) *(volatile unsigned*)(arrivals + tile) = 0u;
-        }
+        if (split_arrive_last(arrivals + tile))
+            split_sum_slices(C, sCm, sCn, sC0, Out, sOm, sOn, M, N, MT, n0, KR_BN, epi, arrivals + tile);
 #endif
     }
 }

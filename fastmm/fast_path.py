@@ -5,7 +5,9 @@ allocation,) and one launch (split-K, stream-K: two; wgmma: its copies and the G
 The key holds everything the plan depends on that can be read cheaply: shapes, strides, dtypes,
 devices, pointer alignment, precision and the environment switches. A layout that never takes
 this path (several launch offsets, operands torch must stage) is remembered as such too, so it
-is analysed once, not on every call.
+is analysed once, not on every call. ``F.linear``'s product (every Linear layer's forward) has
+a key of its own, read from x, the weight and the bias as they are (:func:`compute_linear`):
+the same information, without making the transposed weight's view per call.
 """
 from __future__ import annotations
 
@@ -136,23 +138,34 @@ def _enqueue(entry: FastEntry, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor
         entry.runner(a.data_ptr(), b.data_ptr(), c.data_ptr(), dispatch.current_stream(entry.index), epi)
 
 
+def serve(key: tuple, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None,
+          d: torch.Tensor | None = None) -> torch.Tensor | None:
+    """The steady-state call: ``key``'s entry launched on these operands (:func:`launch`), or
+    None where it has no FastEntry, the entry may not serve (an ``out`` overlapping an input),
+    or its launch failed (not expected: the first call did the same; the key is then NOT_FAST,
+    so the full path decides, falling back if it must)."""
+    entry = ENTRIES.get(key)
+    if type(entry) is FastEntry and (out is None or not ranges_overlap(entry, a, b, out)):
+        try:
+            return launch(entry, a, b, out, d)
+        except (TensorMapError, LaunchError):
+            ENTRIES[key] = NOT_FAST
+    return None
+
+
 def compute(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, precision: str) -> torch.Tensor:
     """The product without autograd, for operands torch's type rules already accepted: the
     steady-state entry where a first call left one, else the full path (which leaves one)."""
     key = key_of(a, b, out, precision)
-    entry = ENTRIES.get(key)
-    if entry and (out is None or not ranges_overlap(entry, a, b, out)):
-        try:
-            return launch(entry, a, b, out)
-        except (TensorMapError, LaunchError):  # (not expected: the first call did the same)
-            ENTRIES[key] = entry = NOT_FAST  # the full path decides, falling back if it must
-    return _compute_full(key, entry, a, b, out, precision)
+    c = serve(key, a, b, out)
+    return c if c is not None else _compute_full(key, a, b, out, precision)
 
 
-def _compute_full(key: tuple, entry, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None,
+def _compute_full(key: tuple, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None,
                   precision: str) -> torch.Tensor:
     """:func:`compute` where ``key``'s entry did not serve: the full path, remembered under
     ``key`` if there was no entry yet."""
+    entry = ENTRIES.get(key)
     out_shape = None if out is None else tuple(out.shape)
     result, plan, reason = dispatch.matmul_fastmm(a, b, out, precision)
     # (an out that was resized no longer matches the key, which holds its old shape: the next
@@ -177,19 +190,15 @@ def compute_fused(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, alpha, beta
     input) where the plan allows (:func:`fastmm.dispatch.fused_reason`), else the product and
     then the epilogue in place on it. A fresh result either way."""
     key = fused_key(a, b, d, alpha, beta, precision)
-    entry = ENTRIES.get(key)
-    if type(entry) is FastEntry:
-        try:
-            return launch(entry, a, b, None, d)
-        except (TensorMapError, LaunchError):  # (not expected: the first call did the same)
-            ENTRIES[key] = entry = NOT_FAST
-    return _fused_full(key, entry, a, b, d, alpha, beta, precision)
+    c = serve(key, a, b, None, d)
+    return c if c is not None else _fused_full(key, a, b, d, alpha, beta, precision)
 
 
-def _fused_full(key: tuple, entry, a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, alpha, beta,
+def _fused_full(key: tuple, a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, alpha, beta,
                 precision: str) -> torch.Tensor:
     """:func:`compute_fused` where ``key``'s entry did not serve: the fused full path (remembered
     under ``key`` if there was no entry yet), or the product and then the epilogue."""
+    entry = ENTRIES.get(key)
     if entry is not UNFUSED:
         result, plan, reason = dispatch.matmul_fused(a, b, d, alpha, beta, precision)
         if result is not None:
@@ -234,12 +243,9 @@ def compute_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, 
     the entry under :func:`linear_key`. A repeat call so makes neither the transposed view
     (~1.3 us) nor the generic key; its launch reads w.t()'s pointer from ``w`` (the same)."""
     key = linear_key(x, w, bias, precision)
-    entry = ENTRIES.get(key)
-    if type(entry) is FastEntry:
-        try:
-            return launch(entry, x, w, None, bias)
-        except (TensorMapError, LaunchError):  # (not expected: the first call did the same)
-            ENTRIES[key] = entry = NOT_FAST
+    c = serve(key, x, w, None, bias)
+    if c is not None:
+        return c
     if bias is None:
-        return _compute_full(key, entry, x, w.t(), None, precision)
-    return _fused_full(key, entry, x, w.t(), bias, 1, 1, precision)
+        return _compute_full(key, x, w.t(), None, precision)
+    return _fused_full(key, x, w.t(), bias, 1, 1, precision)

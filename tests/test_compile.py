@@ -81,6 +81,19 @@ def _kmajor_problems() -> list[Problem]:
     return [Problem.dense(M, N, K, b_t=True, **kw) for M, N, K, kw in dense]
 
 
+def _kmajor_mma_problems() -> list[Problem]:
+    """kmajor_mma's (x @ W.t() on tensor cores, M <= 16), tf32 and tf32x3: one and two B-role
+    fragments, float4 or single-float loads, a fused split or one slice, a batch, the epilogue.
+    Planned for that family only (as skinny_kmajor's)."""
+    dense = [(1, 4096, 4096, {}), (8, 14336, 4096, {}), (16, 4096, 4096, {}), (16, 14336, 4096, {}),
+             (3, 1001, 4099, {}),  # K % 4 != 0: single floats, split
+             (13, 1024, 1024, {"a_t": True}),  # A K-major: single floats
+             (16, 4096, 512, {"batch": 3})]  # batched: one slice
+    out = [Problem.dense(M, N, K, precision=precision, b_t=True, **kw)
+           for precision in ("tf32", "tf32x3") for M, N, K, kw in dense]
+    return out + [dataclasses.replace(p, epilogue=True) for p in out[:3] + out[7:10]]
+
+
 def _epilogue_problems() -> list[Problem]:
     """Products with a fused epilogue (a bias, addmm's input): every family's final store with it,
     a split's reduce, a fused split's last block, stream-K's whole tiles and fixup."""
@@ -98,6 +111,7 @@ def _configs():
         dev = DeviceFacts.simulated_device(arch)
         work = [(p, families) for p in _problems()]
         work += [(p, ("skinny_kmajor",)) for p in _kmajor_problems() if "skinny_kmajor" in families]
+        work += [(p, ("kmajor_mma",)) for p in _kmajor_mma_problems() if "kmajor_mma" in families]
         work += [(p, families) for p in _epilogue_problems()]
         for p, names in work:
             for family in names:
@@ -122,7 +136,7 @@ def _features(cfg) -> set:
     x3 = dict(cfg.macros).get("PRECISION_X3", 0)
     tile = tuple(v for k, v in cfg.macros if k in ("WARPS_M", "WARPS_N", "THREAD_M", "WARP_N"))
     out = {(x3, k, v) for k, v in cfg.macros} | {(x3, "tile", tile)}
-    if cfg.family in ("skinny", "skinny_kmajor", "stage_kmajor") or (cfg.family == "wgmma_tf32"):
+    if cfg.family in ("skinny", "skinny_kmajor", "kmajor_mma", "stage_kmajor") or (cfg.family == "wgmma_tf32"):
         out.add(("combination", cfg.macros))
     return out
 
@@ -220,6 +234,12 @@ def test_configs_cover_every_family_arch_and_macro_value():
         assert {m["MT"] for m in kmajor} == {1, 2, 4, 8, 16, 32}, arch
         for key in ("B_VEC", "A_VEC", "KR_FUSED"):
             assert {m[key] for m in kmajor} == {0, 1}, (arch, key)
+    # kmajor_mma on sm_80+: one and two B fragments, both load paths, fused and unsplit, tf32 and
+    # tf32x3, with and without the epilogue
+    for arch in SM80_PLUS:
+        mma = [dict(m) for m in seen[(arch, "kmajor_mma")]]
+        for key in ("KM_MF", "B_VEC", "KM_FUSED", "X3", "EPILOGUE"):
+            assert {m.get(key, 0) for m in mma} == ({1, 2} if key == "KM_MF" else {0, 1}), (arch, key)
     # the skinny kernel's own slice sums (decode16 on the H200)
     assert any(dict(m).get("SK_FUSED") == 1 for m in seen[("sm_90", "skinny")])
     # split-K in cluster pairs (largeK on the H200), sm_90 only
@@ -535,7 +555,7 @@ def test_kernels_launched_as_dependent_launches_wait_before_any_global_access():
     if nvrtc_unavailable_reason():
         pytest.skip(nvrtc_unavailable_reason())
     picked = {}  # one config per kernel and per skinny variant that changes its first accesses
-    variant = ("SK_V2", "SK_FUSED", "SK_PIPE", "B_VEC", "A_KFAST", "A_VEC", "KR_FUSED")
+    variant = ("SK_V2", "SK_FUSED", "SK_PIPE", "B_VEC", "A_KFAST", "A_VEC", "KR_FUSED", "KM_FUSED", "X3")
     for arch, cfg in CANDIDATES:
         if arch == "sm_90":
             m = dict(cfg.macros)
@@ -548,12 +568,14 @@ def test_kernels_launched_as_dependent_launches_wait_before_any_global_access():
             cfg = fam.configure(Problem.dense(M, 4096, 4096, a_t=a_t), dev)
             picked.setdefault((cfg.source, cfg.entry, tuple(dict(cfg.macros).get(k) for k in variant), True), cfg)
     dependent = [c for c in picked.values() if c.dependent_launch]
-    assert {c.family for c in dependent} == {"skinny", "skinny_kmajor"}
+    assert {c.family for c in dependent} == {"skinny", "skinny_kmajor", "kmajor_mma"}
     kmajor = {(m["B_VEC"], m["A_VEC"], m["KR_FUSED"]) for m in (dict(c.macros) for c in dependent)
               if "KR_FUSED" in m}
     assert {(1, 1, 1), (1, 1, 0), (0, 0, 1)} <= kmajor, kmajor  # fused or not, both load paths
+    mma = {(m["B_VEC"], m["KM_FUSED"], m["X3"]) for m in (dict(c.macros) for c in dependent) if "KM_FUSED" in m}
+    assert {(1, 1, 0), (1, 0, 0), (0, 1, 0), (1, 1, 1)} <= mma, mma
     seen = {(m.get("SK_V2", 0), m.get("SK_FUSED", 0), m.get("SK_PIPE", 0)) for m in (dict(c.macros) for c in dependent)
-            if "KR_FUSED" not in m}
+            if "KR_FUSED" not in m and "KM_FUSED" not in m}
     assert {(0, 0, 0), (1, 0, 1), (1, 1, 1), (1, 0, 0)} <= seen, seen  # v1, v2 plain / fused, register path
     for cfg in picked.values():
         ptx = _ptx(cfg.source, cfg.macros, cfg.target("sm_90"))

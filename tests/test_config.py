@@ -40,6 +40,24 @@ def test_switches_follow_an_os_environ_replaced_wholesale(monkeypatch):
     assert config.forced_kernel() == "scalar" and config.disabled() is False
 
 
+def test_the_switches_of_the_keys_change_with_either_variable(monkeypatch):
+    """config.switches() (part of every fast-path key) differs whenever FASTMM_DISABLE or
+    FASTMM_KERNEL does, however set, and is equal while neither changes."""
+    monkeypatch.delenv("FASTMM_DISABLE", raising=False)
+    monkeypatch.delenv("FASTMM_KERNEL", raising=False)
+    seen = [config.switches()]
+    for name, value in (("FASTMM_KERNEL", "scalar"), ("FASTMM_DISABLE", "1"), ("FASTMM_KERNEL", "skinny"),
+                        ("FASTMM_DISABLE", "0")):
+        monkeypatch.setenv(name, value)
+        assert config.switches() == config.switches()
+        seen.append(config.switches())
+    os.environ["FASTMM_DISABLE"] = "true"  # plain assignment, not only monkeypatch
+    seen.append(config.switches())
+    with mock.patch.object(os, "environ", {"FASTMM_KERNEL": "scalar", "FASTMM_DISABLE": "yes"}):
+        seen.append(config.switches())
+    assert len(set(seen)) == len(seen)
+
+
 def test_dependent_launch_is_on_unless_turned_off(monkeypatch):
     monkeypatch.delenv("FASTMM_PDL", raising=False)
     assert config.dependent_launch_enabled() is True

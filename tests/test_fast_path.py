@@ -256,3 +256,87 @@ def test_the_entries_are_bounded(emulated_gpu, monkeypatch):
         a = torch.randn(rows, K_)
         _check(fastmm.matmul(a, b, precision="ieee"), a, b)
         assert 1 <= len(fast_path.ENTRIES) <= 3 and 1 <= len(dispatch.PLANS.prepared) <= 3
+
+
+# --- F.linear's own key (fast_path.linear_key: read from x, w and the bias, not from w.t()) ------
+
+LM, LK, LN = 48, 72, 40  # x (LM, LK) @ w.t(), w (LN, LK): one launch of simt_cp_async (ieee), bias fused
+
+
+def _linear_check(y, x, w, bias) -> None:
+    ref = x.double() @ w.double().t() + (0 if bias is None else bias.double())
+    assert not torch.isnan(y).any() and relative_error(y, ref) <= 1e-6
+
+
+LINEAR_CHANGES = {
+    # one thing the plan depends on changed at a time, shapes kept: (x, w, bias) makers
+    "x-transposed": lambda: (torch.randn(LK, LM).t(), torch.randn(LN, LK), torch.randn(LN)),
+    "x-row-pitch": lambda: (torch.randn(LM, LK + 8)[:, :LK], torch.randn(LN, LK), torch.randn(LN)),
+    "x-alignment": lambda: (_at((LM, LK), 1), torch.randn(LN, LK), torch.randn(LN)),
+    "w-stored-in-out": lambda: (torch.randn(LM, LK), torch.randn(LK, LN).t(), torch.randn(LN)),
+    "w-row-pitch": lambda: (torch.randn(LM, LK), torch.randn(LN, LK + 4)[:, :LK], torch.randn(LN)),
+    "w-alignment": lambda: (torch.randn(LM, LK), _at((LN, LK), 1), torch.randn(LN)),
+    "bias-strided": lambda: (torch.randn(LM, LK), torch.randn(LN, LK), torch.randn(2 * LN)[::2]),
+    "no-bias": lambda: (torch.randn(LM, LK), torch.randn(LN, LK), None),
+}
+
+
+@pytest.mark.parametrize("change", list(LINEAR_CHANGES))
+def test_a_linear_layout_change_misses_the_linear_entry(emulated_gpu, change):
+    """Contiguous x, w and bias first, then one of them laid out otherwise (or no bias): the
+    linear key tells them apart, so each layout is planned once and then served by its own entry,
+    computing right each time (an entry launched on the other layout reads the wrong floats, or
+    misaligned vectors, which the emulated kernels catch)."""
+    gpu = emulated_gpu
+
+    def contiguous():
+        return torch.randn(LM, LK), torch.randn(LN, LK), torch.randn(LN)
+
+    keys = set()
+    for make in (contiguous, LINEAR_CHANGES[change], contiguous, LINEAR_CHANGES[change]):
+        x, w, bias = make()
+        _linear_check(fastmm.linear(x, w, bias, precision="ieee"), x, w, bias)
+        keys.add(fast_path.linear_key(x, w, bias, "ieee"))
+    assert gpu.slow_calls == 2 and len(keys) == 2
+    assert {type(fast_path.ENTRIES.get(k)) for k in keys} == {fast_path.FastEntry}
+
+
+def test_a_linear_repeat_launches_on_ws_own_pointer(emulated_gpu):
+    """The entry's launch takes w.t()'s pointer from w (the same): fresh x, w and bias each call,
+    the first call's kernel and arguments, the new operands' pointers, and no other key made."""
+    gpu = emulated_gpu
+    x, w, bias = torch.randn(4, LM, LK), torch.randn(LN, LK), torch.randn(LN)
+    _linear_check(fastmm.linear(x, w, bias, precision="ieee"), x, w, bias)
+    first = list(gpu.launches)
+    assert list(fast_path.ENTRIES) == [fast_path.linear_key(x, w, bias, "ieee")]
+    for _ in range(3):
+        x, w, bias = torch.randn(4, LM, LK), torch.randn(LN, LK), torch.randn(LN)
+        gpu.clear()
+        y = fastmm.linear(x, w, bias, precision="ieee")
+        assert y.shape == (4, LM, LN)
+        _linear_check(y, x, w, bias)
+        _same_launches(first, gpu.launches)
+        assert gpu.launches[0].pointers[:2] == (x.data_ptr(), w.data_ptr())
+    assert gpu.slow_calls == 1 and len(fast_path.ENTRIES) == 1
+
+
+def test_the_linear_key_holds_the_precision_and_the_switches(emulated_gpu, monkeypatch):
+    gpu = emulated_gpu
+    x, w, bias = torch.randn(LM, LK), torch.randn(LN, LK), torch.randn(LN)
+
+    def run(precision="ieee"):
+        gpu.clear()
+        _linear_check(fastmm.linear(x, w, bias, precision=precision), x, w, bias)
+        return gpu.families
+
+    first = run()
+    assert run("tf32") != first and gpu.slow_calls == 2
+    monkeypatch.setenv("FASTMM_KERNEL", "scalar")
+    assert run() == ["scalar"] and gpu.slow_calls == 3
+    monkeypatch.setenv("FASTMM_DISABLE", "1")
+    assert run() == []  # torch computed it: the entries of the other keys were not used
+    monkeypatch.delenv("FASTMM_KERNEL")
+    assert run() == []
+    monkeypatch.delenv("FASTMM_DISABLE")
+    assert run() == first and gpu.slow_calls == 3  # the first entry again
+    assert fast_path.linear_key(x, w, bias, "ieee")[0] == "linear"  # (never equal to a key_of key)

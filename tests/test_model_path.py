@@ -95,6 +95,18 @@ def test_a_linear_layer_backward_is_two_products_with_the_tokens_as_k(products):
         torch.testing.assert_close(got.double(), ref, rtol=1e-5, atol=1e-5)
 
 
+def test_a_frozen_linear_layers_backward_is_the_input_gradient_alone(products):
+    """A frozen weight and bias (a LoRA base layer): grad_x is the one product (no flattened
+    gradient made for the others)."""
+    x = torch.randn(4, 8, 16, requires_grad=True)
+    w, b = torch.randn(32, 16), torch.randn(32)
+    y = fastmm.linear(x, w, b, precision="ieee")
+    g = torch.randn_like(y)
+    y.backward(g)
+    assert products == [((4, 8, 16), (16, 32)), ((4, 8, 32), (32, 16))]
+    torch.testing.assert_close(x.grad, g @ w, rtol=1e-5, atol=1e-5)
+
+
 def test_a_matmul_with_a_weight_matrix_gets_its_gradient_in_one_product(products):
     a = torch.randn(3, 5, 7, requires_grad=True)
     b = torch.randn(7, 2, requires_grad=True)

@@ -45,8 +45,9 @@ def _keep_matmul_precision():
 class Calls:
     """Records every product fastmm computes: each call of ``fast_path.compute``, ``compute_fused``
     and ``compute_linear`` (the eager route: plain and autograd calls, steady-state entries
-    included) and of ``dispatch.matmul_fastmm`` from the registered ops (torch.compile). For each: its precision and, after it returned, the
-    reason it fell back to torch (None: fastmm's kernels ran)."""
+    included) and of ``dispatch.matmul_fastmm`` from the registered ops (torch.compile). For
+    each: its precision and, after it returned, the reason it fell back to torch (None: fastmm's
+    kernels ran)."""
 
     def __init__(self):
         self.precisions: list[str] = []

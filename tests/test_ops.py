@@ -245,3 +245,83 @@ def test_compile_backward_equals_eager(fresh_dynamo):
     a.grad = b.grad = None
     torch.compile(loss, fullgraph=True, backend="aot_eager")(a, b).backward()
     assert torch.allclose(a.grad, ga, rtol=1e-5, atol=1e-5) and torch.allclose(b.grad, gb, rtol=1e-5, atol=1e-5)
+
+
+# --- the eager route's autograd apply: the C-level one outside functorch transforms --------------
+
+EAGER_FUNCTIONS = ("_Matmul", "_Linear", "_Addmm")
+
+
+def test_the_eager_functions_define_no_setup_context():
+    """The eager route calls their C-level apply directly, skipping what torch's Python apply does
+    for a Function with setup_context (binding default arguments; under transforms, more): one
+    added to these needs that route revisited."""
+    from fastmm import ops
+
+    for name in EAGER_FUNCTIONS:
+        assert getattr(ops, name).setup_context is torch.autograd.Function.setup_context, name
+
+
+def _eager_products(precision="ieee"):
+    """Linear, matmul and addmm with gradients, and their float64 references (same inputs)."""
+    x, w, bias = r(4, 3, 8, grad=True), r(5, 8, grad=True), r(5, grad=True)
+    c, a, b = r(3, 5, grad=True), r(3, 8, grad=True), r(8, 5, grad=True)
+    ours = [fastmm.linear(x, w, bias, precision=precision), fastmm.matmul(x, w.t(), precision=precision),
+            fastmm.addmm(c, a, b, beta=0.5, alpha=2, precision=precision)]
+    leaves = (x, w, bias, c, a, b)
+    refs = [t.detach().double().requires_grad_() for t in leaves]
+    rx, rw, rbias, rc, ra, rb = refs
+    theirs = [torch.nn.functional.linear(rx, rw, rbias), rx @ rw.t(), torch.addmm(rc, ra, rb, beta=0.5, alpha=2)]
+    return ours, theirs, leaves, refs
+
+
+def test_outside_functorch_the_eager_route_never_calls_torchs_python_apply(monkeypatch):
+    """torch's Python apply made to fail: the eager products still run, with their own backward
+    nodes and right gradients (through the C-level apply)."""
+    from fastmm import ops
+
+    def refuse(*args):
+        raise AssertionError("torch.autograd.Function.apply was called")
+
+    for name in EAGER_FUNCTIONS:
+        monkeypatch.setattr(getattr(ops, name), "apply", refuse)
+    ours, theirs, leaves, refs = _eager_products()
+    assert [type(y.grad_fn).__name__ for y in ours] == ["_LinearBackward", "_MatmulBackward", "_AddmmBackward"]
+    for y, ref in zip(ours, theirs):
+        g = torch.randn(y.shape)
+        y.backward(g)
+        ref.backward(g.double())
+    for got, ref in zip(leaves, refs):
+        torch.testing.assert_close(got.grad.double(), ref.grad, rtol=1e-5, atol=1e-5)
+
+
+def test_under_a_functorch_transform_the_eager_route_takes_torchs_apply(monkeypatch):
+    """Under torch.func.grad the eager route hands the call to torch's Python apply, whose rules
+    for transforms apply (these Functions have no setup_context: it refuses them, as it did
+    before the route called the C-level apply outside transforms)."""
+    from fastmm import ops
+
+    calls = []
+    real = ops._Linear.apply
+    monkeypatch.setattr(ops._Linear, "apply", lambda *args: calls.append(len(args)) or real(*args))
+    w, bias = r(5, 8, grad=True), r(5, grad=True)
+    with pytest.raises(RuntimeError, match="setup_context"):
+        torch.func.grad(lambda x: fastmm.linear(x, w, bias, precision="ieee").sum())(r(3, 8))
+    assert calls == [4]
+
+
+def test_a_tensor_that_outlived_its_functorch_transform_is_unwrapped_as_torch_would():
+    """A tensor leaked out of torch.func.grad is a dead functorch wrapper (no storage of its
+    own); torch's apply unwraps it, and so must the C-level route (else: "Cannot access data
+    pointer of Tensor that doesn't have storage")."""
+    leaked = []
+    x = r(4, 8)
+    torch.func.grad(lambda t: leaked.append(t) or t.sum())(x)
+    (dead,) = leaked
+    assert torch._C._functorch.is_functorch_wrapped_tensor(dead)
+    w, bias = r(5, 8, grad=True), r(5, grad=True)
+    for y, ref in ((fastmm.linear(dead, w, bias, precision="ieee"), x @ w.t() + bias),
+                   (fastmm.matmul(dead, w.t(), precision="ieee"), x @ w.t())):
+        torch.testing.assert_close(y, ref)
+        (got,) = torch.autograd.grad(y.sum(), w)
+        torch.testing.assert_close(got, torch.ones(5, 1) * x.sum(0))

@@ -292,3 +292,24 @@ def test_tf32x3_splits_both_operands_into_halves(emulated_gpu, monkeypatch):
     plan = _calls(emulated_gpu, lambda: (torch.randn(200, 130), torch.randn(130, 260)), precision="tf32x3")
     assert [w for w, _, _ in plan.staging] == ["a", "bt"] and plan.precision_used == "tf32x3"
     assert all(dict(s.macros)["SPLIT"] == 1 for s in plan.stagers)
+
+
+def test_encoded_maps_are_remembered_by_pointer_geometry_and_element_type(monkeypatch):
+    """tensor_map.encode (the real one, its driver call counted instead): a map is encoded once
+    per (pointer, geometry, TF32 or not), an equal MapSpec made apart (the full path's, the
+    runner's) finds it, and any other field encodes a map of its own."""
+    from fastmm.families import MapSpec
+    from fastmm.runtime import tensor_map
+
+    encoded = []
+    monkeypatch.setattr(tensor_map, "_recent", {})
+    monkeypatch.setattr(tensor_map, "encode_new", lambda ptr, spec, tf32=True: encoded.append((ptr, spec, tf32))
+                        or len(encoded))
+    spec = MapSpec((64, 128, 1, 1), (256, 32768, 32768), (32, 128, 1, 1))
+    first = tensor_map.encode(4096, spec)
+    assert tensor_map.encode(4096, MapSpec(spec.dims, spec.strides, spec.box), tf32=True) == first
+    others = [tensor_map.encode(8192, spec), tensor_map.encode(4096, spec, tf32=False),
+              tensor_map.encode(4096, MapSpec((64, 120, 1, 1), spec.strides, spec.box)),
+              tensor_map.encode(4096, MapSpec(spec.dims, (512, 65536, 65536), spec.box)),
+              tensor_map.encode(4096, MapSpec(spec.dims, spec.strides, (32, 64, 1, 1)))]
+    assert len(set(others + [first])) == 6 and len(encoded) == 6
