@@ -148,7 +148,7 @@ def main(argv=None) -> int:
         wgmma_pieces(a, b)
     else:
         print("wgmma pieces skipped: they need sm_90")
-    plain_pieces(torch.randn(256, 256, device="cuda"), torch.randn(256, 256, device="cuda"))
+    plain_pieces(torch.randn(2048, 256, device="cuda"), torch.randn(256, 2048, device="cuda"))  # (no split-K)
     bench("torch.empty 256x256", lambda: torch.empty(256, 256, device="cuda"))
     bench("fast_path.key_of", lambda: fast_path.key_of(a, b, None, "tf32"))
     bench("fastmm.matmul tf32 256x256x64 (fast path)", lambda: fastmm.matmul(a, b, precision="tf32"))
