@@ -95,10 +95,12 @@ class KmajorMma(Family):
         tiles = max(1, -(-p.N // bn))
         k = max(p.K, 1)
         slots = dev.sm_count * minb
-        if p.batch_total > 1 or tiles >= NO_SPLIT_WAVES * slots:
+        if p.batch_total > 1:
             split = 1
-        elif self.split is not None:
-            split = max(1, min(self.split, -(-k // 32)))
+        elif self.split is not None:  # (a probe's variant: asked for, within the grid's y limit)
+            split = max(1, min(self.split, -(-k // 32), 65535))
+        elif tiles >= NO_SPLIT_WAVES * slots:
+            split = 1
         else:  # waves of blocks, as skinny_kmajor: more slices only while they fill the GPU
             top = max(1, min(MAX_SPLIT, k // MIN_SLICE_K))
             split = min(range(1, top + 1), key=lambda n: (-(-tiles * n // slots) / n * (1 + SPLIT_COST * (n - 1)), n))
