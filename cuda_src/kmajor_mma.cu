@@ -20,9 +20,8 @@
 // - A block's KM_WARPS warps share its rows of W and deal out its K range in chunks of 32
 //   (warp w takes chunks w, w + KM_WARPS, ...; KM_U chunks loaded ahead), so together they read
 //   KM_WARPS * 128 contiguous bytes of each row. At the end the warps' sums are added in shared
-//   memory in warp order (fixed: the same bits every run). KM_ROWS = 1 instead gives each warp
-//   rows of its own over the whole K range: the warps then read the same A chunks (L1 hits),
-//   and each stores its own outputs.
+//   memory in warp order (fixed: the same bits every run). (Warps owning rows of their own over
+//   the whole K range, and 4 chunks ahead, measured no faster: benchmarks/NOTES.md run 19.)
 // - tf32x3 promotes every mma step's big product into the running sum with Dekker's add (as
 //   tf32_mma does): the tensor cores' own fp32 accumulation over a long K lost the accuracy the
 //   split operands bought (1.2e-6 at K = 4096, 4.2e-6 at 14336 on the H200, against <= 1e-6).
@@ -61,12 +60,9 @@
 #ifndef KM_MINB
 #define KM_MINB 4
 #endif
-#ifndef KM_ROWS
-#define KM_ROWS 0  // 1: each warp owns its own rows of W over the block's whole K range (no K dealing)
-#endif
 
 #define KM_THREADS (KM_WARPS * 32)
-#define KM_BN (16 * KM_NF * (KM_ROWS ? KM_WARPS : 1))
+#define KM_BN (16 * KM_NF)
 #define KM_FRAGS (KM_NF * KM_MF)
 
 static_assert(KM_KS % 32 == 0, "KM_KS must be a multiple of 32");
@@ -122,9 +118,7 @@ extern "C" __global__ void __launch_bounds__(KM_THREADS, KM_MINB) fastmm_kmajor_
     FASTMM_UNPACK
     FASTMM_EPILOGUE
     const bool final_store = gridDim.y == 1;  // (a split's blocks store partial sums)
-#if !KM_ROWS
     __shared__ float red[KM_WARPS][KM_FRAGS * 4][32];  // each warp's sums, [warp][value][lane]
-#endif
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int g = lane / 4, t = lane % 4;
     const int tile = blockIdx.x;
@@ -137,12 +131,11 @@ extern "C" __global__ void __launch_bounds__(KM_THREADS, KM_MINB) fastmm_kmajor_
         // this lane's rows: W rows n0 + 16 f + g + 8 h, A rows 8 j + g
         const float* wrow[KM_NF][2];
         bool wok[KM_NF][2];
-        const int r0 = n0 + (KM_ROWS ? warp * 16 * KM_NF : 0);  // the warp's first row of W
 #pragma unroll
         for (int f = 0; f < KM_NF; ++f)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-                const int n = r0 + 16 * f + g + 8 * h;
+                const int n = n0 + 16 * f + g + 8 * h;
                 wok[f][h] = n < N;
                 wrow[f][h] = Bb + (i64)(wok[f][h] ? n : 0) * sBn;
             }
@@ -169,15 +162,13 @@ extern "C" __global__ void __launch_bounds__(KM_THREADS, KM_MINB) fastmm_kmajor_
 #endif
                 }
 
-        // the warp's chunks: c0 + u * stride, c0 stepping by KM_U * stride (KM_ROWS: all of them)
-        const int stride = KM_ROWS ? 1 : KM_WARPS;
 #pragma unroll 1
-        for (int c0 = KM_ROWS ? 0 : warp; c0 < chunks; c0 += KM_U * stride) {
+        for (int c0 = warp; c0 < chunks; c0 += KM_WARPS * KM_U) {
             float4 w[KM_U][KM_NF][2][2];  // [chunk][fragment][row g / g + 8][lo / hi]
             float4 a[KM_U][KM_MF][2];     // [chunk][fragment][lo / hi]
 #pragma unroll
             for (int u = 0; u < KM_U; ++u) {
-                const int chunk = c0 + u * stride;
+                const int chunk = c0 + u * KM_WARPS;
                 const int k = kbeg + 32 * chunk + 4 * t;
                 const bool in = chunk < chunks;
 #pragma unroll
@@ -226,24 +217,6 @@ extern "C" __global__ void __launch_bounds__(KM_THREADS, KM_MINB) fastmm_kmajor_
                     }
                 }
         }
-#if KM_ROWS
-        // --- each warp stores its own outputs: C fragment (of C^T) value c at row n = g + 8 (c / 2),
-        // column m = 2 t + c % 2 ---
-#pragma unroll
-        for (int f = 0; f < KM_NF; ++f)
-#pragma unroll
-            for (int j = 0; j < KM_MF; ++j)
-#pragma unroll
-                for (int c = 0; c < 4; ++c) {
-                    const int n = r0 + 16 * f + g + 8 * (c / 2), m = 8 * j + 2 * t + c % 2;
-#if X3
-                    const float sum = acc[f][j][c] + acc_small[f][j][c];
-#else
-                    const float sum = acc[f][j][c];
-#endif
-                    if (m < M && n < N) Cb[(i64)m * sCm + (i64)n * sCn] = final_store ? epi(sum, m, n) : sum;
-                }
-#else
         // --- the warps' sums, added in warp order ---
         __syncthreads();  // (the previous batch entry's reads of red are done)
 #pragma unroll
@@ -270,7 +243,6 @@ extern "C" __global__ void __launch_bounds__(KM_THREADS, KM_MINB) fastmm_kmajor_
                 Cb[(i64)m * sCm + (i64)n * sCn] = final_store ? epi(sum, m, n) : sum;
             }
         }
-#endif
 #if KM_FUSED
         // (a split has a batch of 1: z == 0 here, and Cb is this block's workspace slice)
         if (split_arrive_last(arrivals + tile))

@@ -66,6 +66,14 @@ def relative_error(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor | None = No
 CANARY = -12345.0
 
 
+def at_offset(shape, offset: int, fill: float | None = None, device="cuda") -> torch.Tensor:
+    """A tensor of ``shape`` starting ``offset`` floats into its storage (randn, or ``fill``): the
+    pointer is then only 4- or 8-byte aligned, which the kernels' single-float paths must take."""
+    n = math.prod(shape)
+    base = torch.randn(n + offset + 5, device=device) if fill is None else torch.full((n + offset + 5,), fill, device=device)
+    return base[offset:offset + n].view(shape)
+
+
 def guarded_outputs(M: int, N: int, device="cuda", guard: int = 4096):
     """Two M x N outputs with a canary value all around them, for a kernel that must write its
     output and nothing else: a contiguous one inside a flat buffer with ``guard`` floats either

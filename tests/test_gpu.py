@@ -19,7 +19,7 @@ from fastmm.families import FAMILIES, Skinny
 from fastmm.plan import TINY_K, TINY_OUTPUTS
 from fastmm.runtime import launcher
 from fastmm.shapes import analyse, build_problem
-from conftest import guarded_outputs, relative_error, run_forced
+from conftest import at_offset, guarded_outputs, relative_error, run_forced
 
 pytestmark = pytest.mark.cuda
 
@@ -59,13 +59,6 @@ def forced(a, b, family, precision, out=None):
         assert plan.kernel.family == family
         assert plan.precision_used == (precision if family in TENSOR_CORE_FAMILIES else "ieee")
     return result
-
-
-def at_offset(shape, offset: int, fill: float | None = None) -> torch.Tensor:
-    """A tensor of ``shape`` starting ``offset`` floats into its storage."""
-    n = math.prod(shape)
-    base = randn(n + offset + 5) if fill is None else torch.full((n + offset + 5,), fill, device="cuda")
-    return base[offset:offset + n].view(shape)
 
 
 def exact_reference(a, b):

@@ -4,13 +4,12 @@ without CUDA). Fresh random inputs for every check, NaN-poisoned ``out``, inputs
 unmodified. Tolerances as tests/test_gpu.py: tf32 1e-3, tf32x3 1e-6."""
 from __future__ import annotations
 
-import math
 
 import pytest
 import torch
 
 from fastmm import dispatch
-from conftest import guarded_outputs, relative_error
+from conftest import at_offset, guarded_outputs, relative_error
 
 pytestmark = pytest.mark.cuda
 
@@ -89,14 +88,9 @@ def test_storage_offsets_take_the_single_float_paths(which, offset, M, N, K):
     """Operands one to three floats into their storage: no 16-byte vectors on A or W."""
     needs_sm80()
 
-    def at_offset(shape, fill=None):
-        n = math.prod(shape)
-        base = randn(n + offset + 5) if fill is None else torch.full((n + offset + 5,), fill, device="cuda")
-        return base[offset:offset + n].view(shape)
-
-    a = at_offset((M, K)) if which == "a" else randn(M, K)
-    w = at_offset((N, K)) if which == "w" else randn(N, K)
-    out = at_offset((M, N), NAN) if which == "c" else torch.full((M, N), NAN, device="cuda")
+    a = at_offset((M, K), offset) if which == "a" else randn(M, K)
+    w = at_offset((N, K), offset) if which == "w" else randn(N, K)
+    out = at_offset((M, N), offset, NAN) if which == "c" else torch.full((M, N), NAN, device="cuda")
     _, plan = forced(a, w.t(), "tf32", out=out)
     macros = dict(plan.kernel.macros)
     vec = int(which == "c")

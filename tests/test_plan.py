@@ -81,8 +81,8 @@ def tile_from_macros(family: str, m: dict) -> tuple[int, int]:
         return m["MT"], m.get("SK_BN", 128)  # skinny.cu: MT rows, COLS 128 (v1) or SK_BN (v2)
     if family == "skinny_kmajor":  # skinny_kmajor.cu: KR_BN = KR_G x KR_WARPS x 4 rows x KR_R
         return m["MT"], m["KR_G"] * m["KR_WARPS"] * 4 * m["KR_R"]
-    if family == "kmajor_mma":  # kmajor_mma.cu: 8 rows of A per B-role fragment, KM_BN = 16 x KM_NF (x warps)
-        return 8 * m["KM_MF"], 16 * m["KM_NF"] * (m["KM_WARPS"] if m["KM_ROWS"] else 1)
+    if family == "kmajor_mma":  # kmajor_mma.cu: 8 rows of A per B-role fragment, KM_BN = 16 x KM_NF
+        return 8 * m["KM_MF"], 16 * m["KM_NF"]
     if family == "tf32_mma":
         return m["WARPS_M"] * 64, m["WARPS_N"] * m["WARP_N"]  # tf32_mma.cu: WARP_M 64
     if family == "wgmma_tf32":

@@ -25,7 +25,7 @@ sys.path[:0] = [str(HERE.parents[1]), str(HERE)]  # the repo (ahead of any insta
 import torch  # noqa: E402
 
 import fastmm  # noqa: E402
-from probe_util import need_gpu  # noqa: E402
+from probe_util import enqueue_us, need_gpu  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -63,19 +63,6 @@ def main(argv=None) -> int:
     torch.cuda.synchronize()
     pstats.Stats(prof).sort_stats("tottime").print_stats(o.top)
     return 0
-
-
-def enqueue_us(fn, calls: int) -> float:
-    """Host us per call of ``calls`` back-to-back calls queued behind ~0.1 s of GPU sleep."""
-    fn()
-    torch.cuda.synchronize()
-    torch.cuda._sleep(200_000_000)
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    us = (time.perf_counter() - t0) / calls * 1e6
-    torch.cuda.synchronize()
-    return us
 
 
 def profile_linear(o) -> int:

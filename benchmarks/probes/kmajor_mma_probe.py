@@ -33,7 +33,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="kmajor_mma_probe.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("--ms", default="1,2,4,8,16")
     ap.add_argument("--splits", default="0")
-    ap.add_argument("--variants", default="", help="extra kmajor_mma variants, e.g. 'u4,rows,rows-u4'")
+    ap.add_argument("--variants", default="", help="extra kmajor_mma variants: chunks ahead, e.g. 'u1,u4'")
     ap.add_argument("--precisions", default="tf32,tf32x3")
     o = ap.parse_args(argv)
     if not need_gpu(ap.prog):
@@ -43,9 +43,7 @@ def main(argv=None) -> int:
     extra = [v for v in o.variants.split(",") if v]
 
     def variant(name):
-        parts = name.split("-")
-        u = next((int(x[1:]) for x in parts if x.startswith("u")), None)
-        return KmajorMma(u=u, rows="rows" in parts)
+        return KmajorMma(u=int(name.lstrip("u")))
     print(f"{'M x N x K':<18} {'prec':<7} {'floor':>6} {'torch':>7} {'skinny_km':>9} "
           + " ".join(f"{'mma' + (f' s{s}' if s else ''):>9}" for s in splits) + " " + " ".join(f"{v:>9}" for v in extra)
           + "  best/torch  errors (torch, skinny_km, mma)")

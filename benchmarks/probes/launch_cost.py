@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import sys
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -24,22 +23,13 @@ import fastmm  # noqa: E402
 from fastmm import dispatch, fast_path  # noqa: E402
 from fastmm.families import FAMILIES  # noqa: E402
 from fastmm.runtime import launcher, tensor_map  # noqa: E402
-from probe_util import need_gpu  # noqa: E402
+from probe_util import enqueue_us, need_gpu  # noqa: E402
 
 N_CALLS = 500  # (fewer than the ~1000 launches a stream queues before the host waits)
 
 
 def bench(name, fn, n=None):
-    n = n or N_CALLS
-    fn()
-    torch.cuda.synchronize()
-    torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU work ahead: the calls only enqueue
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    t = (time.perf_counter() - t0) / n * 1e6
-    torch.cuda.synchronize()
-    print(f"{name:<44} {t:7.2f} us")
+    print(f"{name:<44} {enqueue_us(fn, n or N_CALLS):7.2f} us")
 
 
 def wgmma_pieces(a, b):

@@ -33,7 +33,7 @@ import torch  # noqa: E402
 
 import fastmm  # noqa: E402
 from fastmm.precision import torch_precision  # noqa: E402
-from probe_util import need_gpu  # noqa: E402
+from probe_util import enqueue_us, need_gpu  # noqa: E402
 
 
 def one_step(model, batch, loss_fn):
@@ -128,17 +128,6 @@ def pieces() -> None:
     from fastmm import dispatch, fast_path, ops
     from fastmm.runtime import launcher
 
-    def us(fn, n=2000):
-        fn()
-        torch.cuda.synchronize()
-        torch.cuda._sleep(400_000_000)
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        t = (time.perf_counter() - t0) / n * 1e6
-        torch.cuda.synchronize()
-        return t
-
     ref = torch.nn.Linear(1024, 2816, device="cuda")
     fm = fastmm.nn.Linear.from_linear(ref, precision="tf32")
     x = torch.randn(4, 256, 1024, device="cuda")
@@ -174,7 +163,7 @@ def pieces() -> None:
              ("ops._Linear.apply", lambda: ops._Linear.apply(xg, w, bias, "tf32")),
              ("torch.addmm with grad", lambda: torch.addmm(bias, xg.view(1024, 1024), wt))]
     for what, fn in rows:
-        print(f"  {what:<40} {us(fn):8.2f} us")
+        print(f"  {what:<40} {enqueue_us(fn, 400):8.2f} us")
 
 
 def main(argv=None) -> int:

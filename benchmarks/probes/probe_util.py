@@ -29,6 +29,23 @@ def rel_err(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> float:
     return ((c.double() - ref).norm() / ref.norm().clamp_min(1e-300)).item()
 
 
+def enqueue_us(fn, calls: int) -> float:
+    """Host us per call of ``calls`` back-to-back calls queued behind ~0.1 s of GPU sleep, so the
+    host never waits on the GPU: only enqueue time counts. Keep calls x (their GPU time) well
+    under 0.1 s (and calls under the ~1000 launches a stream queues before the host waits)."""
+    import time
+
+    fn()
+    torch.cuda.synchronize()
+    torch.cuda._sleep(200_000_000)
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    us = (time.perf_counter() - t0) / calls * 1e6
+    torch.cuda.synchronize()
+    return us
+
+
 def time_ms(fn, reps: int = 20) -> float:
     """Median of ``reps`` CUDA-event samples of one call each, in ms (3 calls of warm-up). For
     calls long enough that host launch time cannot leave the GPU idle."""

@@ -40,10 +40,8 @@ class KmajorMma(Family):
     dependent_launch_cc = (9, 0)
     #: K slices asked for (a variant for probes); None: the wave model's choice.
     split: int | None = None
-    #: Variants for probes: chunks loaded ahead (None: :meth:`geometry`'s), and whether each warp
-    #: owns rows of its own over the block's K range (KM_ROWS) instead of dealing K out.
+    #: Chunks loaded ahead, a variant for probes (None: :meth:`geometry`'s).
     u: int | None = None
-    rows: bool = False
 
     def reject(self, p, dev):
         reason = super().reject(p, dev)
@@ -91,8 +89,7 @@ class KmajorMma(Family):
         mf, u, vec = self.geometry(p)
         u = self.u or u
         minb = BLOCKS_PER_SM if u <= 2 else 3  # (4 chunks ahead: up to 168 registers)
-        bn = ROWS_PER_BLOCK * (WARPS if self.rows else 1)
-        tiles = max(1, -(-p.N // bn))
+        tiles = max(1, -(-p.N // ROWS_PER_BLOCK))
         k = max(p.K, 1)
         slots = dev.sm_count * minb
         if p.batch_total > 1:
@@ -109,20 +106,18 @@ class KmajorMma(Family):
         fused = split > 1
         x3 = p.precision == "tf32x3"
         macros = (("KM_MF", mf), ("KM_NF", 1), ("KM_U", u), ("KM_WARPS", WARPS), ("KM_KS", ks), ("X3", int(x3)),
-                  ("B_VEC", int(vec)), ("A_VEC", int(vec)), ("KM_FUSED", int(fused)), ("KM_MINB", minb),
-                  ("KM_ROWS", int(self.rows)))
+                  ("B_VEC", int(vec)), ("A_VEC", int(vec)), ("KM_FUSED", int(fused)), ("KM_MINB", minb))
         details = (("math", "TF32 mma.sync m16n8k8 as C^T = W A^T: 16 rows of W by 8 rows of A per mma"
                             + (", each operand split into TF32 big + small parts, three mmas, the big product "
                                "promoted per step with Dekker's add (tf32x3)" if x3 else "")),
                    ("W loads", f"along K, {'16-byte' if vec else '4-byte'}: each warp load covers 64 contiguous bytes "
                                f"of 8 rows; {u} chunk(s) of 32 k ahead; A's rows read from L1/L2"),
-                   ("block", f"{WARPS} warps, {ROWS_PER_BLOCK} rows of W each over {ks} k" if self.rows else
-                             f"{WARPS} warps share {ROWS_PER_BLOCK} rows of W and deal out {ks} k in chunks of 32; "
+                   ("block", f"{WARPS} warps share {ROWS_PER_BLOCK} rows of W and deal out {ks} k in chunks of 32; "
                              "their sums added in warp order"))
         if fused:
             details += (("split-K", f"{split} slices of K, summed in slice order by the last block of each row "
                                     "tile (no second launch)"),)
         cfg = KernelConfig(self.name, self.source, self.entry, macros, WARPS * 32, (WARPS * 32, 1, 1),
-                           grid_of(tiles, p.batch_total, split), 0, (8 * mf, bn, ks), details,
+                           grid_of(tiles, p.batch_total, split), 0, (8 * mf, ROWS_PER_BLOCK, ks), details,
                            split_fused=fused)
         return as_dependent_launch(cfg, dev, self.dependent_launch_cc)
