@@ -8,8 +8,9 @@ Models are built from configs with random weights (``transformers``, an optional
 ``pip install "fastmm[models]"``; nothing is downloaded), plus ``nn.TransformerEncoder``. For each
 model and precision it reports:
 
-- the training step (forward, loss, backward; CUDA events, warm-up, median), torch vs
-  ``fastmm.patch(model)``; with ``--compile`` both sides also under ``torch.compile``;
+- the training step (forward, loss, backward; CUDA events, warm-up, median; the two sides' steps
+  interleaved), torch vs ``fastmm.patch(model)``; with ``--compile`` both sides also under
+  ``torch.compile``;
 - greedy generation (batch 1, KV cache) tokens/s for the decoders, and whether the tokens match;
 - the logits' and the gradients' relative error against a float64 copy of the model, for torch
   fp32 and for fastmm;
@@ -93,29 +94,35 @@ def _logits(out) -> torch.Tensor:
     return out if isinstance(out, torch.Tensor) else out.logits
 
 
-def step_ms(model, batch, loss_fn, steps: int, warmup: int = 3) -> float:
-    """Median time of one training step (forward, loss, backward), CUDA events."""
-    def one():
+def step_ms(models, batch, loss_fn, steps: int, warmup: int = 3) -> list[float]:
+    """Median time of one training step (forward, loss, backward; CUDA events) of each of
+    ``models``, their steps interleaved (A B B A A B ...): the host's speed drifts over a run
+    (steps of the same model moved 20-40% between runs, NOTES.md run 19), and interleaving puts
+    both sides under the same drift instead of timing one block of steps after the other."""
+    def one(model):
         model.zero_grad(set_to_none=True)
         loss_fn(model(**batch)).backward()
 
     for _ in range(warmup):
-        one()
-    cuda = next(model.parameters()).is_cuda
-    times = []
-    for _ in range(steps):
-        if not cuda:  # (a CPU smoke run: wall time)
-            t0 = time.perf_counter()
-            one()
-            times.append(1e3 * (time.perf_counter() - t0))
-            continue
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        one()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+        for model in models:
+            one(model)
+    cuda = next(models[0].parameters()).is_cuda
+    times = [[] for _ in models]
+    for step in range(steps):
+        order = range(len(models)) if step % 2 == 0 else reversed(range(len(models)))
+        for i in order:
+            if not cuda:  # (a CPU smoke run: wall time)
+                t0 = time.perf_counter()
+                one(models[i])
+                times[i].append(1e3 * (time.perf_counter() - t0))
+                continue
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            one(models[i])
+            end.record()
+            end.synchronize()
+            times[i].append(start.elapsed_time(end))
+    return [statistics.median(t) for t in times]
 
 
 def rel(x: torch.Tensor, ref: torch.Tensor) -> float:
@@ -175,8 +182,7 @@ def bench_model(name: str, precisions, opts, device) -> list[dict]:
                 mod.precision = precision
         row = {"model": name, "precision": precision}
         with torch_precision(precision):
-            row["torch_ms"] = step_ms(model, batch, loss_fn, opts.steps)
-            row["fastmm_ms"] = step_ms(patched, batch, loss_fn, opts.steps)
+            row["torch_ms"], row["fastmm_ms"] = step_ms([model, patched], batch, loss_fn, opts.steps)
             row["step_ratio"] = row["torch_ms"] / row["fastmm_ms"]
             row["torch_logit_err"], row["torch_grad_err"] = errors(model, ref64, batch, loss_fn)
             row["fastmm_logit_err"], row["fastmm_grad_err"] = errors(patched, ref64, batch, loss_fn)
@@ -196,28 +202,30 @@ def bench_model(name: str, precisions, opts, device) -> list[dict]:
             if name in opts.compile:
                 torch._dynamo.reset()
                 cm, cp = torch.compile(model), torch.compile(patched)
-                row["torch_compiled_ms"] = step_ms(cm, batch, loss_fn, opts.steps)
-                row["fastmm_compiled_ms"] = step_ms(cp, batch, loss_fn, opts.steps)
+                row["torch_compiled_ms"], row["fastmm_compiled_ms"] = step_ms([cm, cp], batch, loss_fn, opts.steps)
                 row["compiled_ratio"] = row["torch_compiled_ms"] / row["fastmm_compiled_ms"]
         rows.append(row)
         print(json.dumps(row), flush=True)
     return rows
 
 
-def host_us(fn, calls: int = 200, rounds: int = 5) -> float:
-    """Host time to enqueue one call (median over rounds of ``calls`` back-to-back calls; the GPU
+def host_us(fns, calls: int = 200, rounds: int = 7) -> list[float]:
+    """Host time to enqueue one call of each of ``fns`` (median over rounds of ``calls``
+    back-to-back calls, the functions' rounds interleaved as step_ms interleaves steps; the GPU
     is kept busy ahead so the host never waits on it)."""
-    fn()
+    for fn in fns:
+        fn()
     torch.cuda.synchronize()
-    per = []
-    for _ in range(rounds):
-        torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU work queued first: the calls only enqueue
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        per.append(1e6 * (time.perf_counter() - t0) / calls)
-        torch.cuda.synchronize()
-    return statistics.median(per)
+    per = [[] for _ in fns]
+    for r in range(rounds):
+        for i in (range(len(fns)) if r % 2 == 0 else reversed(range(len(fns)))):
+            torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU work queued first: the calls only enqueue
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fns[i]()
+            per[i].append(1e6 * (time.perf_counter() - t0) / calls)
+            torch.cuda.synchronize()
+    return [statistics.median(p) for p in per]
 
 
 def host_costs(device) -> list[tuple[str, float, float]]:
@@ -231,10 +239,9 @@ def host_costs(device) -> list[tuple[str, float, float]]:
     g = torch.randn(4, 256, 2816, device=device)
     rows = []
     with torch.no_grad():
-        rows.append(("forward, no grad", host_us(lambda: ref(x)), host_us(lambda: fm(x))))
-    rows.append(("forward with grad", host_us(lambda: ref(xg)), host_us(lambda: fm(xg))))
-    rows.append(("forward + backward", host_us(lambda: ref(xg).backward(g), calls=50),
-                 host_us(lambda: fm(xg).backward(g), calls=50)))
+        rows.append(("forward, no grad", *host_us([lambda: ref(x), lambda: fm(x)])))
+    rows.append(("forward with grad", *host_us([lambda: ref(xg), lambda: fm(xg)])))
+    rows.append(("forward + backward", *host_us([lambda: ref(xg).backward(g), lambda: fm(xg).backward(g)], calls=50)))
     return rows
 
 

@@ -54,7 +54,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # a source chec
 
 from fastmm import dispatch  # noqa: E402
 from fastmm.families import FAMILIES  # noqa: E402
-from fastmm.problem import DeviceFacts  # noqa: E402
+from fastmm.plan import select  # noqa: E402
+from fastmm.problem import DeviceFacts, Problem  # noqa: E402
 from fastmm.shapes import analyse, build_problem  # noqa: E402
 
 GUARD = 64  # canary floats on each side of the output
@@ -313,6 +314,16 @@ def family_cases(dev: DeviceFacts, family: str, precision: str, quick: bool) -> 
         # big enough next to the copy (plan.STAGE_MIN_FLOP_PER_BYTE: M >= 1024 for B, N >= 1024 for A)
         add("staging", 1024, 5, 7)  # B staged
         add("staging", 1030, 130, 65, b_t=False, offsets=(0, 1, 2))
+        if family == "simt_cp_async":
+            # split-K of a few slices summed by the last block of each tile (SPLIT_FUSED): a
+            # 1024-token product; odd extents (single-float workspace and C), C transposed, offsets
+            fused = [(512, 512, 1024, {"b_t": True}), (999, 1001, 1100, {"a_t": True, "c_t": True, "offsets": (1, 2, 3)})]
+            if not quick:
+                fused.append((1024, 1024, 1024, {"b_t": True}))
+            for M, N, K, kw in fused:
+                p = Problem.dense(M, N, K, precision, a_t=kw.get("a_t", False), b_t=kw.get("b_t", False))
+                if select(p, dev, family).kernel.split_fused:  # (the layout sets the load modes it needs)
+                    add("split_fused", M, N, K, **kw)
         if family == "tf32_mma":
             add("staging", 5, 1024, 7)  # A staged
             add("staging", 1030, 1030, 7)  # both

@@ -24,6 +24,12 @@ __device__ __forceinline__ float4 ld_l2_v4(const float* p) {
     asm("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];\n" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p));
     return v;
 }
+__device__ __forceinline__ float4 ld_l2_v4_ordered(const float* p) {
+    float4 v;
+    asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p) : "memory");
+    return v;
+}
 
 #if __CUDA_ARCH__ >= 900
 // Thread-block clusters (sm_90): this block's rank in its cluster; a barrier of the whole

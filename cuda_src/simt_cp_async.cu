@@ -299,8 +299,82 @@ __device__ __forceinline__ void pair_add(float acc[THREAD_M][THREAD_N], float* r
 #define SPLIT_PAIR_ATTR
 #endif
 
+#ifndef SPLIT_FUSED
+#define SPLIT_FUSED 0  // S > 1: split-K over S slices whose last block per tile sums them (no reduce launch)
+#endif
+#if SPLIT_FUSED
+#if SPLIT_PAIR
+#error "SPLIT_FUSED and SPLIT_PAIR are separate plans"
+#endif
+// Fused split-K (gridDim.y = SPLIT_FUSED): each block stores its slice of the tile, then the last
+// of the tile's blocks to arrive (split_arrive_last, common.cuh) sums the slices in slice order into Out with
+// the epilogue: the same bits as splitk_reduce.cu. One launch instead of the GEMM + reduce pair
+// (a launch's host cost and the gap between them); the planner takes it where a tile's slices
+// are few, since the last block reads them all.
+#define SPLIT_FUSED_PARAMS , float* __restrict__ Out, i64 sOm, i64 sOn, unsigned* __restrict__ arrivals
+#ifndef OUT_VEC
+#define OUT_VEC 0  // Out's rows contiguous, N % 4 == 0, 16-byte aligned: float4 stores
+#endif
+
+// The last block's sum: each output of the tile is 0.f + slice 0 + slice 1 + ... (slice order:
+// the same bits as splitk_reduce.cu), stored into Out through the epilogue. The block walks the
+// tile in units of 4 consecutive n (one float4 where the workspace is float4-able, C_VEC), a
+// thread taking SUM_ILP units at a time with all SPLIT_FUSED slices of them loaded before any
+// is added: one L2 round trip per SUM_ILP units (the volatile loads stay after
+// split_arrive_last's fence).
+#define SUM_ILP (8 / SPLIT_FUSED > 0 ? 8 / SPLIT_FUSED : 1)
+__device__ __forceinline__ void sum_tile_slices(const float* W, i64 slice, float* Out, i64 sOm, i64 sOn, int M,
+                                                int N, int m0, int n0, const Epilogue& epi) {
+    constexpr int ROW_UNITS = BN / 4, UNITS = BM * ROW_UNITS;
+    for (int u0 = threadIdx.x; u0 < UNITS; u0 += THREADS * SUM_ILP) {
+        float v[SUM_ILP][SPLIT_FUSED][4];
+#pragma unroll
+        for (int u = 0; u < SUM_ILP; ++u) {
+            const int unit = u0 + u * THREADS;
+            const int m = m0 + unit / ROW_UNITS, n = n0 + (unit % ROW_UNITS) * 4;
+            const bool ok = unit < UNITS && m < M;
+#pragma unroll
+            for (int s = 0; s < SPLIT_FUSED; ++s) {
+                const float* p = W + s * slice + (i64)m * N + n;
+                if (C_VEC) {  // (N % 4 == 0: the unit is wholly inside or outside)
+                    const float4 q = ok && n < N ? ld_l2_v4_ordered(p) : make_float4(0.f, 0.f, 0.f, 0.f);
+                    v[u][s][0] = q.x, v[u][s][1] = q.y, v[u][s][2] = q.z, v[u][s][3] = q.w;
+                } else {
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) v[u][s][j] = ok && n + j < N ? ld_l2_ordered(p + j) : 0.f;
+                }
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < SUM_ILP; ++u) {
+            const int unit = u0 + u * THREADS;
+            const int m = m0 + unit / ROW_UNITS, n = n0 + (unit % ROW_UNITS) * 4;
+            if (unit >= UNITS || m >= M) continue;
+            float r[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                r[j] = 0.f;
+#pragma unroll
+                for (int s = 0; s < SPLIT_FUSED; ++s) r[j] += v[u][s][j];
+            }
+            if (OUT_VEC) {  // (Out's rows contiguous, N % 4 == 0, 16-byte aligned: all 4 inside or none)
+                if (n < N)
+                    *(float4*)&Out[(i64)m * sOm + n] = make_float4(epi(r[0], m, n), epi(r[1], m, n + 1),
+                                                                   epi(r[2], m, n + 2), epi(r[3], m, n + 3));
+            } else {  // (the epilogue reads D only for outputs that exist)
+#pragma unroll
+                for (int j = 0; j < 4; ++j)
+                    if (n + j < N) Out[(i64)m * sOm + (i64)(n + j) * sOn] = epi(r[j], m, n + j);
+            }
+        }
+    }
+}
+#else
+#define SPLIT_FUSED_PARAMS
+#endif
+
 #if !STREAM_K
-extern "C" __global__ void SPLIT_PAIR_ATTR __launch_bounds__(THREADS, CP_MIN_BLOCKS) fastmm_simt_cp_async(FASTMM_PARAMS FASTMM_EPILOGUE_PARAMS) {
+extern "C" __global__ void SPLIT_PAIR_ATTR __launch_bounds__(THREADS, CP_MIN_BLOCKS) fastmm_simt_cp_async(FASTMM_PARAMS SPLIT_FUSED_PARAMS FASTMM_EPILOGUE_PARAMS) {
     FASTMM_UNPACK
     FASTMM_EPILOGUE
 #if __CUDA_ARCH__ >= 800
@@ -316,6 +390,28 @@ extern "C" __global__ void SPLIT_PAIR_ATTR __launch_bounds__(THREADS, CP_MIN_BLO
     int am, bn;
     thread_origin(am, bn);
 
+#if SPLIT_FUSED
+    // A batch of 1 and a block column per tile (the planner's split plans): no loops. Inside the
+    // tile and batch loops the sum's values pushed the 8 x 8 thread tiles (capped at 168
+    // registers) into 8-184 bytes of spills (ptxas -v, NVRTC 13.5, sm_80-sm_90).
+    {
+        int tm, tn;
+        tile_coords<8>(blockIdx.x, tiles_m, tiles_n, tm, tn);
+        float acc[THREAD_M][THREAD_N];
+        tile_product(A, B, M, N, K, sAm, sAk, sBk, sBn, tm * BM, tn * BN, kt_begin, kt_end, As, Bs, am, bn, acc);
+        store_tile_as<C_VEC != 0>(C + (i64)blockIdx.y * sC0, M, N, sCm, sCn, tm * BM, tn * BN, am, bn, acc,
+                                  NoEpilogue{});
+        if (split_arrive_last(arrivals + blockIdx.x)) {
+            // the tile's origin read again (an opaque read of blockIdx.x: the compiler would
+            // otherwise keep it from before the main loop, a register there)
+            unsigned bx;
+            asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(bx));
+            tile_coords<8>((int)bx, tiles_m, tiles_n, tm, tn);
+            sum_tile_slices(C, sC0, Out, sOm, sOn, M, N, tm * BM, tn * BN, epi);
+            if (threadIdx.x == 0) *(volatile unsigned*)(arrivals + blockIdx.x) = 0u;  // for the next launch
+        }
+    }
+#else
     for (int z = blockIdx.z; z < batch_total; z += gridDim.z) {
         FASTMM_BATCH_OFFSETS(z)
         for (int tile = blockIdx.x; tile < tiles_m * tiles_n; tile += gridDim.x) {
@@ -343,6 +439,7 @@ extern "C" __global__ void SPLIT_PAIR_ATTR __launch_bounds__(THREADS, CP_MIN_BLO
 #endif
         }
     }
+#endif  // SPLIT_FUSED
 #endif
 }
 #else

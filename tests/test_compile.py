@@ -94,6 +94,18 @@ def _kmajor_mma_problems() -> list[Problem]:
     return out + [dataclasses.replace(p, epilogue=True) for p in out[:3] + out[7:10]]
 
 
+def _fused_split_problems() -> list[Problem]:
+    """simt_cp_async's split-K plans that sum their own slices (SPLIT_FUSED): the 1024-token
+    products of a small model (2, 3 and 4 slices on the H200), odd extents (single-float
+    workspace and C), a transposed C, the epilogue. Planned for that family only."""
+    dense = [(1024, 1024, 1024, {"b_t": True}), (1024, 2816, 1024, {"b_t": True}), (2816, 1024, 1024, {"a_t": True}),
+             (1024, 256, 1024, {"b_t": True}), (999, 1001, 1100, {"a_t": True}), (999, 1001, 4100, {"a_t": True}),
+             (1000, 1000, 1024, {"c_t": True})]
+    out = [Problem.dense(M, N, K, **{k: v for k, v in kw.items() if k != "c_t"}) for M, N, K, kw in dense]
+    out[-1] = dataclasses.replace(out[-1], c_strides=(1, 1000))  # C column-major: single-float stores
+    return out + [dataclasses.replace(p, epilogue=True) for p in out[::2]]
+
+
 def _epilogue_problems() -> list[Problem]:
     """Products with a fused epilogue (a bias, addmm's input): every family's final store with it,
     a split's reduce, a fused split's last block, stream-K's whole tiles and fixup."""
@@ -112,6 +124,7 @@ def _configs():
         work = [(p, families) for p in _problems()]
         work += [(p, ("skinny_kmajor",)) for p in _kmajor_problems() if "skinny_kmajor" in families]
         work += [(p, ("kmajor_mma",)) for p in _kmajor_mma_problems() if "kmajor_mma" in families]
+        work += [(p, ("simt_cp_async",)) for p in _fused_split_problems() if "simt_cp_async" in families]
         work += [(p, families) for p in _epilogue_problems()]
         for p, names in work:
             for family in names:
@@ -240,6 +253,14 @@ def test_configs_cover_every_family_arch_and_macro_value():
         mma = [dict(m) for m in seen[(arch, "kmajor_mma")]]
         for key in ("KM_MF", "B_VEC", "KM_FUSED", "X3", "EPILOGUE"):
             assert {m.get(key, 0) for m in mma} == ({1, 2} if key == "KM_MF" else {0, 1}), (arch, key)
+    # simt_cp_async's split-K summed by its own last block per tile (no reduce pass): float4 and
+    # single-float C stores, and on the H200 each slice count the planner fuses
+    for arch in SM80_PLUS:
+        fused = [dict(m) for m in seen[(arch, "simt_cp_async")] if dict(m).get("SPLIT_FUSED")]
+        assert fused and {m["OUT_VEC"] for m in fused} <= {0, 1}, arch
+        if arch == "sm_90":
+            assert {m["OUT_VEC"] for m in fused} == {0, 1} and {m["C_VEC"] for m in fused} == {0, 1}
+            assert {m["SPLIT_FUSED"] for m in fused} == {2, 3, 4}
     # the skinny kernel's own slice sums (decode16 on the H200)
     assert any(dict(m).get("SK_FUSED") == 1 for m in seen[("sm_90", "skinny")])
     # split-K in cluster pairs (largeK on the H200), sm_90 only
@@ -489,6 +510,39 @@ def test_cluster_pair_entries_build_without_spills():
     macros = [tuple({**base, "BK": fam.bk, "A_MODE": a, "B_MODE": b, "C_VEC": c, "STAGES": stages,
                      "SPLIT_PAIR": 1}.items()) for a in (0, 2, 3) for b in (0, 2, 3) for c in (0, 1) if (a, b) != (0, 2)]
     _assert_no_spills("simt_cp_async.cu", "sm_90", macros)
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_simt_split_entries_that_sum_their_own_slices_build_without_spills(arch):
+    """simt_cp_async's fused split (SPLIT_FUSED: the last block of each tile sums the slices)
+    for every tile and every load-mode pair the planner fuses (simt_core.fused_split_spills
+    leaves out what spilled), each with one of the C store modes, epilogue and slice counts it
+    fuses, in turn: no spill bytes and no stack frame (the 16 x 8 thread tiles sit at the
+    255-register cap, the 8 x 8 ones at their 168)."""
+    from fastmm.families.simt_core import FUSED_SPLIT_MAX, fused_split_spills
+    from fastmm.runtime.compiler import nvrtc_unavailable_reason
+
+    if nvrtc_unavailable_reason():
+        pytest.skip(nvrtc_unavailable_reason())
+    fam = FAMILIES["simt_cp_async"]
+    dev = DeviceFacts.simulated_device(arch)
+    variants = [(1, 1, 0, 2), (0, 0, 1, FUSED_SPLIT_MAX), (1, 0, 1, 3), (0, 1, 0, 2)]  # (C_VEC, OUT_VEC, EPILOGUE, S)
+    macros, i = [], 0
+    for opt in fam.tile_options:
+        bm, bn = fam.tile_of(opt)
+        stages = dict(fam.extra_macros(None, dev, bm, bn, split=2))["STAGES"]
+        for a in (0, 2, 3):
+            for b in (0, 2, 3):
+                allowed = [v for v in variants if not fused_split_spills(opt, a, b, bool(v[1]), bool(v[2]))]
+                if not allowed:
+                    continue
+                c, o, e, split = allowed[i % len(allowed)]
+                i += 1
+                macros.append(tuple({"WARPS_M": opt[0], "WARPS_N": opt[1], "THREAD_M": opt[2], "BK": fam.bk,
+                                     "A_MODE": a, "B_MODE": b, "C_VEC": c, "STAGES": stages, "SPLIT_FUSED": split,
+                                     "OUT_VEC": o, "EPILOGUE": e}.items()))
+    assert len(macros) == 4 * 9 - 4 - 2  # (the two 16-row tiles leave out two pairs each, the 8-row ones one)
+    _assert_no_spills("simt_cp_async.cu", arch, macros)
 
 
 def test_skinny_kernels_that_sum_their_own_slices_build_without_spills():

@@ -51,7 +51,7 @@ def test_a_single_launch_plan_applies_it_in_the_gemm():
 
 
 def test_a_split_k_plan_applies_it_in_the_reduce_not_in_the_slices():
-    plan = plan_of(1024, 2816, 1024)
+    plan = plan_of(256, 256, 65536)  # largeK: 128x256 tiles, many slices added in cluster pairs
     assert plan.kernel.split_k > 1 and not plan.kernel.split_fused and plan.reduce is not None
     assert fused(plan.reduce) and not fused(plan.kernel)
 
@@ -60,6 +60,9 @@ def test_a_fused_split_applies_it_in_the_gemm_that_sums_its_slices():
     plan = plan_of(1, 4096, 4096, b_t=True)  # decode: skinny_kmajor, its last block sums the slices
     assert plan.kernel.family == "skinny_kmajor" and plan.kernel.split_fused and plan.reduce is None
     assert fused(plan.kernel)
+    plan = plan_of(1024, 2816, 1024, b_t=True)  # a 1024-token MLP layer: SIMT split 3 ways, summed by its last block
+    assert plan.kernel.family == "simt_cp_async" and plan.kernel.split_k == 3
+    assert plan.kernel.split_fused and plan.reduce is None and fused(plan.kernel)
 
 
 def test_stream_k_applies_it_in_the_whole_tiles_and_in_the_fixup():

@@ -15,7 +15,7 @@ import torch
 
 import fastmm
 from fastmm import dispatch, fast_path, ops
-from fastmm.families import FAMILIES, Skinny
+from fastmm.families import FAMILIES, SimtCpAsync, Skinny
 from fastmm.plan import TINY_K, TINY_OUTPUTS
 from fastmm.runtime import launcher
 from fastmm.shapes import analyse, build_problem
@@ -207,6 +207,45 @@ def test_fused_split_k_gives_the_bits_of_the_second_pass(M, N, K, rel_err):
     assert reason is None and result is out, reason
     assert two.kernel.family == "skinny" and not two.kernel.split_fused and two.reduce is not None
     assert two.reduce.family == "splitk_reduce" and two.kernel.grid == plan.kernel.grid  # the same slices
+    assert torch.equal(out, fused[0])
+
+
+# (M, N, K, layout): the 1024-token products of a small model (x @ W.t(), grad_x, grad_W), and
+# odd sizes whose workspace and C take single floats
+SIMT_FUSED = [(1024, 1024, 1024, "linear"), (1024, 2816, 1024, "linear"), (1024, 256, 1024, "linear"),
+              (2816, 1024, 1024, "a_t"), (1000, 1000, 1024, "linear"), (999, 1001, 1100, "a_t")]
+
+
+@pytest.mark.parametrize("M,N,K,layout", SIMT_FUSED, ids=str)
+@pytest.mark.parametrize("out_kind", ["nan", "transposed"])
+def test_simt_fused_split_gives_the_bits_of_the_reduce_pass(M, N, K, layout, out_kind, rel_err):
+    """simt_cp_async's split-K plans of a few slices sum them in their last block per tile
+    (SPLIT_FUSED), in slice order: the same bits as the GEMM + splitk_reduce plan of the variant
+    SimtCpAsync(fuse_split=False) (the same tiles and slices), into a NaN-poisoned out, row- or
+    column-major, and every arrival counter back at 0 afterwards."""
+    a = randn(K, M).t() if layout == "a_t" else randn(M, K)
+    b = randn(N, K).t() if layout == "linear" else randn(K, N)
+
+    def make_out():
+        return torch.full((M, N), NAN, device="cuda") if out_kind == "nan" else torch.full((N, M), NAN, device="cuda").t()
+
+    plan = fastmm.explain(a, b, precision="ieee", out=make_out()).plan
+    if plan.kernel is None or plan.kernel.family != "simt_cp_async" or not plan.kernel.split_fused:
+        pytest.skip(f"no fused SIMT split on this device: {plan.describe()}")
+    assert plan.reduce is None and "last block" in plan.describe()
+    fused = []
+    for _ in range(2):  # the second call: the fast path, the stream's counters reused
+        out = make_out()
+        assert fastmm.matmul(a, b, precision="ieee", out=out) is out
+        fused.append(out)
+    check(fused[0], a, b, "ieee", rel_err)
+    assert torch.equal(fused[0], fused[1])
+    _eager_counters_are_zero()
+    out = make_out()
+    result, two, reason = dispatch.matmul_fastmm(a, b, out, "ieee", variants=(SimtCpAsync(fuse_split=False),))
+    assert reason is None and result is out, reason
+    assert not two.kernel.split_fused and two.reduce is not None and two.reduce.family == "splitk_reduce"
+    assert two.kernel.grid == plan.kernel.grid and two.kernel.tile == plan.kernel.tile  # the same slices
     assert torch.equal(out, fused[0])
 
 

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 import fastmm.families.simt_core as simt_core
 from fastmm.families import (FAMILIES, LOAD_ELEM_FAST, LOAD_ELEM_K, LOAD_NAMES, LOAD_VEC_FAST, LOAD_VEC_K,
                              MAX_GRID_Z, MAX_SPLIT, SimtCpAsync, Skinny, second_pass_config, split_cap, split_k_for)
-from fastmm.families.simt_core import STAGE_MIN_FLOP_PER_BYTE
+from fastmm.families.simt_core import FUSED_SPLIT_MAX, STAGE_MIN_FLOP_PER_BYTE
 from fastmm.families.work_split import MIN_KTILES_PER_SPLIT, split_time
 from fastmm.plan import INT32_MAX, MIN_CC, TINY_K, TINY_OUTPUTS, Plan, select
 from fastmm.problem import DeviceFacts, Problem
@@ -187,10 +187,14 @@ def check_geometry(plan) -> None:
         if cfg.family not in ("skinny", "skinny_kmajor", "kmajor_mma"):  # the tiled families keep >= MIN_KTILES_PER_SPLIT k-tiles per split
             assert gy <= -(-p.K // cfg.tile[2]) // MIN_KTILES_PER_SPLIT
         r = plan.reduce
-        if cfg.split_fused:  # the skinny kernels' last block per tile sums the slices
-            assert dict(cfg.macros).get("SK_FUSED", cfg.family in ("skinny_kmajor", "kmajor_mma")) == 1
+        if cfg.split_fused:  # the last block per tile sums the slices: no second pass
+            if cfg.family == "simt_cp_async":  # (the macro names the slice count its sum unrolls)
+                assert m["SPLIT_FUSED"] == gy <= FUSED_SPLIT_MAX and not cfg.split_pair and "SPLIT_PAIR" not in m
+            else:
+                assert dict(cfg.macros).get("SK_FUSED", cfg.family in ("skinny_kmajor", "kmajor_mma")) == 1
             assert r is None and cfg.arrival_counters == gx
             return
+        assert "SPLIT_FUSED" not in m
         assert "SK_FUSED" not in m
         assert cfg.split_pair == (m.get("SPLIT_PAIR", 0) == 1)
         if cfg.split_pair:  # cluster pairs add their partial tiles: half the slices to reduce
@@ -493,7 +497,9 @@ def test_misaligned_storage_offset_gets_no_float4_anywhere(arch, align, no_stagi
                     if plan.kernel.split_k == 1:
                         assert m["C_VEC"] == 0, (family, a_t, b_t, batch)
                     else:
-                        assert batch == 1 and m["C_VEC"] == 1 and plan.reduce is not None  # N % 4 == 0 workspace
+                        assert batch == 1 and m["C_VEC"] == 1  # N % 4 == 0 workspace
+                        # C itself: splitk_reduce's single floats, or the fused sum's
+                        assert plan.reduce is not None or (plan.kernel.split_fused and m["OUT_VEC"] == 0)
                 if arch != "sm_75":
                     for precision in ("tf32", "tf32x3"):
                         plan = forced(with_precision(p, precision), arch, "tf32_mma")

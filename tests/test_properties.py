@@ -268,8 +268,9 @@ def check_plan(plan, force: str | None) -> None:
     assert plan.precision_used == (p.precision if cfg.family in ("tf32_mma", "wgmma_tf32", "kmajor_mma") else "ieee")
     if cfg.split_k > 1:
         assert p.batch_total == 1
-        if cfg.split_fused:  # the skinny kernels sum their own slices (last block per column / row tile)
-            assert plan.reduce is None and cfg.family in ("skinny", "skinny_kmajor", "kmajor_mma") and cfg.arrival_counters == gx
+        if cfg.split_fused:  # the kernel sums its own slices (the last block of each tile)
+            assert plan.reduce is None and cfg.arrival_counters == gx
+            assert cfg.family in ("skinny", "skinny_kmajor", "kmajor_mma", "simt_cp_async")
         else:
             assert plan.reduce is not None and plan.reduce.family == "splitk_reduce"
             assert 1 <= plan.reduce.grid[0] <= INT32_MAX and plan.reduce.block_dims == (256, 1, 1)

@@ -46,7 +46,9 @@ def wgmma_pieces(a, b):
     args = (c.data_ptr(), p.M, p.N, p.K, *p.c_strides, p.batch_inner, p.batch_total, *p.c_batch_strides, bits)
     stream = dispatch.current_stream(plan.device.index)
     print(f"wgmma: {plan.kernel.describe()}{' (swap form)' if plan.swap_ab else ''}")
-    bench("launch_with_maps", lambda: launcher.launch_with_maps(loaded, stream, maps, args))
+    bench("launch_with_maps (a launcher made per call)", lambda: launcher.launch_with_maps(loaded, stream, maps, args))
+    gemm = launcher.maps_launcher(loaded)
+    bench("maps_launcher's launch (the runners' way)", lambda: gemm(stream, maps, args))
     bench("encode x2 (cached)", lambda: (tensor_map.encode(first.data_ptr(), spec_a),
                                          tensor_map.encode(second.data_ptr(), spec_b)))
     bench("encode_new x1", lambda: tensor_map.encode_new(first.data_ptr(), spec_a), n=200)
@@ -73,6 +75,9 @@ def wgmma_pieces(a, b):
         base = ctypes.addressof(values)
         return (ctypes.c_void_p * len(ptrs))(*([m.getPtr() for m in maps] + [base + 8 * i for i in range(len(args))]))
     bench("ctypes arrays only", arrays)
+    fobj, paddr = driver.CUfunction(handle), ctypes.addressof(params)
+    bench("cuda.bindings cuLaunchKernel, prebuilt arrays",
+          lambda: driver.cuLaunchKernel(fobj, *grid, *block, cfg.shmem_size, stream, paddr, 0))
 
 
 def plain_pieces(a, b):
@@ -118,6 +123,20 @@ def plain_pieces(a, b):
         values[0], values[1], values[2] = a.data_ptr(), b.data_ptr(), c.data_ptr()
         cu_launch(*head, stream, params, None)
     bench("ctypes, arrays built once", prebuilt)
+    # cuda.bindings' Cython entry with the same prebuilt arrays: kernelParams as their address
+    fobj, paddr = driver.CUfunction(h), ctypes.addressof(params)
+    sobj = driver.CUstream(stream)
+
+    def bindings_prebuilt(st=stream):
+        values[0], values[1], values[2] = a.data_ptr(), b.data_ptr(), c.data_ptr()
+        driver.cuLaunchKernel(fobj, *grid, *block, cfg.shmem_size, st, paddr, 0)
+    c.fill_(float("nan"))
+    bindings_prebuilt()
+    torch.cuda.synchronize()
+    ok = torch.allclose(c, a @ b, rtol=1e-4, atol=1e-3)
+    print(f"cuda.bindings prebuilt launch computes a @ b: {ok}")
+    bench("cuda.bindings, arrays built once (int stream)", bindings_prebuilt)
+    bench("cuda.bindings, arrays built once (CUstream)", lambda: bindings_prebuilt(sobj))
     bench("torch.empty((1024, 2816), device=dev)", lambda: torch.empty((1024, 2816), device=a.device))
     bench("torch.empty(1024, 2816, device='cuda')", lambda: torch.empty(1024, 2816, device="cuda"))
     bench("a.new_empty((1024, 2816))", lambda: a.new_empty((1024, 2816)))

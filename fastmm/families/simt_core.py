@@ -15,6 +15,28 @@ from .work_split import split_k_for, stream_k_for
 #: Stage an operand only when the product does at least this many FLOP per byte the copy moves
 #: (a read and a write of the operand): then the copy costs < ~1% next to the product.
 STAGE_MIN_FLOP_PER_BYTE = 256
+#: Split-K plans of at most this many slices sum them in their own last block per tile
+#: (SPLIT_FUSED): that block reads every slice of its tile, one L2 round trip per slice and 8
+#: rows of its thread tile, where splitk_reduce spreads the sum over the whole GPU but costs a
+#: launch (host time a call, and a gap on the GPU). The training products of a 1024-token model
+#: split 2-4 ways (NOTES.md, run 20).
+FUSED_SPLIT_MAX = 4
+
+
+def fused_split_spills(tile: tuple[int, int, int], a: int, b: int, out_vec: bool, epilogue: bool) -> bool:
+    """Whether simt_cp_async's fused split (SPLIT_FUSED) spills with these load modes: a
+    k-contiguous A copied in single floats, with single-float B copies along N on any tile, with
+    B read along N on the 16 x 8 thread tiles (at the 255-register cap), or, on the 64 x 64 tile
+    (2 warps, 168 registers), with B copied along k, single-float C stores and the epilogue
+    (NVRTC 13.0 only). ptxas -v over every tile, load-mode pair, store mode, epilogue and slice
+    count, NVRTC 13.0 and 13.5, sm_80 and sm_90: 4-8 bytes of spills in those, none elsewhere
+    (NOTES.md run 20). Such plans keep the reduce pass."""
+    wm, wn, tm = tile
+    if a != LOAD_ELEM_K:
+        return False
+    if b == LOAD_ELEM_FAST or (tm == 16 and b == LOAD_VEC_FAST):
+        return True
+    return (wm, wn, tm) == (1, 2, 8) and b == LOAD_ELEM_K and epilogue and not out_vec
 
 
 def padded_copies(p: Problem, copy_a: bool):
@@ -46,6 +68,9 @@ class SimtCore(Family):
     the family has it (a variant switch for benchmarks; the default is the measured choice)."""
 
     stream_k: bool = True
+    #: Whether split-K plans of at most FUSED_SPLIT_MAX slices sum their own slices (the last
+    #: block of each tile, SPLIT_FUSED) instead of launching splitk_reduce; a variant switch too.
+    fuse_split: bool = True
 
     precisions = ("ieee", "tf32", "tf32x3")  # full fp32; serves tf32 requests where no TF32 path can
     # (WARPS_M, WARPS_N, THREAD_M), largest tile first: 128x256, 128x128, 128x64, 64x64.
@@ -54,6 +79,7 @@ class SimtCore(Family):
     a_transpose_mode = LOAD_VEC_K  # how a k-contiguous, vector-able A is loaded
     can_split = False
     can_stream_k = False
+    can_fuse_split = False
     pair_split = False
     #: Least K per slice, and least M, for the largest tile to be split instead of taking a tile
     #: with 8x8 outputs per thread (the range measured: M 96 .. 256, slices 512 .. 1365).
@@ -146,21 +172,29 @@ class SimtCore(Family):
         if may_split and self.can_stream_k and self.stream_k and opt == self.tile_options[0] and not spills:
             sk = stream_k_for(p, dev, tiles_of(p, bm, bn), self.bk, bm, bn, per_sm, split)
             split = 1 if sk is not None else split
+        out_vec = c_vec
         if split > 1:
             c_vec = p.N % 4 == 0  # partials go to a fresh contiguous workspace
         # cluster pairs: an even split of the one-block-per-SM tile, on sm_90 (clusters); not for
         # the load modes that spill (12 bytes there, with single-float C stores)
         pair = split > 1 and split % 2 == 0 and self.pair_split and per_sm == 1 and dev.cc >= (9, 0) and not spills
+        fused = (1 < split <= FUSED_SPLIT_MAX and not pair and self.can_fuse_split and self.fuse_split
+                 and not fused_split_spills(opt, a, b, out_vec, p.epilogue))
         threads = wm * wn * 32
         region = self.pair_region_bytes(threads, tm) if pair else 0
         extra = self.extra_macros(p, dev, bm, bn, split, region) + ((("SPLIT_PAIR", 1),) if pair else ())
+        if fused:  # (OUT_VEC: C itself, where C_VEC describes the workspace)
+            extra += (("SPLIT_FUSED", split), ("OUT_VEC", int(out_vec)))
         macros = (("WARPS_M", wm), ("WARPS_N", wn), ("THREAD_M", tm), ("BK", self.bk), ("A_MODE", a),
                   ("B_MODE", b), ("C_VEC", int(c_vec))) + extra
         smem = self.smem_bytes(bm, bn, dict(extra).get("STAGES", 2)) + region
         details = (("A loads", LOAD_NAMES[a]), ("B loads", LOAD_NAMES[b]),
                    ("C stores", "float4" if c_vec else "single floats"),
                    ("math", f"fp32 FFMA, {tm}x8 outputs per thread"))
-        if split > 1:
+        if fused:
+            details += (("split-K", f"{split} slices of K, summed in slice order by the last block of each tile "
+                                    f"(no second launch); C stores {'float4' if out_vec else 'single floats'}"),)
+        elif split > 1:
             pairs = f"added in cluster pairs (distributed shared memory) into {split // 2} partial tiles, "
             details += (("split-K", f"{split} slices of K, {pairs if pair else ''}reduced by splitk_reduce"),)
         if sk is not None:
@@ -173,4 +207,4 @@ class SimtCore(Family):
                                 (bm, bn, self.bk), details, stream_k=sk)
         return KernelConfig(self.name, self.source, self.entry, macros, threads, (threads, 1, 1),
                             grid_of(tiles_of(p, bm, bn), p.batch_total, split), smem, (bm, bn, self.bk), details,
-                            split_pair=pair)
+                            split_pair=pair, split_fused=fused)

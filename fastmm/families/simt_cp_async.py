@@ -15,6 +15,7 @@ class SimtCpAsync(SimtCore):
     a_transpose_mode = LOAD_ELEM_K  # cp.async cannot transpose a vector
     can_split = True
     can_stream_k = True
+    can_fuse_split = True
     bk = 8
     stages = 6  # fewer where shared memory is short
     #: Stages of the 128x256 tile (one block per SM, so shared memory is its own) per compute
