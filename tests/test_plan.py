@@ -71,6 +71,20 @@ def skinny_family(p: Problem, dev: DeviceFacts) -> str:
     return "skinny"
 
 
+def x3_goes_to_fp32(p: Problem, dev: DeviceFacts) -> bool:
+    """Tf32Mma.x3_to_fp32_cc: on the H200's arch a tf32x3 request that wgmma declines runs fp32
+    SIMT, not mma.sync."""
+    return p.precision == "tf32x3" and dev.cc == (9, 0)
+
+
+def not_chosen_reason(name: str, p: Problem, dev: DeviceFacts, chosen: str, forced_: bool = False) -> str:
+    """What a plan says of family ``name`` that could run ``p`` but was not chosen: its own
+    heuristic reason where it has one for ``p``, else that ``chosen`` is preferred."""
+    fam = FAMILIES[name]
+    own = fam.heuristic_reason(p, dev) if p.precision in fam.precisions and fam.reject(p, dev) is None else None
+    return own if own is not None else f"{chosen} is preferred" + (" (forced)" if forced_ else "")
+
+
 # --- geometry as cuda_src/ defines it ------------------------------------------------------------
 
 def tile_from_macros(family: str, m: dict) -> tuple[int, int]:
@@ -348,14 +362,37 @@ def test_ieee_never_gets_tensor_cores(arch):
 
 
 @pytest.mark.parametrize("arch", SM80_PLUS)
+def test_tf32x3_that_wgmma_declines_runs_fp32_simt_on_sm90_and_mma_sync_before(arch):
+    """Where no wgmma plan takes a tf32x3 request (few tiles, long K, small or odd products), the
+    H200 ran it faster on the fp32 SIMT path than on mma.sync (Tf32Mma.x3_to_fp32_cc): there the
+    plan computes ieee and says why; on sm_80-89, where TF32 peaks at 8x FP32, mma.sync keeps it.
+    A request forced onto tf32_mma still gets it."""
+    for M, N, K, kw in ((256, 256, 65536, {}), (300, 700, 1100, {"b_t": True}), (64, 14336, 4096, {"b_t": True})):
+        p = Problem.dense(M, N, K, precision="tf32x3", **kw)
+        plan = select(p, DEV[arch])
+        if arch == "sm_90":
+            assert plan.kernel.family == "simt_cp_async" and plan.precision_used == "ieee", plan.describe()
+            assert "slower than the fp32 SIMT path" in rejected(plan)["tf32_mma"]
+            assert "wgmma_tf32" in rejected(plan) and "is preferred" not in rejected(plan)["wgmma_tf32"]
+        else:
+            assert plan.kernel.family == "tf32_mma" and plan.precision_used == "tf32x3", plan.describe()
+        forced = select(p, DEV[arch], force="tf32_mma")
+        assert forced.kernel.family == "tf32_mma" and forced.precision_used == "tf32x3"
+    big = select(Problem.dense(*BIG, precision="tf32x3"), DEV[arch])  # what wgmma takes stays on tensor cores
+    assert big.kernel.family == ("wgmma_tf32" if arch == "sm_90" else "tf32_mma")
+
+
+@pytest.mark.parametrize("arch", SM80_PLUS)
 @pytest.mark.parametrize("precision,x3", [("tf32", 0), ("tf32x3", 1)])
 def test_tf32_on_sm80_plus_gets_tensor_cores_with_the_right_x3_macro(arch, precision, x3):
     plan = select(Problem.dense(*BIG, precision=precision), DEV[arch])
     wgmma = arch == "sm_90"  # Hopper: wgmma
     assert plan.kernel.family == ("wgmma_tf32" if wgmma else "tf32_mma")
     assert macros(plan)["PRECISION_X3"] == x3
-    if wgmma:
+    if wgmma and precision == "tf32":
         assert rejected(plan)["tf32_mma"] == "wgmma_tf32 is preferred"
+    elif wgmma:  # (tf32x3 on mma.sync loses to fp32 SIMT there: the reason that stands first)
+        assert rejected(plan)["tf32_mma"].startswith("tf32x3 on mma.sync is slower than the fp32 SIMT path")
     assert plan.precision_used == precision
     assert "simt_cp_async" in rejected(plan) and f"{plan.kernel.family} is preferred" in rejected(plan)["simt_cp_async"]
 
@@ -369,15 +406,19 @@ def test_tf32_requests_get_tensor_cores_for_every_non_tiny_shape(arch, precision
         if not is_tiny(p) and p.M > SKINNY_MAX_M:
             if plan.kernel.family == "wgmma_tf32":  # Hopper only
                 assert arch == "sm_90", _zoo_id(p)
+                assert plan.precision_used == precision
+            elif x3_goes_to_fp32(p, DEV[arch]):  # wgmma said why not: then fp32 SIMT, not mma.sync
+                assert plan.kernel.family == "simt_cp_async" and plan.precision_used == "ieee", _zoo_id(p)
+                assert "wgmma_tf32" in rejected(plan) and "fp32 SIMT" in rejected(plan)["tf32_mma"]
             else:  # elsewhere, or where wgmma said why not (e.g. a copy too costly)
                 assert plan.kernel.family == "tf32_mma", _zoo_id(p)
                 assert arch != "sm_90" or "wgmma_tf32" in rejected(plan)
-            assert plan.precision_used == precision
+                assert plan.precision_used == precision
         elif not is_tiny(p):  # M <= 32: a memory-bound skinny kernel (for B^T: skinny_kmajor, fp32 FMA, or
             family = skinny_family(p, DEV[arch])  # kmajor_mma's tensor cores for tf32 at 8-16 rows)
             assert plan.kernel.family == family, _zoo_id(p)
             assert plan.precision_used == (precision if family == "kmajor_mma" else "ieee")
-            assert rejected(plan)["tf32_mma"] == f"{family} is preferred"
+            assert rejected(plan)["tf32_mma"] == not_chosen_reason("tf32_mma", p, DEV[arch], family)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -674,8 +715,10 @@ def test_force_picks_the_named_family(arch, family, precision):
                                              else "M = 2048 > 16: one mma fragment pair of rows")
     if arch != "sm_90" and precision != "ieee":
         assert reasons.pop("wgmma_tf32") == f"needs sm90+, device is {arch}"
+    p = Problem.dense(2048, 2048, 2048, precision=precision)
     for name, reason in reasons.items():
-        assert reason in (f"{family} is preferred (forced)", f"does not compute precision '{precision}'"), (name, reason)
+        assert reason in (not_chosen_reason(name, p, DEV[arch], family, forced_=True),
+                          f"does not compute precision '{precision}'"), (name, reason)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -700,7 +743,9 @@ def test_force_skinny_picks_it_and_the_rest_are_rejected_as_forced(arch, precisi
         elif name == "kmajor_mma" and precision == "tf32x3":  # (a heuristic: skinny_kmajor is as fast)
             assert reason.startswith("skinny_kmajor computes full fp32 as fast here"), (name, reason)
         else:
-            assert reason in ("skinny is preferred (forced)", f"does not compute precision '{precision}'"), (name, reason)
+            p = Problem.dense(16, 2048, 2048, precision=precision, b_t=b_t)
+            assert reason in (not_chosen_reason(name, p, DEV[arch], "skinny", forced_=True),
+                              f"does not compute precision '{precision}'"), (name, reason)
 
 @pytest.mark.parametrize("family", ["simt_float4", "simt_cp_async", "skinny", "skinny_kmajor"])
 def test_force_overrides_the_tiny_rule(family):
@@ -886,8 +931,10 @@ def test_tf32_mma_tiles_fit_each_device_and_a_device_too_small_is_refused_with_t
 @pytest.mark.parametrize("arch", SM80_PLUS)
 @pytest.mark.parametrize("precision", PRECISIONS)
 def test_long_k_with_a_small_output_splits_on_every_sm80_plus_arch(arch, precision):
-    plan = select(Problem.dense(256, 256, 65536, precision=precision), DEV[arch])
-    assert plan.kernel.family == ("simt_cp_async" if precision == "ieee" else "tf32_mma")
+    p = Problem.dense(256, 256, 65536, precision=precision)
+    plan = select(p, DEV[arch])
+    fp32 = precision == "ieee" or x3_goes_to_fp32(p, DEV[arch])
+    assert plan.kernel.family == ("simt_cp_async" if fp32 else "tf32_mma")
     assert plan.kernel.split_k > 1 and plan.reduce is not None
 
 
@@ -965,7 +1012,7 @@ def test_m_up_to_32_picks_skinny_on_every_arch_and_precision(arch, precision, M)
             elif name == "tf32_mma" and precision == "ieee":
                 assert reasons[name] == "does not compute precision 'ieee'"
             else:
-                assert reasons[name] == f"{family} is preferred"
+                assert reasons[name] == not_chosen_reason(name, p, DEV[arch], family)
         if arch == "sm_75":
             assert reasons["skinny_kmajor"] == "needs sm80+, device is sm_75"
         elif family == "kmajor_mma":
@@ -1374,7 +1421,8 @@ def test_staging_only_when_the_copy_is_cheap_and_the_layout_allows(arch):
         assert plan.staging == (("a", 4096, 4096), ("bt", 4096, 4096))
         assert [dict(k.macros)["SPLIT"] for k in plan.stagers] == [1, 1]
         assert select(Problem.dense(1024, 1024, 1024, precision="tf32x3"), dev).kernel.family == "wgmma_tf32"
-        assert select(Problem.dense(512, 512, 512, precision="tf32x3"), dev).kernel.family == "tf32_mma"
+        # (512^3: too few tiles for wgmma; tf32x3 then runs fp32 SIMT, faster than mma.sync here)
+        assert select(Problem.dense(512, 512, 512, precision="tf32x3"), dev).kernel.family == "simt_cp_async"
     else:
         assert select(Problem.dense(4096, 4096, 4096, precision="tf32"), dev).staging == ()
     # batched: no staging (one buffer per launch)

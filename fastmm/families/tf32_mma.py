@@ -40,6 +40,20 @@ class Tf32Mma(Family):
             reason = f"no tile fits {dev.smem_per_block_optin // 1024} KiB of shared memory per block"
         return reason
 
+    #: Compute capabilities where tf32x3 requests go to the fp32 SIMT path instead of this family
+    #: (wgmma still takes what it takes first). Measured on the H200: tf32x3 here runs 20-28
+    #: TFLOP/s (8192x4096x6144 24.4, 1024x2816x1024 21, 1000^3 20.6; the suites' rows it took
+    #: 11-28) where fp32 SIMT runs 35-50 at the same shapes, and every suite row it took ran
+    #: faster in ieee (1.15-1.7x: NOTES.md runs 17 and 20). fp32 meets tf32x3's promise of
+    #: fp32-level accuracy. Not on sm_80-89: there FP32 peaks at an eighth of TF32, unmeasured.
+    x3_to_fp32_cc = ((9, 0),)
+
+    def heuristic_reason(self, p, dev):
+        if p.precision == "tf32x3" and dev.cc in self.x3_to_fp32_cc:
+            return ("tf32x3 on mma.sync is slower than the fp32 SIMT path on this GPU (H200: 20-28 against "
+                    "35-50 TFLOP/s at the same shapes), which computes full fp32")
+        return None
+
     def tile_options(self, x3: bool, dev: DeviceFacts | None = None):
         """(WARPS_M, WARPS_N, WARP_N), largest tile first, those whose two stages fit the device's
         shared memory in any layout. Warps are 64 x 64 for tf32 (with two fragment sets, 128 x 256
