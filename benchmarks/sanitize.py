@@ -178,8 +178,6 @@ def operands(case: Case, seed: int):
 def plan_of(case: Case, dev_facts: DeviceFacts, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None):
     """The plan fastmm makes for this call on ``dev_facts`` (a CPU stand-in works: only shapes,
     strides and pointer alignment matter, and storage offsets set the alignment the same way)."""
-    from fastmm.plan import select
-
     s = analyse(a, b)
     if c is None:
         c = torch.empty(s.batch + (s.M, s.N))
@@ -204,9 +202,6 @@ def edges(t: int) -> list[int]:
 def probe(dev: DeviceFacts, family, precision, M, N, K, batch=0):
     """(tile, STAGES, plan) the planner gives ``family`` for dense, aligned operands (tile choice
     and split-K depend on the sizes, the batch and the device; the layout only changes load modes)."""
-    from fastmm.plan import select
-    from fastmm.problem import Problem
-
     batch = max(batch, 1)
     p = Problem(M, N, K, (K, 1), (N, 1), (N, 1), batch, batch, (0, M * K), (0, K * N), (0, M * N),
                 16, 16, 16, precision)
@@ -475,8 +470,6 @@ def build_cases(dev: DeviceFacts, quick: bool, families=None) -> list[Case]:
 
 
 def _dummy_problem(precision, family=None):
-    from fastmm.problem import Problem
-
     # M <= 16: the skinny families take it too (the K-major ones with B K-contiguous)
     return Problem.dense(16, 64, 64, precision, b_t=family in ("skinny_kmajor", "kmajor_mma"))
 

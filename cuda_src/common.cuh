@@ -84,17 +84,17 @@ __device__ __forceinline__ bool split_arrive_last(unsigned* counter) {
 }
 
 // The sum a fused split's last block makes (after split_arrive_last returned true): the outputs
-// (m0 + i, n0 + j), i < rows, j < cols, inside M x N, of the gridDim.y slices at C (slice stride sC0),
+// (m, n0 + j), m < rows, j < cols, inside M x N, of the gridDim.y slices at C (slice stride sC0),
 // added in slice order (0.f + s0 + s1 + ..., the same bits every run) into Out with the epilogue
 // applied; then the tile's counter back to 0 for the next launch on the stream. Eight slices'
 // loads are in flight at a time, then added in order (an add between two loads would hold the
 // second back until the first's data arrived). Call with the whole block.
 __device__ __forceinline__ void split_sum_slices(const float* C, i64 sCm, i64 sCn, i64 sC0, float* Out, i64 sOm,
-                                                 i64 sOn, int M, int N, int m0, int rows, int n0, int cols,
+                                                 i64 sOn, int M, int N, int rows, int n0, int cols,
                                                  const Epilogue& epi, unsigned* counter) {
     const int S = gridDim.y;
     for (int i = threadIdx.x; i < rows * cols; i += blockDim.x) {
-        const int m = m0 + i / cols, n = n0 + i % cols;
+        const int m = i / cols, n = n0 + i % cols;
         if (m < M && n < N) {
             const float* p = C + (i64)m * sCm + (i64)n * sCn;
             float sum = 0.f;

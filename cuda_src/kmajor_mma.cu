@@ -246,7 +246,7 @@ extern "C" __global__ void __launch_bounds__(KM_THREADS, KM_MINB) fastmm_kmajor_
 #if KM_FUSED
         // (a split has a batch of 1: z == 0 here, and Cb is this block's workspace slice)
         if (split_arrive_last(arrivals + tile))
-            split_sum_slices(C, sCm, sCn, sC0, Out, sOm, sOn, M, N, 0, 8 * KM_MF, n0, KM_BN, epi, arrivals + tile);
+            split_sum_slices(C, sCm, sCn, sC0, Out, sOm, sOn, M, N, 8 * KM_MF, n0, KM_BN, epi, arrivals + tile);
 #endif
     }
 }

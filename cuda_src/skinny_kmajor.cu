@@ -205,7 +205,7 @@ extern "C" __global__ void __launch_bounds__(KR_THREADS, KR_MINB) fastmm_skinny_
 #if KR_FUSED
         // (a split has a batch of 1: z == 0 here, and Cb is this block's workspace slice)
         if (split_arrive_last(arrivals + tile))
-            split_sum_slices(C, sCm, sCn, sC0, Out, sOm, sOn, M, N, 0, MT, n0, KR_BN, epi, arrivals + tile);
+            split_sum_slices(C, sCm, sCn, sC0, Out, sOm, sOn, M, N, MT, n0, KR_BN, epi, arrivals + tile);
 #endif
     }
 }
