@@ -50,11 +50,19 @@ def _tf():
     return transformers
 
 
-def build(name: str, tiny: bool = False):
+def batch_dims(tokens: int) -> tuple[int, int]:
+    """(sequences, sequence length) of a step of ``tokens`` tokens: 256-token sequences up to
+    1024 tokens a step, 1024-token ones beyond (GPT-2's longest)."""
+    seq = 256 if tokens <= 1024 else 1024
+    return max(1, tokens // seq), seq
+
+
+def build(name: str, tiny: bool = False, tokens: int = 1024):
     """(model, example batch as kwargs, loss function of the output, is a decoder). ``tiny``:
-    the same architectures at toy sizes (a CPU smoke run of this script)."""
+    the same architectures at toy sizes (a CPU smoke run of this script). ``tokens``: tokens a
+    training step (ViT: an image of 197 tokens per 256)."""
     torch.manual_seed(0)
-    B, S, H, F, L, NH, V = (2, 12, 32, 64, 2, 2, 100) if tiny else (4, 256, 1024, 4096, 4, 16, 32000)
+    B, S, H, F, L, NH, V = (2, 12, 32, 64, 2, 2, 100) if tiny else (*batch_dims(tokens), 1024, 4096, 4, 16, 32000)
     if name == "encoder":
         layer = torch.nn.TransformerEncoderLayer(H, NH, F, dropout=0.0, batch_first=True)
         model = torch.nn.TransformerEncoder(layer, L, enable_nested_tensor=False)
@@ -71,14 +79,16 @@ def build(name: str, tiny: bool = False):
         return tf.GPT2LMHeadModel(cfg), dict(ids, labels=ids["input_ids"]), lambda out: out.loss, True
     if name == "bert":
         cfg = tf.BertConfig(hidden_size=H, intermediate_size=F, num_hidden_layers=L, num_attention_heads=NH,
-                            vocab_size=V, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+                            vocab_size=V, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                            max_position_embeddings=max(512, S))
         return tf.BertForMaskedLM(cfg), dict(ids, labels=ids["input_ids"]), lambda out: out.loss, False
     if name == "vit":
         size, patch = (32, 8) if tiny else (224, 16)
         cfg = tf.ViTConfig(hidden_size=H, intermediate_size=F, num_hidden_layers=L, num_attention_heads=NH,
                            image_size=size, patch_size=patch, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
         model = tf.ViTForImageClassification(cfg)
-        return model, {"pixel_values": torch.randn(B, 3, size, size)}, lambda out: out.logits.float().pow(2).mean(), False
+        images = 2 if tiny else max(1, tokens // 256)  # (197 tokens an image: 4 at the default, as before)
+        return model, {"pixel_values": torch.randn(images, 3, size, size)}, lambda out: out.logits.float().pow(2).mean(), False
     raise SystemExit(f"unknown model {name!r}")
 
 
@@ -166,7 +176,7 @@ def _sync(device) -> None:
 
 
 def bench_model(name: str, precisions, opts, device) -> list[dict]:
-    model, batch_cpu, loss_fn, decoder = build(name, opts.tiny)
+    model, batch_cpu, loss_fn, decoder = build(name, opts.tiny, opts.tokens)
     model = model.to(device).train()
     batch = _to(batch_cpu, device)
     ref64 = copy.deepcopy(model).double()
@@ -271,6 +281,10 @@ def main(argv=None) -> int:
     parser.add_argument("--compile", default="", help="models to time under torch.compile as well (comma list)")
     parser.add_argument("--json", help="write the rows here")
     parser.add_argument("--no-host", action="store_true", help="skip the host-time table of one Linear layer")
+    parser.add_argument("--tokens", type=int, default=1024,
+                        help="tokens a training step (default 1024: 4 x 256; beyond 1024, sequences of 1024; "
+                             "ViT: an image per 256). Small steps are bound by the host's enqueue time on "
+                             "both sides, large ones by the GPU")
     parser.add_argument("--tiny", action="store_true", help="toy sizes (a smoke run; with --device cpu too)")
     parser.add_argument("--device", default="cuda", help="cuda (default), or cpu for a smoke run of the script")
     opts = parser.parse_args(argv)

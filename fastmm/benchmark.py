@@ -232,6 +232,19 @@ def kernel_label(a, b, c, precision) -> str:
     return exp.kernel + (f" {tile[0]}x{tile[1]}x{tile[2]}" if tile else "")
 
 
+def predicted_us(a, b, c, precision) -> float | None:
+    """The cost model's GPU time for fastmm's plan of this call (fastmm.cost), or None."""
+    import fastmm
+    from .cost import predict
+
+    try:
+        plan = fastmm.explain(a, b, precision=precision, out=c).plan
+        pred = predict(plan) if plan is not None else None
+    except Exception:  # (a prediction must never sink a benchmark row)
+        return None
+    return None if pred is None else pred.total_us
+
+
 def bench_one(s: dict, precision: str, opts, device: torch.device, l2_bytes: int, ref_cache: dict) -> dict:
     """One row: fastmm and torch.matmul on shape ``s`` at ``precision``."""
     import fastmm
@@ -254,6 +267,7 @@ def bench_one(s: dict, precision: str, opts, device: torch.device, l2_bytes: int
     fns = {"fastmm": run_fastmm, "torch": run_torch}
     with TorchPrecision(precision), torch.no_grad():
         row["kernel"] = kernel_label(x.a[0], x.b[0], x.c[0], precision)
+        row["predicted_us"] = predicted_us(x.a[0], x.b[0], x.c[0], precision)
         # correctness on the side (not timed): both results against float64
         if not opts.no_check:
             key = (s["name"], s["M"], s["N"], s["K"], s.get("batch", 1))

@@ -293,7 +293,7 @@ def matmul_fastmm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, pr
                   force: str | None = None, variants: tuple[Family, ...] = ()
                   ) -> tuple[torch.Tensor, Plan | None, str | None]:
     """Compute with fastmm kernels where possible. Returns (result, plan, fallback reason)."""
-    s = analyse(a, b)
+    s = analyse(a, b)  # (torch's shape errors first; A's rows folded by a copy are copied below)
     reason = not_served_reason(a, b)
     if reason is None and out is not None and (out.dtype != FLOAT32 or out.device != a.device):
         reason = "out has another dtype or device"  # torch raises its own error below
@@ -304,6 +304,8 @@ def matmul_fastmm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, pr
             warn_once(f"fastmm: {reason}; torch.matmul serves every call")
         return fallback(a, b, out, precision, reason), None, reason
 
+    if s.copied:
+        s = analyse(a, b, materialize=True)
     if out is not None:
         resize_out(out, s.out_shape)
     c = s.matrix_view(out) if out is not None and not (overlaps(out, a) or overlaps(out, b)) else None
@@ -360,7 +362,7 @@ def matmul_fused(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, alpha, beta,
     reason = not_served_reason(a, b)
     if reason is not None:
         return None, None, reason
-    s = analyse(a, b)
+    s = analyse(a, b, materialize=True)
     reason = fused_reason(s, d, alpha)
     if reason is not None:
         return None, None, reason

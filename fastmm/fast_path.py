@@ -19,7 +19,7 @@ from . import config, dispatch
 from .runtime import launcher, runners
 from .runtime.launcher import LaunchError
 from .runtime.tensor_map import TensorMapError
-from .shapes import analyse, build_problem, extent, overlaps, result_matrix
+from .shapes import analyse, build_problem, extent, fold_needs_copy, overlaps, result_matrix, rows_copy
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,9 +41,11 @@ class FastEntry:
 
 #: key -> FastEntry, or NOT_FAST for a key that never takes this path (a missing key: not known
 #: yet), or (for a fused key, :func:`compute_fused`) UNFUSED: the product and its epilogue are
-#: computed apart for this key.
+#: computed apart for this key, or (a linear key) FOLD_BY_COPY.
 NOT_FAST = False
 UNFUSED = "unfused"
+#: (a linear key, :func:`compute_linear`) x's leading dims merge into rows only by a copy.
+FOLD_BY_COPY = "fold by copy"
 ENTRIES: dict[tuple, FastEntry | bool | str] = {}
 
 
@@ -77,6 +79,9 @@ def remember(key: tuple, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | N
     (:func:`compute_fused`)."""
     s = analyse(a, b)
     if s.K == 0 or any(n == 0 for n in s.batch + (s.M, s.N)):
+        return
+    if s.copied:  # A's rows are folded by a copy, made per call: the full path's job
+        ENTRIES[key] = NOT_FAST
         return
     view_shape = s.batch + (s.M, s.N)
     if out is None:
@@ -246,6 +251,13 @@ def compute_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, 
     c = serve(key, x, w, None, bias)
     if c is not None:
         return c
+    if x.dim() > 2 and (ENTRIES.get(key) is FOLD_BY_COPY or fold_needs_copy(x)):
+        # rows that no view merges (a seq-first view of a batch-first activation): copied into
+        # one (rows, K) matrix, as torch.matmul's reshape does, whose own entry then serves
+        if len(ENTRIES) >= dispatch.MAX_CACHED_SHAPES:
+            ENTRIES.clear()
+        ENTRIES[key] = FOLD_BY_COPY
+        return compute_linear(rows_copy(x), w, bias, precision).view(x.shape[:-1] + (w.shape[0],))
     if bias is None:
         return _compute_full(key, x, w.t(), None, precision)
     return _fused_full(key, x, w.t(), bias, 1, 1, precision)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from . import cost
 from .families import FAMILIES, Family, KernelConfig, second_pass_config
 from .problem import DeviceFacts, Problem
 from .tuned import TunedChoice
@@ -112,8 +113,44 @@ def family_of(name: str, variants: tuple[Family, ...] = ()) -> Family:
     return FAMILIES[name]
 
 
+#: A TF32 request runs its full-fp32 plan instead where the cost model (:mod:`fastmm.cost`)
+#: predicts that plan faster by more than this share of the TF32 plan's time: about twice the
+#: model's median error against the H200's measurements (RESULTS.md), so that a choice the
+#: preference order got from measurements is left only on a clear prediction. Only on the
+#: arches the model was calibrated on (``cost.CALIBRATED``).
+COST_MARGIN = 0.15
+
+
 def _select(p: Problem, dev: DeviceFacts, force: str | None = None, variants: tuple[Family, ...] = ()) -> Plan:
     """The heuristic choice for ``p`` on ``dev``; ``force`` names a family to use where it can run."""
+    plan = _select_in_order(p, dev, force, variants)
+    if force is None and plan.kernel is not None and plan.precision_used not in (None, "ieee") and cost.calibrated(dev):
+        return _fp32_if_faster(plan, dev, variants)
+    return plan
+
+
+def _fp32_if_faster(plan: Plan, dev: DeviceFacts, variants: tuple[Family, ...]) -> Plan:
+    """``plan`` (a TF32 plan for a tf32 or tf32x3 request), or the request's full-fp32 plan where
+    the cost model predicts it faster by more than ``COST_MARGIN``: full fp32 is at least as
+    accurate as what was asked for, so the faster of the two serves it."""
+    p = plan.problem
+    alt = _select_in_order(replace(p, precision="ieee"), dev, None, variants)
+    if alt.kernel is None:
+        return plan
+    mine, theirs = cost.predict(plan), cost.predict(alt)
+    if not cost.faster_by(theirs, mine, COST_MARGIN):
+        return plan
+    why = (f"the cost model predicts {theirs.total_us:.1f} us for the full-fp32 {alt.kernel.family} plan against "
+           f"{mine.total_us:.1f} us for this one: the fp32 plan is faster here, and more accurate")
+    rejected = ((plan.kernel.family, why),) + tuple(r for r in plan.rejected if r[0] != alt.kernel.family)
+    return replace(alt, problem=p, rejected=rejected,
+                   origin=f"heuristic, cost model: ran full fp32 ({alt.kernel.family}), predicted "
+                          f"{theirs.total_us:.1f} us against {mine.total_us:.1f} us for {plan.kernel.family} "
+                          f"({p.precision}): faster here, and more accurate")
+
+
+def _select_in_order(p: Problem, dev: DeviceFacts, force: str | None, variants: tuple[Family, ...]) -> Plan:
+    """The first family of ``p``'s preference order that accepts it (``force`` first)."""
     why_not = _problem_fallback(p, dev)
     if why_not:
         return Plan(p, dev, None, None, (), why_not, variants=variants)

@@ -4,6 +4,7 @@ their batch dims collapsed, strides and pointer alignment read into a
 from __future__ import annotations
 
 import itertools
+import math
 import warnings
 from dataclasses import dataclass
 
@@ -30,8 +31,11 @@ class Shapes:
     """A call reduced to batched 3-operand form: A (batch, M, K) @ B (batch, K, N) -> C.
 
     As torch.matmul does, an N-D A times a matrix is folded into one product: A's leading dims
-    merged into M (a view, where A's strides allow it), so B is read once and the tiles see one
-    tall problem instead of a batch of short ones with a broadcast B."""
+    merged into M, so B is read once and the tiles see one tall problem instead of a batch of
+    short ones with a broadcast B. A view where A's strides allow it; else, as torch.matmul's
+    reshape does, a contiguous copy of A (``copied``): a batch of short products re-reads B once
+    per batch entry (nn.MultiheadAttention's seq-first projections of a batch-first input: 1024
+    products of 8 rows, each reading the whole weight)."""
 
     a: torch.Tensor  # expanded to batch + (M, K)
     b: torch.Tensor  # expanded to batch + (K, N)
@@ -43,6 +47,7 @@ class Shapes:
     squeeze_m: bool  # a was 1-D
     squeeze_n: bool  # b was 1-D
     folded: bool = False  # a's leading dims are merged into M
+    copied: bool = False  # ... into a copy of a (its strides allow no view): ``a`` is that copy
 
     def matrix_view(self, out: torch.Tensor) -> torch.Tensor | None:
         """``out`` (shaped as torch.matmul returns) viewed as batch + (M, N): the squeezed dims
@@ -70,7 +75,21 @@ def _fold_rows(a: torch.Tensor, K: int) -> torch.Tensor | None:
         return None
 
 
-def analyse(a: torch.Tensor, b: torch.Tensor) -> Shapes:
+def rows_copy(a: torch.Tensor) -> torch.Tensor:
+    """``a`` (..., K) copied into one contiguous (rows, K) matrix: torch.matmul's reshape of an A
+    whose strides allow no view (a fresh tensor, allocated as every other buffer fastmm makes)."""
+    return torch.empty(a.shape, dtype=a.dtype, device=a.device).copy_(a).view(-1, a.shape[-1])
+
+
+def fold_needs_copy(a: torch.Tensor) -> bool:
+    """Whether ``a``'s leading dims (all but the last) merge into rows only by a copy."""
+    return _fold_rows(a, a.shape[-1]) is None
+
+
+def analyse(a: torch.Tensor, b: torch.Tensor, materialize: bool = False) -> Shapes:
+    """``a @ b`` (torch.matmul's rules and errors) in batched 3-operand form. Where A's rows are
+    folded by a copy, ``materialize`` makes the copy (a call that launches on it); otherwise a
+    meta tensor of its layout stands in (planning, explain, shape checks: nothing allocated)."""
     da, db = a.dim(), b.dim()
     if da == 0 or db == 0:
         _raise_torch_shape_error(a, b)
@@ -86,9 +105,12 @@ def analyse(a: torch.Tensor, b: torch.Tensor) -> Shapes:
         batch = tuple(a2.shape[:-2])
         if batch:
             rows = _fold_rows(a2, K)
-            if rows is not None:
-                out_shape = batch + (M,) + ((N,) if db >= 2 else ())
-                return Shapes(rows, b2, (), rows.shape[0], N, K, out_shape, False, db == 1, True)
+            copied = rows is None
+            if copied:  # (as torch.matmul: a contiguous copy, one product)
+                n = math.prod(a2.shape[:-1])
+                rows = rows_copy(a2) if materialize else torch.empty((n, K), dtype=a2.dtype, device="meta")
+            out_shape = batch + (M,) + ((N,) if db >= 2 else ())
+            return Shapes(rows, b2, (), rows.shape[0], N, K, out_shape, False, db == 1, True, copied)
     else:
         try:
             batch = tuple(torch.broadcast_shapes(a2.shape[:-2], b2.shape[:-2]))

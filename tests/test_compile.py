@@ -82,16 +82,17 @@ def _kmajor_problems() -> list[Problem]:
 
 
 def _kmajor_mma_problems() -> list[Problem]:
-    """kmajor_mma's (x @ W.t() on tensor cores, M <= 16), tf32 and tf32x3: one and two B-role
-    fragments, float4 or single-float loads, a fused split or one slice, a batch, the epilogue.
+    """kmajor_mma's (x @ W.t() on tensor cores, M <= 32), tf32 and tf32x3: one, two and four
+    B-role fragments, float4 or single-float loads, a fused split or one slice, a batch, the epilogue.
     Planned for that family only (as skinny_kmajor's)."""
     dense = [(1, 4096, 4096, {}), (8, 14336, 4096, {}), (16, 4096, 4096, {}), (16, 14336, 4096, {}),
              (3, 1001, 4099, {}),  # K % 4 != 0: single floats, split
              (13, 1024, 1024, {"a_t": True}),  # A K-major: single floats
-             (16, 4096, 512, {"batch": 3})]  # batched: one slice
+             (16, 4096, 512, {"batch": 3}),  # batched: one slice
+             (32, 3584, 18944, {}), (17, 1001, 4099, {})]  # four fragments: float4 and single floats
     out = [Problem.dense(M, N, K, precision=precision, b_t=True, **kw)
            for precision in ("tf32", "tf32x3") for M, N, K, kw in dense]
-    return out + [dataclasses.replace(p, epilogue=True) for p in out[:3] + out[7:10]]
+    return out + [dataclasses.replace(p, epilogue=True) for p in out[:3] + out[9:12] + [out[7], out[16]]]
 
 
 def _fused_split_problems() -> list[Problem]:
@@ -247,12 +248,12 @@ def test_configs_cover_every_family_arch_and_macro_value():
         assert {m["MT"] for m in kmajor} == {1, 2, 4, 8, 16, 32}, arch
         for key in ("B_VEC", "A_VEC", "KR_FUSED"):
             assert {m[key] for m in kmajor} == {0, 1}, (arch, key)
-    # kmajor_mma on sm_80+: one and two B fragments, both load paths, fused and unsplit, tf32 and
-    # tf32x3, with and without the epilogue
+    # kmajor_mma on sm_80+: one, two and four B fragments, both load paths, fused and unsplit,
+    # tf32 and tf32x3, with and without the epilogue
     for arch in SM80_PLUS:
         mma = [dict(m) for m in seen[(arch, "kmajor_mma")]]
         for key in ("KM_MF", "B_VEC", "KM_FUSED", "X3", "EPILOGUE"):
-            assert {m.get(key, 0) for m in mma} == ({1, 2} if key == "KM_MF" else {0, 1}), (arch, key)
+            assert {m.get(key, 0) for m in mma} == ({1, 2, 4} if key == "KM_MF" else {0, 1}), (arch, key)
     # simt_cp_async's split-K summed by its own last block per tile (no reduce pass): float4 and
     # single-float C stores, and on the H200 each slice count the planner fuses
     for arch in SM80_PLUS:

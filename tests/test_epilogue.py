@@ -180,13 +180,21 @@ def test_with_grad_the_forward_is_fused_and_the_gradients_are_right(emulated_gpu
 
 
 def test_products_it_cannot_fuse_still_get_their_epilogue(emulated_gpu):
-    """A 1-D input, batch dims that do not fold into rows: the product, then the bias added."""
+    """A 1-D input: the product, then the bias added."""
     w, bias = torch.randn(36, 40), torch.randn(36)
     x1 = torch.randn(40)
     torch.testing.assert_close(fastmm.linear(x1, w, bias, precision="ieee"), F.linear(x1, w, bias), rtol=1e-5, atol=1e-5)
-    x3 = torch.randn(16, 4, 40).transpose(0, 1)  # rows of a transposed batch view: no fold
-    torch.testing.assert_close(fastmm.linear(x3, w, bias, precision="ieee"), F.linear(x3, w, bias), rtol=1e-5, atol=1e-5)
     assert not any(fused(x.cfg) for x in emulated_gpu.launches)
+
+
+def test_rows_folded_by_a_copy_get_the_fused_bias(emulated_gpu):
+    """Batch dims that fold into rows only by a copy (a transposed batch view): one product on
+    the copy, the bias in its stores."""
+    w, bias = torch.randn(36, 40), torch.randn(36)
+    x3 = torch.randn(16, 4, 40).transpose(0, 1)
+    torch.testing.assert_close(fastmm.linear(x3, w, bias, precision="ieee"), F.linear(x3, w, bias), rtol=1e-5, atol=1e-5)
+    (launch,) = emulated_gpu.launches
+    assert fused(launch.cfg)
 
 
 def test_addmm_into_out_follows_torchs_rules(emulated_gpu):

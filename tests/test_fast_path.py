@@ -340,3 +340,49 @@ def test_the_linear_key_holds_the_precision_and_the_switches(emulated_gpu, monke
     monkeypatch.delenv("FASTMM_DISABLE")
     assert run() == first and gpu.slow_calls == 3  # the first entry again
     assert fast_path.linear_key(x, w, bias, "ieee")[0] == "linear"  # (never equal to a key_of key)
+
+
+# ---------------------------------------------------------------------------------------------
+# N-D operands whose rows merge only by a copy (torch.matmul's reshape)
+
+def test_a_linear_on_rows_no_view_merges_runs_one_product_on_a_copy(emulated_gpu):
+    """x of shape (L, B, K) as a seq-first view of a batch-first activation (nn.MultiheadAttention
+    transposes so): its L * B rows merge only by a copy. One product over all rows reads W once,
+    where a batch of L products of B rows re-read it L times (0.69x torch in tf32 on the H200's
+    8192-token encoder step). The copy's own 2-D entry serves every later call; x is untouched."""
+    gpu = emulated_gpu
+    x_bf, w, bias = torch.randn(3, 40, LK), torch.randn(LN, LK), torch.randn(LN)
+    x = x_bf.transpose(0, 1)  # (40, 3, LK), not foldable by a view
+    x0 = x.clone()
+    for call in range(3):
+        gpu.clear()
+        y = fastmm.linear(x, w, bias, precision="ieee")
+        assert y.shape == (40, 3, LN) and y.is_contiguous()
+        _linear_check(y, x, w, bias)
+        (gemm,) = [launch for launch in gpu.launches if launch.family not in ("splitk_reduce",)]
+        assert gemm.pointers[0] != x.data_ptr()  # the copy's rows, not x's
+        assert torch.equal(x, x0)
+    assert gpu.slow_calls == 1  # the first call planned the 2-D product; the others took its entry
+    assert fast_path.ENTRIES[fast_path.linear_key(x, w, bias, "ieee")] is fast_path.FOLD_BY_COPY
+    flat_key = fast_path.linear_key(x0.reshape(-1, LK), w, bias, "ieee")
+    assert type(fast_path.ENTRIES.get(flat_key)) is fast_path.FastEntry
+
+
+@pytest.mark.parametrize("precision", ["ieee", "tf32"])
+def test_matmul_folds_rows_no_view_merges_by_a_copy_on_the_full_path(emulated_gpu, precision):
+    """fastmm.matmul(a, W) with a's batch dims transposed: one 2-D product of all rows (as
+    torch.matmul), planned and launched on a fresh copy of a every call (no fast entry: the
+    entry would launch on a's own pointer), right into a fresh result and into a NaN-filled out."""
+    gpu = emulated_gpu
+    a = torch.randn(5, 24, 36).transpose(0, 1)  # (24, 5, 36)
+    w = torch.randn(36, 52)
+    exp = fastmm.explain(a, w, precision=precision)
+    assert (exp.shapes["M"], exp.shapes["batch"]) == (120, ())
+    for _ in range(2):
+        gpu.clear()
+        _check(fastmm.matmul(a, w, precision=precision).reshape(120, 52), a.reshape(120, 36), w)
+        out = torch.full((24, 5, 52), NAN)
+        assert fastmm.matmul(a, w, precision=precision, out=out) is out
+        assert relative_error(out.reshape(120, 52), a.reshape(120, 36), w) <= (1e-6 if precision == "ieee" else 3e-3)
+        assert all(launch.pointers[0] != a.data_ptr() for launch in gpu.launches)
+    assert _entry(a, w, None, precision) is fast_path.NOT_FAST

@@ -713,10 +713,10 @@ def test_skinny_matches_float64(N, K, rel_err):
         check(out, a, b, "ieee", rel_err)
         # the dispatcher: skinny (B row-major; K = 1 too, where B is one row) unless the problem is
         # tiny; a single column (N = 1) is K-contiguous as well, which skinny_kmajor reads first
-        # (kmajor_mma's tensor cores for tf32 at 8 to 16 rows)
+        # (kmajor_mma's tensor cores for tf32 at 8 to 32 rows)
         exp = fastmm.explain(a, b, precision="tf32")
         tiny = not (M * N > TINY_OUTPUTS or K > TINY_K)
-        kmajor = "kmajor_mma" if 8 <= M <= 16 else "skinny_kmajor"
+        kmajor = "kmajor_mma" if 8 <= M <= 32 else "skinny_kmajor"
         assert exp.kernel == ("scalar" if tiny else kmajor if N == 1 else "skinny"), str(exp)
         out = torch.full((M, N), NAN, device="cuda")
         assert fastmm.matmul(a, b, precision="tf32", out=out) is out

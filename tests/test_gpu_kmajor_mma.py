@@ -1,5 +1,5 @@
 """The kmajor_mma family on a real GPU: ``x @ W.t()`` with W stored ``[N, K]`` (B K-contiguous),
-M <= 16, on TF32 tensor cores (tf32, and tf32x3 with split operands), against float64 (skipped
+M <= 32, on TF32 tensor cores (tf32, and tf32x3 with split operands), against float64 (skipped
 without CUDA). Fresh random inputs for every check, NaN-poisoned ``out``, inputs checked
 unmodified. Tolerances as tests/test_gpu.py: tf32 1e-3, tf32x3 1e-6."""
 from __future__ import annotations
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.cuda
 FAMILY = "kmajor_mma"
 NAN = float("nan")
 TOL = {"tf32": 1e-3, "tf32x3": 1e-6}
-MS = (1, 2, 3, 5, 8, 9, 13, 16)
+MS = (1, 2, 3, 5, 8, 9, 13, 16, 17, 24, 32)
 NS = (1, 5, 17, 100, 1001, 4096)
 KS = (3, 31, 64, 257, 999, 4096, 14336)
 
@@ -58,7 +58,7 @@ def test_weight_layout_products_match_float64(N, K, precision):
         x0 = x.clone()
         c, plan = forced(x, w.t(), precision)
         assert c.shape == (M, N) and c.is_contiguous()
-        assert dict(plan.kernel.macros)["KM_MF"] == (1 if M <= 8 else 2)
+        assert dict(plan.kernel.macros)["KM_MF"] == (1 if M <= 8 else 2 if M <= 16 else 4)
         check(c, x, w.t(), precision)
         out = torch.full((M, N), NAN, device="cuda")
         assert forced(x, w.t(), precision, out=out)[0] is out
@@ -137,7 +137,8 @@ def test_small_integer_inputs_give_exact_sums(precision):
     """Integers of a few bits are exact in TF32, and so are their sums in fp32 here: every
     output must be exact, whatever slice or warp added it."""
     needs_sm80()
-    for M, N, K in ((1, 4096, 4096), (16, 130, 257), (16, 1028, 16384), (5, 14336, 4096)):
+    for M, N, K in ((1, 4096, 4096), (16, 130, 257), (16, 1028, 16384), (5, 14336, 4096), (24, 130, 257),
+                    (32, 1028, 16384)):
         a = torch.randint(-3, 4, (M, K), device="cuda").float()
         w = torch.randint(-3, 4, (N, K), device="cuda").float()
         c = forced(a, w.t(), precision)[0]
@@ -153,7 +154,7 @@ def test_tf32x3_is_fp32_accurate_where_tf32_is_not():
     assert e_x3 * 100 <= e_tf32 and e_x3 <= TOL["tf32x3"], (e_tf32, e_x3)
 
 
-@pytest.mark.parametrize("M,N,K", [(1, 4096, 4096), (16, 4096, 4096), (8, 1024, 14336)], ids=str)
+@pytest.mark.parametrize("M,N,K", [(1, 4096, 4096), (16, 4096, 4096), (8, 1024, 14336), (32, 3584, 18944)], ids=str)
 def test_split_plans_are_deterministic_and_leave_counters_at_zero(M, N, K):
     """The last block of a row tile sums the K slices in slice order, the warps of a block add in
     warp order: the same bits on every call, and the arrival counters back at 0."""

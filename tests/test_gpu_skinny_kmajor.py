@@ -77,7 +77,7 @@ def test_weight_layout_products_match_float64(N, K):
         check(out, x, w.t())
         exp = fastmm.explain(x, w.t(), precision="tf32")
         tiny = M * N <= TINY_OUTPUTS and K <= TINY_K
-        tensor_cores = 8 <= M <= 16  # tf32 at 8 to 16 rows: kmajor_mma (tests/test_gpu_kmajor_mma.py)
+        tensor_cores = 8 <= M <= 32  # tf32 at 8 to 32 rows: kmajor_mma (tests/test_gpu_kmajor_mma.py)
         assert exp.kernel == ("scalar" if tiny else "kmajor_mma" if tensor_cores else FAMILY), str(exp)
         check(fastmm.matmul(x, w.t(), precision="ieee" if tensor_cores else "tf32"), x, w.t())
         assert torch.equal(x, x0) and torch.equal(w, w0)

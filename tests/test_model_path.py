@@ -34,10 +34,19 @@ def test_an_nd_operand_times_a_matrix_is_folded_into_one_product_on_a_view():
     assert s.b.stride() == (1, 64)  # W read K-contiguous in place
 
 
-def test_an_operand_whose_rows_do_not_merge_stays_a_batch():
+def test_an_operand_whose_rows_do_not_merge_is_folded_by_a_copy():
+    """As torch.matmul's reshape: one product over all rows, on a contiguous copy of x; a meta
+    stand-in of its layout where nothing is launched (planning, explain)."""
     x = torch.randn(256, 4, 64).transpose(0, 1)  # (4, 256, 64), rows of one batch 4*64 apart
-    s = analyse(x, torch.randn(64, 32))
-    assert not s.folded and s.batch == (4,) and s.M == 256
+    x0 = x.clone()
+    w = torch.randn(64, 32)
+    planned = analyse(x, w)
+    assert planned.folded and planned.copied and planned.batch == () and planned.M == 1024
+    assert planned.a.device.type == "meta" and planned.a.stride() == (64, 1)
+    s = analyse(x, w, materialize=True)
+    assert s.copied and s.a.is_contiguous() and s.a.data_ptr() != x.data_ptr()
+    assert torch.equal(s.a, x0.reshape(1024, 64)) and torch.equal(x, x0)
+    assert s.out_shape == (4, 256, 32)
 
 
 def test_a_batched_matrix_vector_product_folds_too():

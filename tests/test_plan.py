@@ -59,12 +59,12 @@ def is_tiny(p: Problem) -> bool:
 
 def skinny_family(p: Problem, dev: DeviceFacts) -> str:
     """The skinny family that takes a non-tiny problem of M <= 32: for B read along K on sm80+,
-    kmajor_mma for tf32 requests of 8 to 16 rows (tensor cores; K = 1 excepted, where B is
+    kmajor_mma for tf32 requests of 8 to 32 rows (tensor cores; K = 1 excepted, where B is
     N-contiguous too), else skinny_kmajor (unless a batch needs a split of K, which it does not
     make); every other layout, skinny."""
     kmajor = FAMILIES["skinny_kmajor"]
     if dev.cc >= kmajor.min_cc and p.b_strides[0] == 1 and not (p.b_strides[1] == 1 and p.N > 1):
-        if p.precision == "tf32" and 8 <= p.M <= 16:
+        if p.precision == "tf32" and 8 <= p.M <= 32:
             return "kmajor_mma"
         if p.batch_total == 1 or p.K <= kmajor.slice_cap(p, dev):
             return "skinny_kmajor"
@@ -160,7 +160,7 @@ def check_geometry(plan) -> None:
         assert cfg.grid[1] == -(-max(p.K, 1) // m["KR_KS"])  # one slice of KR_KS per block row, none idle
     elif cfg.family == "kmajor_mma":
         assert cfg.block_dims == (m["KM_WARPS"] * 32, 1, 1) and cfg.block == m["KM_WARPS"] * 32
-        assert p.M <= 8 * m["KM_MF"] <= 16 and (m["KM_MF"] == 1 or p.M > 8)
+        assert p.M <= 8 * m["KM_MF"] <= 32 and m["KM_MF"] == (1 if p.M <= 8 else 2 if p.M <= 16 else 4)
         assert cfg.tile[2] == m["KM_KS"] and m["KM_KS"] % 32 == 0
         assert p.b_strides[0] == 1 and dev.cc >= (8, 0) and p.precision in ("tf32", "tf32x3")
         assert m["X3"] == int(p.precision == "tf32x3")
@@ -397,6 +397,20 @@ def test_tf32_on_sm80_plus_gets_tensor_cores_with_the_right_x3_macro(arch, preci
     assert "simt_cp_async" in rejected(plan) and f"{plan.kernel.family} is preferred" in rejected(plan)["simt_cp_async"]
 
 
+def assert_cost_model_chose_fp32(plan, dev):
+    """``plan`` is the full-fp32 plan a TF32 request got from the cost model (fastmm.cost): on an
+    arch the model was calibrated on, where it predicts that plan faster than the tensor-core
+    plan of the preference order by more than the margin, with the reason in explain's terms."""
+    from fastmm import cost
+    from fastmm.plan import COST_MARGIN, _select_in_order
+
+    p = plan.problem
+    tc = _select_in_order(p, dev, None, ())
+    assert cost.calibrated(dev) and plan.precision_used == "ieee", _zoo_id(p)
+    assert cost.faster_by(cost.predict(plan), cost.predict(tc), COST_MARGIN), _zoo_id(p)
+    assert "the fp32 plan is faster here" in rejected(plan)[tc.kernel.family]
+
+
 @pytest.mark.parametrize("arch", SM80_PLUS)
 @pytest.mark.parametrize("precision", ["tf32", "tf32x3"])
 def test_tf32_requests_get_tensor_cores_for_every_non_tiny_shape(arch, precision):
@@ -410,12 +424,14 @@ def test_tf32_requests_get_tensor_cores_for_every_non_tiny_shape(arch, precision
             elif x3_goes_to_fp32(p, DEV[arch]):  # wgmma said why not: then fp32 SIMT, not mma.sync
                 assert plan.kernel.family == "simt_cp_async" and plan.precision_used == "ieee", _zoo_id(p)
                 assert "wgmma_tf32" in rejected(plan) and "fp32 SIMT" in rejected(plan)["tf32_mma"]
+            elif plan.origin.startswith("heuristic, cost model"):  # fp32 predicted clearly faster
+                assert_cost_model_chose_fp32(plan, DEV[arch])
             else:  # elsewhere, or where wgmma said why not (e.g. a copy too costly)
                 assert plan.kernel.family == "tf32_mma", _zoo_id(p)
                 assert arch != "sm_90" or "wgmma_tf32" in rejected(plan)
                 assert plan.precision_used == precision
         elif not is_tiny(p):  # M <= 32: a memory-bound skinny kernel (for B^T: skinny_kmajor, fp32 FMA, or
-            family = skinny_family(p, DEV[arch])  # kmajor_mma's tensor cores for tf32 at 8-16 rows)
+            family = skinny_family(p, DEV[arch])  # kmajor_mma's tensor cores for tf32 at 8-32 rows)
             assert plan.kernel.family == family, _zoo_id(p)
             assert plan.precision_used == (precision if family == "kmajor_mma" else "ieee")
             assert rejected(plan)["tf32_mma"] == not_chosen_reason("tf32_mma", p, DEV[arch], family)
@@ -432,7 +448,7 @@ def test_tiny_problems_pick_scalar(arch, precision, mnk):
         assert ("is tiny" in reason or "needs sm80+" in reason or "needs sm90+" in reason
                 or "does not compute precision" in reason
                 or (name in ("skinny_kmajor", "kmajor_mma") and reason.startswith("B is not K-contiguous"))
-                or (name == "kmajor_mma" and reason == f"M = {mnk[0]} > 16: one mma fragment pair of rows")), (name, reason)
+                or (name == "kmajor_mma" and reason == f"M = {mnk[0]} > 32: at most four mma fragments of 8 rows")), (name, reason)
     assert "is tiny" in rejected(plan)["skinny"]  # even where M <= 32 (sm75+: skinny runs on every arch)
     if arch != "sm_75":
         assert "is tiny" in rejected(plan)["simt_cp_async"]
@@ -712,7 +728,7 @@ def test_force_picks_the_named_family(arch, family, precision):
         assert reasons.pop(name) == "M = 2048 > 32: not skinny"
     if precision != "ieee":
         assert reasons.pop("kmajor_mma") == ("needs sm80+, device is sm_75" if arch == "sm_75"
-                                             else "M = 2048 > 16: one mma fragment pair of rows")
+                                             else "M = 2048 > 32: at most four mma fragments of 8 rows")
     if arch != "sm_90" and precision != "ieee":
         assert reasons.pop("wgmma_tf32") == f"needs sm90+, device is {arch}"
     p = Problem.dense(2048, 2048, 2048, precision=precision)
@@ -996,11 +1012,11 @@ def test_m_up_to_32_picks_skinny_on_every_arch_and_precision(arch, precision, M)
         p = Problem.dense(M, N, K, precision=precision, **kw)
         assert M * N > TINY_OUTPUTS
         plan = select(p, DEV[arch])
-        # B^T (x @ W.t()) is skinny_kmajor's on sm80+ (kmajor_mma's for tf32 at 8-16 rows); every
+        # B^T (x @ W.t()) is skinny_kmajor's on sm80+ (kmajor_mma's for tf32 at 8-32 rows); every
         # other layout, and sm75, skinny's
         family = skinny_family(p, DEV[arch])
         assert family == ("skinny" if not kw.get("b_t") or arch == "sm_75" else
-                          "kmajor_mma" if precision == "tf32" and 8 <= M <= 16 else "skinny_kmajor")
+                          "kmajor_mma" if precision == "tf32" and 8 <= M <= 32 else "skinny_kmajor")
         assert plan.kernel.family == family, (N, K, kw)
         assert plan.precision_used == ("tf32" if family == "kmajor_mma" else "ieee")  # else fp32 FFMA
         assert plan.describe().startswith(f"kernel: {family} (fastmm_{family} in cuda_src/{family}.cu): tile ")
@@ -1288,7 +1304,7 @@ def test_random_problems_keep_every_invariant(p, arch, force):
     elif cfg.family == "kmajor_mma":  # float4 along K for both, or for neither
         a_vec = sAk == 1 and _vector_ok(p.K, sAm if p.M > 1 else 0, p.a_batch_strides, p.a_align)
         b_vec = _vector_ok(p.K, sBn if p.N > 1 else 0, p.b_batch_strides, p.b_align)
-        assert p.M <= 16 and sBk == 1 and m["B_VEC"] == m["A_VEC"] == int(a_vec and b_vec)
+        assert p.M <= 32 and sBk == 1 and m["B_VEC"] == m["A_VEC"] == int(a_vec and b_vec)
     elif cfg.family == "skinny" and m.get("SK_V2"):
         assert dev.cc in Skinny.V2_BY_CC
         assert p.M <= SKINNY_MAX_M and m["MT"] == max(4, -(-p.M // 4) * 4)  # (M = 0 too: skinny.cu needs 4..32)

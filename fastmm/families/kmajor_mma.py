@@ -1,4 +1,4 @@
-"""The kmajor_mma family (cuda_src/kmajor_mma.cu): M <= 16 against a K-contiguous B (``x @ W.t()``
+"""The kmajor_mma family (cuda_src/kmajor_mma.cu): M <= 32 against a K-contiguous B (``x @ W.t()``
 with W stored ``[N, K]``: decode) on tensor cores, for tf32 and tf32x3 requests. It streams W
 once along its rows as skinny_kmajor does; its math is TF32 mma.sync, which takes A from
 registers, where skinny_kmajor's FFMAs read every A value from shared memory once per few W rows
@@ -15,7 +15,9 @@ from .work_split import MAX_SPLIT, SPLIT_COST
 WARPS = 4
 BLOCKS_PER_SM = 4  # __launch_bounds__ minimum: 128 registers a thread
 ROWS_PER_BLOCK = 16  # one A-role fragment of W rows per warp (KM_NF = 1)
-MAX_M = 16
+#: Four B-role fragments of 8 rows. 17-32 rows were skinny_kmajor's until run 21: its FFMAs took
+#: 251 us at 32 x 3584 x 18944 on the H200 where cuBLAS's TF32 took 71 (W's bytes: 64 us).
+MAX_M = 32
 #: From this many rows the planner prefers this family to skinny_kmajor for tf32 (below, the
 #: FFMAs keep up with W's bytes; at 16 rows they take 1.3-1.5x longer: NOTES.md).
 MIN_M = 8
@@ -30,7 +32,7 @@ MIN_SLICE_K = 512
 
 @dataclass(frozen=True)
 class KmajorMma(Family):
-    """M <= 16 with B read along K (B's K stride 1) on TF32 tensor cores."""
+    """M <= 32 with B read along K (B's K stride 1) on TF32 tensor cores."""
 
     name, source, entry = "kmajor_mma", "kmajor_mma.cu", "fastmm_kmajor_mma"
     min_cc = (8, 0)  # mma.sync with TF32 inputs
@@ -46,7 +48,7 @@ class KmajorMma(Family):
     def reject(self, p, dev):
         reason = super().reject(p, dev)
         if reason is None and p.M > MAX_M:
-            reason = f"M = {p.M} > {MAX_M}: one mma fragment pair of rows"
+            reason = f"M = {p.M} > {MAX_M}: at most four mma fragments of 8 rows"
         if reason is None and p.b_strides[0] != 1:
             reason = "B is not K-contiguous (W's rows along K are what this family streams)"
         if reason is None and p.b_strides[1] == 1 and p.N > 1:
@@ -70,13 +72,14 @@ class KmajorMma(Family):
     def geometry(p) -> tuple[int, int, bool]:
         """(B-role fragments, chunks loaded ahead, float4 loads) for ``p``. Two chunks ahead
         where the registers allow it: ptxas -v spills (4-16 bytes, sm_80..sm_89, NVRTC 13.5)
-        with tf32x3 at two fragments, and with the scalar loads."""
-        mf = 1 if p.M <= 8 else 2
+        with tf32x3 at two fragments, and with the scalar loads; four fragments (17-32 rows)
+        hold twice the A values of two, so they load one chunk ahead."""
+        mf = 1 if p.M <= 8 else 2 if p.M <= 16 else 4
         sAm, sAk = p.a_strides
         sBk, sBn = p.b_strides
         vec = (vec_ok(p.K, sBn if p.N > 1 else 0, p.b_batch_strides, p.b_align)
                and sAk == 1 and vec_ok(p.K, sAm if p.M > 1 else 0, p.a_batch_strides, p.a_align))
-        u = 2 if vec and not (p.precision == "tf32x3" and mf == 2) else 1
+        u = 2 if vec and mf <= 2 and not (p.precision == "tf32x3" and mf == 2) else 1
         return mf, u, vec
 
     @staticmethod
@@ -89,6 +92,8 @@ class KmajorMma(Family):
         mf, u, vec = self.geometry(p)
         u = self.u or u
         minb = BLOCKS_PER_SM if u <= 2 else 3  # (4 chunks ahead: up to 168 registers)
+        if mf == 4 and p.precision == "tf32x3":  # (two accumulator sets of four fragments: 12-36
+            minb = 2                             # bytes of spills under 128 registers, ptxas -v)
         tiles = max(1, -(-p.N // ROWS_PER_BLOCK))
         k = max(p.K, 1)
         slots = dev.sm_count * minb

@@ -1,0 +1,225 @@
+"""A first-order model of a plan's GPU time: what the planner weighs when two families could
+serve a request and the preference order alone may pick the slower one, and what ``explain``
+and the benchmark print beside the measured time.
+
+Pure Python (no torch, no CUDA), like the planner: every prediction can be checked on a CPU.
+
+The model, per launch of the plan:
+
+- **compute**: the grid's blocks run in waves. A block does the FLOPs of its whole (padded) tile
+  over its share of K; ``resident`` blocks share an SM (threads, shared memory and the family's
+  register use decide how many); a wave takes as long as one SM needs for its resident blocks at
+  the family's sustained rate, ``peak x efficiency``. The peaks are the arch's published
+  per-SM numbers; the efficiencies are measured (``EFFICIENCY``: the H200, RESULTS.md);
+- **memory**: A, B and C moved once at the device's bandwidth (broadcast operands once), plus a
+  split-K workspace written and read again;
+- a launch costs ``LAUNCH_US`` of GPU time beyond its work (the ramp-up and drain of a grid,
+  the gap to the next kernel);
+
+time = the larger of compute and memory, plus the launches; a second pass (split-K's reduce,
+stream-K's fixup) and staged copies add their own memory time and launch.
+
+It is a first-order model: its job is to order two plans whose times differ by more than its
+error (``explain`` prints the predictions; RESULTS.md holds them against measured times), not to
+replace measuring: a tuned choice (``fastmm.tune``) always wins over it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .problem import DeviceFacts, Problem
+
+#: Published dense peaks per SM in TFLOP/s at the boost clock, and the DRAM bandwidth in TB/s
+#: usable by a copy (the H200's was measured: 4.27 TB/s, DESIGN.md), per compute capability.
+#: fp32: FFMA; tf32: tensor cores (mma.sync on sm_80-89, wgmma on sm_90).
+@dataclass(frozen=True)
+class ArchPeaks:
+    fp32_per_sm: float
+    tf32_per_sm: float
+    bandwidth: float
+
+
+PEAKS = {
+    (7, 5): ArchPeaks(8.1 / 40, 0.0, 0.30),  # T4 (no TF32)
+    (8, 0): ArchPeaks(19.5 / 108, 156.0 / 108, 1.70),  # A100 40GB
+    (8, 6): ArchPeaks(38.7 / 84, 77.4 / 84, 0.70),  # RTX A6000
+    (8, 9): ArchPeaks(91.6 / 142, 183.0 / 142, 0.80),  # L40S
+    (9, 0): ArchPeaks(66.9 / 132, 494.7 / 132, 4.27),  # H100/H200 SXM
+}
+
+#: GPU time a launch costs beyond its work, us (back-to-back kernels on the H200: a grid of one
+#: block per SM that does nothing measurable runs at ~2.5 us a launch).
+LAUNCH_US = 2.5
+#: The share of the copy bandwidth a kernel's operand traffic gets (fitted: it gets all of it).
+MEMORY_EFFICIENCY = 1.0
+#: GPU time each wave of blocks costs beyond its FLOPs, us: filling the pipeline before the
+#: first multiply and storing the tile after the last; it dominates short-K batched products
+#: (attention's Q @ K^T: K = 64).
+WAVE_US = {"simt_cp_async": 4.0, "simt_float4": 4.0, "wgmma_tf32": 4.0, "tf32_mma": 4.0,
+           "kmajor_mma": 0.0}  # (kmajor_mma streams W with no tile to fill or store: as the skinny ones)
+#: The share of the shorter of compute and memory time that does not hide under the longer.
+OVERLAP_LOSS = 0.3
+
+#: Sustained share of the peak per family, for a full SM of its blocks: (family, what) ->
+#: efficiency, ``what`` being the thread or warp tile (the SIMT families), the precision (the
+#: tensor-core families) or "memory" (the skinny families, bound by reading the weights).
+#: Measured on the H200 (RESULTS.md runs 13-16, the model section and the headline shapes);
+#: the other arches use the same shares of their own peaks.
+EFFICIENCY = {
+    ("simt_cp_async", 16): 0.80,  # 16 x 8 outputs a thread (128 x 256, 128 x 128 tiles)
+    ("simt_cp_async", 8): 0.68,  # 8 x 8 (128 x 64, 64 x 64)
+    ("simt_float4", 16): 0.55,
+    ("simt_float4", 8): 0.50,
+    ("wgmma_tf32", "tf32"): 0.80,
+    ("wgmma_tf32", "tf32x3"): 0.22,  # three MMAs a product, and the split of each input
+    # mma.sync on sm_80-89 (not measured here: the share a tuned mma.sync GEMM reaches there),
+    # and on sm_90, where wgmma sets the peak (H200: 208 TFLOP/s at 8192x4096x6144, NOTES run 12;
+    # tf32x3 29 TFLOP/s at 2048^3, NOTES run 17)
+    ("tf32_mma", "tf32"): 0.70,
+    ("tf32_mma", "tf32x3"): 0.70 / 4,  # three MMAs, the split of each input, the promotion
+    (("tf32_mma", (9, 0)), "tf32"): 0.42,
+    (("tf32_mma", (9, 0)), "tf32x3"): 0.06,
+    ("kmajor_mma", "tf32"): 0.42,
+    ("kmajor_mma", "tf32x3"): 0.42 / 4,
+    ("scalar", None): 0.04,
+}
+#: The skinny families stream the weights: their share of the bandwidth.
+SKINNY_MEMORY_EFFICIENCY = 1.0
+#: Single-float copies of a k-contiguous operand into the SIMT tile (4-byte cp.async, the
+#: operand transposed in shared memory) cost this share of the rate for each such operand
+#: (x @ W.t() with both read so: 46 against 51 TFLOP/s, RESULTS run 16).
+SIMT_ELEM_K_PENALTY = 0.95
+#: Blocks per SM that registers allow, by family (threads and shared memory are checked too):
+#: the SIMT 16 x 8 thread tiles and wgmma's 384-thread block take a whole SM.
+REGISTER_RESIDENT = {"simt_cp_async": 2, "simt_float4": 2, "wgmma_tf32": 1, "tf32_mma": 2, "kmajor_mma": 2,
+                     "skinny": 4, "skinny_kmajor": 4, "scalar": 8}
+SKINNY_FAMILIES = ("skinny", "skinny_kmajor")
+#: The arches whose efficiencies were measured: the planner acts on the model's predictions only
+#: there (elsewhere they are shown, not used).
+CALIBRATED = ((9, 0),)
+LOAD_ELEM_K = 2  # (families.base: single floats, lanes along K)
+
+
+def peaks(dev: DeviceFacts) -> ArchPeaks:
+    """The peaks of ``dev``'s arch, or of the newest listed arch older than it."""
+    known = [cc for cc in PEAKS if cc <= dev.cc]
+    return PEAKS[max(known)] if known else PEAKS[min(PEAKS)]
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """A plan's predicted GPU time and what it is made of (us)."""
+
+    total_us: float
+    compute_us: float
+    memory_us: float
+    launches: int
+    waves: float
+    bound: str  # "compute", "memory" or "launch"
+
+    def describe(self) -> str:
+        return (f"{self.total_us:.1f} us predicted ({self.bound}-bound: compute {self.compute_us:.1f}, memory "
+                f"{self.memory_us:.1f}, {self.launches} launch{'es' if self.launches > 1 else ''}, "
+                f"{self.waves:.2f} waves)")
+
+
+def efficiency(kernel, p: Problem, cc: tuple[int, int] = (0, 0)) -> float:
+    """The family's sustained share of its peak for this kernel on an arch of compute
+    capability ``cc`` (see ``EFFICIENCY``: an entry for the arch wins)."""
+    fam = kernel.family
+    if fam in ("simt_cp_async", "simt_float4"):
+        macros = dict(kernel.macros)
+        eff = EFFICIENCY[(fam, 16 if macros.get("THREAD_M") == 16 else 8)]
+        for op in ("A_MODE", "B_MODE"):
+            if macros.get(op) == LOAD_ELEM_K:
+                eff *= SIMT_ELEM_K_PENALTY
+        return eff
+    if fam == "scalar":
+        return EFFICIENCY[("scalar", None)]
+    return EFFICIENCY.get(((fam, cc), p.precision)) or EFFICIENCY.get((fam, p.precision), 0.3)
+
+
+def resident_blocks(kernel, dev: DeviceFacts) -> int:
+    """Blocks of ``kernel`` one SM holds at once: threads, shared memory (1 KiB a block kept by
+    the driver) and the family's registers."""
+    threads = max(1, math.prod(kernel.block_dims))
+    by_threads = max(1, 2048 // threads)
+    by_smem = max(1, dev.smem_per_sm // (kernel.smem + 1024)) if kernel.smem else 32
+    return max(1, min(by_threads, by_smem, REGISTER_RESIDENT.get(kernel.family, 2), 32))
+
+
+def _rate_per_sm(kernel, p: Problem, dev: DeviceFacts) -> float:
+    """FLOP per us one SM sustains on ``kernel`` (1 TFLOP/s = 1e6 FLOP per us)."""
+    pk = peaks(dev)
+    tensor = p.precision in ("tf32", "tf32x3") and kernel.family in ("wgmma_tf32", "tf32_mma", "kmajor_mma")
+    peak = pk.tf32_per_sm if tensor and pk.tf32_per_sm else pk.fp32_per_sm
+    return peak * efficiency(kernel, p, dev.cc) * 1e6
+
+
+def _operand_bytes(p: Problem) -> float:
+    """A, B and C once each (a broadcast operand, batch stride 0, once)."""
+    a_batches = p.batch_total if any(p.a_batch_strides) else 1
+    b_batches = p.batch_total if any(p.b_batch_strides) else 1
+    return 4.0 * (p.M * p.K * a_batches + p.K * p.N * b_batches + p.M * p.N * p.batch_total)
+
+
+def predict(plan) -> Prediction | None:
+    """The predicted GPU time of ``plan`` (a :class:`fastmm.plan.Plan`), or None for a plan that
+    runs torch.matmul."""
+    kernel = plan.kernel
+    if kernel is None:
+        return None
+    p = plan.launch_problem or plan.problem
+    dev = plan.device
+    bw = peaks(dev).bandwidth * 1e6 * MEMORY_EFFICIENCY  # bytes per us
+    launches = 1 + (plan.reduce is not None) + len(plan.staging)
+    flops = 2.0 * p.M * p.N * p.K * p.batch_total
+    memory = _operand_bytes(p) / bw
+    for _, rows, cols in plan.staging:  # each copy reads and writes its operand
+        memory += 2 * 4.0 * rows * cols / bw
+    if kernel.family in SKINNY_FAMILIES:
+        compute = flops / (dev.sm_count * peaks(dev).fp32_per_sm * 0.5 * 1e6)
+        memory = _operand_bytes(p) / (peaks(dev).bandwidth * 1e6 * SKINNY_MEMORY_EFFICIENCY)
+        if kernel.split_k > 1 and not kernel.split_fused:
+            memory += 2 * 4.0 * kernel.split_k * p.M * p.N / bw
+        waves = kernel.grid[0] * kernel.grid[1] / (dev.sm_count * resident_blocks(kernel, dev))
+    else:
+        bm, bn, bk = kernel.tile
+        rate = _rate_per_sm(kernel, p, dev)
+        resident = resident_blocks(kernel, dev)
+        slots = dev.sm_count * resident
+        if kernel.stream_k is not None:  # whole waves, then the rest dealt out evenly
+            sk = kernel.stream_k
+            tile_flops = 2.0 * bm * bn * sk.k_tiles * bk
+            waves = sk.tiles / slots
+            compute = (sk.whole_tiles / slots + (sk.blocks * sk.iters / sk.k_tiles) / slots) * resident * tile_flops / rate
+            compute *= p.batch_total
+            memory += 2 * 4.0 * sk.workspace_floats(bm, bn) / bw
+        else:
+            split = kernel.split_k
+            k_per_block = math.ceil(math.ceil(p.K / split) / bk) * bk
+            tile_flops = 2.0 * bm * bn * k_per_block
+            blocks = kernel.grid[0] * split * p.batch_total
+            waves = blocks / slots
+            compute = math.ceil(waves) * (resident * tile_flops / rate + WAVE_US.get(kernel.family, 4.0))
+            if split > 1:
+                memory += 2 * 4.0 * kernel.split_slices * p.M * p.N / bw  # slices written, read back
+    total = max(compute, memory) + OVERLAP_LOSS * min(compute, memory) + LAUNCH_US * launches
+    bound = "compute" if compute >= memory else "memory"
+    if LAUNCH_US * launches > max(compute, memory):
+        bound = "launch"
+    return Prediction(total, compute, memory, launches, waves, bound)
+
+
+def calibrated(dev: DeviceFacts) -> bool:
+    """Whether the model's efficiencies were measured on ``dev``'s arch (``CALIBRATED``)."""
+    return dev.cc in CALIBRATED
+
+
+def faster_by(fast: Prediction, slow: Prediction, margin: float) -> bool:
+    """Whether ``fast`` is predicted faster than ``slow`` by more than ``margin`` (a share of
+    ``slow``'s time) and by more than a launch's cost: the bar for leaving the preference order,
+    which was set by measurement. (Below a launch's cost the two are launch-bound, where the
+    model's differences are its own constants, not the kernels'.)"""
+    return fast.total_us < (1.0 - margin) * slow.total_us and slow.total_us - fast.total_us > LAUNCH_US

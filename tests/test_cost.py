@@ -1,0 +1,150 @@
+"""The cost model (fastmm/cost.py) and the planner's use of it, on simulated devices.
+
+The predictions are checked against H200 measurements recorded in benchmarks/RESULTS.md (GPU
+time of rows long enough not to be host-bound), and against what any time model of a GEMM must
+do (scale with the work, pay for waves, for split-K's workspace, for the bytes of a GEMV);
+the planner's choice against the predictions it was given.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fastmm
+from fastmm import cost, plan as planner
+from fastmm.plan import select
+from fastmm.problem import DeviceFacts, Problem
+
+H200 = DeviceFacts.simulated_device("sm_90")
+A100 = DeviceFacts.simulated_device("sm_80")
+
+# (M, N, K, batch, a transposed, b transposed, precision, family planned, measured us on the
+# H200): RESULTS.md run 16 (model section) and run 14 (headline shapes), TFLOP/s -> us
+MEASURED = [
+    (4096, 4096, 4096, 1, False, False, "ieee", "simt_cp_async", 2666.1),  # square4k
+    (4096, 4096, 4096, 1, False, False, "tf32", "wgmma_tf32", 390.7),
+    (4096, 4096, 4096, 1, False, False, "tf32x3", "wgmma_tf32", 1188.5),
+    (2048, 4096, 4096, 1, False, True, "ieee", "simt_cp_async", 1470.6),  # llama3_prefill_qo, W^T
+    (2048, 14336, 4096, 1, False, True, "tf32", "wgmma_tf32", 700.0),  # llama3_prefill_up
+    (14336, 4096, 2048, 1, True, False, "tf32x3", "wgmma_tf32", 2549.2),  # llama3_grad_w_up, A^T
+    (4096, 768, 3072, 1, False, False, "ieee", "simt_cp_async", 475.3),  # gpt2_mlp_down
+    (1, 14336, 4096, 1, False, True, "ieee", "skinny_kmajor", 58.1),  # llama3_decode1_up
+    (8, 4096, 14336, 1, False, True, "ieee", "skinny_kmajor", 62.1),  # llama3_decode8_down
+    (16, 14336, 4096, 1, False, True, "tf32", "kmajor_mma", 66.7),  # llama3_decode16_up
+    (64, 14336, 4096, 1, False, True, "ieee", "simt_cp_async", 213.3),  # llama3_decode64_up
+    (256, 256, 65536, 1, False, False, "ieee", "simt_cp_async", 178.9),  # largeK
+    (512, 64, 512, 128, False, False, "tf32", "wgmma_tf32", 53.2),  # attn_pv_512
+    (2048, 128, 2048, 32, False, False, "ieee", "simt_cp_async", 770.9),  # attn_pv_2k
+]
+
+
+@pytest.mark.parametrize("row", MEASURED, ids=lambda r: f"{r[0]}x{r[1]}x{r[2]}x{r[3]}-{r[6]}")
+def test_predictions_are_within_a_quarter_of_the_h200_measurements(row):
+    M, N, K, batch, a_t, b_t, precision, family, measured = row
+    plan = select(Problem.dense(M, N, K, precision, batch, a_t=a_t, b_t=b_t), H200)
+    assert plan.kernel.family == family  # (the plan that was measured)
+    predicted = cost.predict(plan).total_us
+    assert 0.75 * measured <= predicted <= 1.25 * measured, (predicted, measured)
+
+
+def test_a_compute_bound_product_takes_twice_as_long_with_twice_the_rows():
+    small = cost.predict(select(Problem.dense(4096, 4096, 4096), H200))
+    big = cost.predict(select(Problem.dense(8192, 4096, 4096), H200))
+    assert small.bound == big.bound == "compute"
+    assert 1.9 <= big.total_us / small.total_us <= 2.1
+
+
+def test_a_gemv_is_memory_bound_and_costs_its_weight_bytes_at_the_copy_rate():
+    pred = cost.predict(select(Problem.dense(1, 14336, 4096, b_t=True), H200))
+    assert pred.bound == "memory"
+    weights_us = 14336 * 4096 * 4 / 4.27e6  # 235 MB at the H200's measured copy rate
+    assert weights_us <= pred.total_us <= weights_us + 3 * cost.LAUNCH_US
+
+
+def test_tensor_cores_are_predicted_faster_than_fp32_where_the_work_is_large():
+    p32 = cost.predict(select(Problem.dense(4096, 4096, 4096, "ieee"), H200))
+    tf32 = cost.predict(select(Problem.dense(4096, 4096, 4096, "tf32"), H200))
+    x3 = cost.predict(select(Problem.dense(4096, 4096, 4096, "tf32x3"), H200))
+    assert tf32.total_us < x3.total_us < p32.total_us
+
+
+def test_a_partial_wave_costs_a_whole_wave():
+    # 132 SMs: one more 128x256 tile than a wave of them (4 x 33 tiles + 1) costs a wave more
+    p_full = Problem.dense(128 * 4, 256 * 33, 1024)
+    p_more = Problem.dense(128 * 4 + 1, 256 * 33, 1024)
+    full, more = (cost.predict(select(p, H200, force="simt_cp_async")) for p in (p_full, p_more))
+    assert more.waves > full.waves
+    assert more.compute_us > 1.5 * full.compute_us
+
+
+def test_a_second_pass_adds_a_launch():
+    plan = select(Problem.dense(128, 4096, 16384, "tf32"), H200, force="tf32_mma")
+    assert plan.reduce is not None
+    assert cost.predict(plan).launches == 2
+
+
+def test_a_torch_fallback_has_no_prediction():
+    plan = select(Problem.dense(64, 64, 64, a_t=False), DeviceFacts.simulated_device("sm_75"))
+    assert plan.kernel is not None  # (sm_75 runs the scalar/SIMT kernels)
+    fallback = planner.Plan(plan.problem, plan.device, None, None, (), "because")
+    assert cost.predict(fallback) is None
+
+
+def test_unknown_newer_arches_use_the_newest_known_peaks():
+    future = DeviceFacts(0, "future", (10, 0), 148, 227 * 1024, 228 * 1024, 100 << 20, simulated=True)
+    assert cost.peaks(future) == cost.PEAKS[(9, 0)]
+    assert not cost.calibrated(future)
+
+
+# ---------------------------------------------------------------------------------------------
+# the planner's use of the model
+
+SHORT_K = Problem.dense(1024, 700, 64, "tf32x3")  # tf32x3 with K = 64: a few k-steps per wave
+
+
+def test_a_tf32x3_request_runs_fp32_where_the_model_predicts_it_clearly_faster():
+    plan = select(SHORT_K, H200)
+    fp32 = select(Problem.dense(1024, 700, 64, "ieee"), H200)
+    tc = planner._select_in_order(SHORT_K, H200, None, ())
+    assert tc.kernel.family == "wgmma_tf32"  # what the preference order alone picks
+    assert plan.kernel == fp32.kernel and plan.precision_used == "ieee"
+    assert plan.problem == SHORT_K  # (the request's problem: the cache key it is stored under)
+    assert cost.faster_by(cost.predict(fp32), cost.predict(tc), planner.COST_MARGIN)
+    assert "cost model" in plan.origin and "more accurate" in plan.origin
+    reason = dict(plan.rejected)["wgmma_tf32"]
+    assert "predicts" in reason and "full-fp32" in reason
+
+
+def test_the_tf32_plan_stays_where_the_model_does_not_predict_fp32_clearly_faster():
+    for p in (Problem.dense(4096, 4096, 4096, "tf32"), Problem.dense(1024, 2816, 1024, "tf32x3"),
+              Problem.dense(512, 64, 512, "tf32", batch=128)):
+        plan = select(p, H200)
+        assert plan.precision_used == p.precision and plan.origin == "heuristic"
+        alt = select(Problem.dense(p.M, p.N, p.K, "ieee", p.batch_total), H200)
+        assert not cost.faster_by(cost.predict(alt), cost.predict(plan), planner.COST_MARGIN)
+
+
+def test_the_model_moves_no_plan_on_an_arch_it_was_not_calibrated_on():
+    on_a100 = select(Problem.dense(1024, 700, 64, "tf32x3"), A100)
+    assert on_a100.kernel.family == "tf32_mma" and on_a100.origin == "heuristic"
+
+
+def test_a_forced_or_tuned_family_is_not_second_guessed():
+    forced = select(SHORT_K, H200, force="wgmma_tf32")
+    assert forced.kernel.family == "wgmma_tf32" and forced.origin == "forced: wgmma_tf32"
+
+
+def test_explain_prints_the_prediction(emulated_gpu):
+    a, b = torch.randn(256, 512), torch.randn(512, 384)
+    exp = fastmm.explain(a, b, precision="ieee")
+    assert exp.predicted.endswith("waves)") and "us predicted" in exp.predicted
+    assert f"predicted: {exp.predicted}" in str(exp)
+
+
+def test_launch_bound_requests_keep_the_preference_order():
+    """Where both plans take about a launch, the predictions differ by the model's constants, not
+    by the kernels: decode-sized tf32 requests stay on the tensor-core family that serves them."""
+    for M, N, K in ((8, 1, 4096), (17, 5, 4096), (16, 100, 999), (32, 17, 4096), (24, 1001, 257)):
+        for b_t in (True, False):
+            plan = select(Problem.dense(M, N, K, "tf32", b_t=b_t), H200)
+            assert "cost model" not in plan.origin, (M, N, K, b_t, plan.origin)
