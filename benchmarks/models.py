@@ -52,7 +52,7 @@ def _tf():
 
 def batch_dims(tokens: int) -> tuple[int, int]:
     """(sequences, sequence length) of a step of ``tokens`` tokens: 256-token sequences up to
-    1024 tokens a step, 1024-token ones beyond (GPT-2's longest)."""
+    1024 tokens a step, 1024-token ones beyond (GPT-2's longest); whole sequences, rounded down."""
     seq = 256 if tokens <= 1024 else 1024
     return max(1, tokens // seq), seq
 

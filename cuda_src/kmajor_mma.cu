@@ -1,4 +1,4 @@
-// kmajor_mma family: M <= 16 rows of A against a K-contiguous B (B = W^T, W stored [N, K] as
+// kmajor_mma family: M <= 32 rows of A against a K-contiguous B (B = W^T, W stored [N, K] as
 // nn.Linear keeps it: decode) on tensor cores, TF32 mma.sync (tf32, and tf32x3 with split
 // operands). Like skinny_kmajor it streams W once along its rows; the difference is the math:
 // skinny_kmajor's fp32 FFMAs read every A value from shared memory once per 2-4 W rows, which
@@ -15,7 +15,7 @@
 //   the sum over k is the same sum. One warp load then covers 64 contiguous bytes of each of 8
 //   rows (two whole 32-byte sectors).
 // - W rows: a warp owns 16 * KM_NF rows (columns n); lane g reads rows g and g + 8 of each
-//   fragment. A rows (at most 16) are read by every warp straight from global memory (L1/L2:
+//   fragment. A rows (at most 32) are read by every warp straight from global memory (L1/L2:
 //   A is small and shared by all blocks).
 // - A block's KM_WARPS warps share its rows of W and deal out its K range in chunks of 32
 //   (warp w takes chunks w, w + KM_WARPS, ...; KM_U chunks loaded ahead), so together they read

@@ -9,15 +9,17 @@ The model, per launch of the plan:
 - **compute**: the grid's blocks run in waves. A block does the FLOPs of its whole (padded) tile
   over its share of K; ``resident`` blocks share an SM (threads, shared memory and the family's
   register use decide how many); a wave takes as long as one SM needs for its resident blocks at
-  the family's sustained rate, ``peak x efficiency``. The peaks are the arch's published
-  per-SM numbers; the efficiencies are measured (``EFFICIENCY``: the H200, RESULTS.md);
-- **memory**: A, B and C moved once at the device's bandwidth (broadcast operands once), plus a
-  split-K workspace written and read again;
+  the family's sustained rate, ``peak x efficiency``, plus a fixed cost per wave (``WAVE_US``:
+  filling the pipeline, storing the tile). The peaks are the arch's published per-SM numbers;
+  the efficiencies and fixed costs were fitted to the H200's measured rows (RESULTS.md);
+- **memory**: A, B and C moved once at the device's copy bandwidth (broadcast operands once), plus
+  a split-K workspace written and read again, and staged copies; the skinny families (decode)
+  are this alone: they stream the weights;
 - a launch costs ``LAUNCH_US`` of GPU time beyond its work (the ramp-up and drain of a grid,
-  the gap to the next kernel);
+  the gap to the next kernel); a second pass (split-K's reduce, stream-K's fixup) and staging
+  copies are launches of their own.
 
-time = the larger of compute and memory, plus the launches; a second pass (split-K's reduce,
-stream-K's fixup) and staged copies add their own memory time and launch.
+time = the larger of compute and memory, plus ``OVERLAP_LOSS`` of the smaller, plus the launches.
 
 It is a first-order model: its job is to order two plans whose times differ by more than its
 error (``explain`` prints the predictions; RESULTS.md holds them against measured times), not to
@@ -28,6 +30,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from .families.base import LOAD_ELEM_K
 from .problem import DeviceFacts, Problem
 
 #: Published dense peaks per SM in TFLOP/s at the boost clock, and the DRAM bandwidth in TB/s
@@ -48,8 +51,9 @@ PEAKS = {
     (9, 0): ArchPeaks(66.9 / 132, 494.7 / 132, 4.27),  # H100/H200 SXM
 }
 
-#: GPU time a launch costs beyond its work, us (back-to-back kernels on the H200: a grid of one
-#: block per SM that does nothing measurable runs at ~2.5 us a launch).
+#: GPU time a launch costs beyond its work, us: set below the GPU time of the smallest calls
+#: measured back to back on the H200 (64^3: 5.2-7.1 us a call, its own work included; RESULTS
+#: run 17).
 LAUNCH_US = 2.5
 #: The share of the copy bandwidth a kernel's operand traffic gets (fitted: it gets all of it).
 MEMORY_EFFICIENCY = 1.0
@@ -62,10 +66,10 @@ WAVE_US = {"simt_cp_async": 4.0, "simt_float4": 4.0, "wgmma_tf32": 4.0, "tf32_mm
 OVERLAP_LOSS = 0.3
 
 #: Sustained share of the peak per family, for a full SM of its blocks: (family, what) ->
-#: efficiency, ``what`` being the thread or warp tile (the SIMT families), the precision (the
-#: tensor-core families) or "memory" (the skinny families, bound by reading the weights).
-#: Measured on the H200 (RESULTS.md runs 13-16, the model section and the headline shapes);
-#: the other arches use the same shares of their own peaks.
+#: efficiency, ``what`` being the thread tile's rows (the SIMT families), the precision (the
+#: tensor-core families; keyed (family, compute capability) where one arch differs). Fitted to
+#: the H200's rows (RESULTS.md runs 13-16, the model section and the headline shapes); the other
+#: arches use the same shares of their own peaks (shown by explain, not acted on: CALIBRATED).
 EFFICIENCY = {
     ("simt_cp_async", 16): 0.80,  # 16 x 8 outputs a thread (128 x 256, 128 x 128 tiles)
     ("simt_cp_async", 8): 0.68,  # 8 x 8 (128 x 64, 64 x 64)
@@ -98,7 +102,6 @@ SKINNY_FAMILIES = ("skinny", "skinny_kmajor")
 #: The arches whose efficiencies were measured: the planner acts on the model's predictions only
 #: there (elsewhere they are shown, not used).
 CALIBRATED = ((9, 0),)
-LOAD_ELEM_K = 2  # (families.base: single floats, lanes along K)
 
 
 def peaks(dev: DeviceFacts) -> ArchPeaks:

@@ -251,9 +251,11 @@ def compute_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, 
     c = serve(key, x, w, None, bias)
     if c is not None:
         return c
-    if x.dim() > 2 and (ENTRIES.get(key) is FOLD_BY_COPY or fold_needs_copy(x)):
+    if x.dim() > 2 and (ENTRIES.get(key) is FOLD_BY_COPY or (w.dim() == 2 and (bias is None or bias.dim() <= 1)
+                                                             and fold_needs_copy(x))):
         # rows that no view merges (a seq-first view of a batch-first activation): copied into
-        # one (rows, K) matrix, as torch.matmul's reshape does, whose own entry then serves
+        # one (rows, K) matrix, as torch.matmul's reshape does, whose own entry then serves (a
+        # 1-D weight, or a bias over the leading dims too, take the full path, which copies)
         if len(ENTRIES) >= dispatch.MAX_CACHED_SHAPES:
             ENTRIES.clear()
         ENTRIES[key] = FOLD_BY_COPY

@@ -142,7 +142,9 @@ def _fp32_if_faster(plan: Plan, dev: DeviceFacts, variants: tuple[Family, ...]) 
         return plan
     why = (f"the cost model predicts {theirs.total_us:.1f} us for the full-fp32 {alt.kernel.family} plan against "
            f"{mine.total_us:.1f} us for this one: the fp32 plan is faster here, and more accurate")
-    rejected = ((plan.kernel.family, why),) + tuple(r for r in plan.rejected if r[0] != alt.kernel.family)
+    tc = plan.kernel.family  # (the others' reasons as the TF32 plan gave them, the fp32 family now preferred)
+    rejected = ((tc, why),) + tuple((name, f"{alt.kernel.family} is preferred" if reason == f"{tc} is preferred" else reason)
+                                    for name, reason in plan.rejected if name != alt.kernel.family)
     return replace(alt, problem=p, rejected=rejected,
                    origin=f"heuristic, cost model: ran full fp32 ({alt.kernel.family}), predicted "
                           f"{theirs.total_us:.1f} us against {mine.total_us:.1f} us for {plan.kernel.family} "
@@ -225,7 +227,7 @@ def select(p: Problem, dev: DeviceFacts, force: str | None = None, tuned: TunedC
     why_not = tuned_reject_reason(p, dev, tuned)
     if why_not is not None:
         plan = _select(p, dev, None, variants)
-        return replace(plan, origin=f"heuristic (tuned choice {tuned.label()} ignored: {why_not})")
+        return replace(plan, origin=f"{plan.origin} (tuned choice {tuned.label()} ignored: {why_not})")
     plan = _select(p, dev, tuned.family, variants)  # the family with its staging; the others' reasons
     if plan.kernel is None:
         return plan

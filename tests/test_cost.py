@@ -12,8 +12,10 @@ import torch
 
 import fastmm
 from fastmm import cost, plan as planner
+from fastmm.families import FAMILIES
 from fastmm.plan import select
 from fastmm.problem import DeviceFacts, Problem
+from fastmm.tuned import TunedChoice
 
 H200 = DeviceFacts.simulated_device("sm_90")
 A100 = DeviceFacts.simulated_device("sm_80")
@@ -84,10 +86,10 @@ def test_a_second_pass_adds_a_launch():
 
 
 def test_a_torch_fallback_has_no_prediction():
-    plan = select(Problem.dense(64, 64, 64, a_t=False), DeviceFacts.simulated_device("sm_75"))
-    assert plan.kernel is not None  # (sm_75 runs the scalar/SIMT kernels)
-    fallback = planner.Plan(plan.problem, plan.device, None, None, (), "because")
-    assert cost.predict(fallback) is None
+    old = DeviceFacts(0, "simulated P100", (6, 0), 56, 48 * 1024, 64 * 1024, 4 << 20, simulated=True)
+    plan = select(Problem.dense(64, 64, 64), old)  # older than fastmm supports: torch.matmul
+    assert plan.kernel is None and plan.fallback
+    assert cost.predict(plan) is None
 
 
 def test_unknown_newer_arches_use_the_newest_known_peaks():
@@ -124,14 +126,37 @@ def test_the_tf32_plan_stays_where_the_model_does_not_predict_fp32_clearly_faste
         assert not cost.faster_by(cost.predict(alt), cost.predict(plan), planner.COST_MARGIN)
 
 
-def test_the_model_moves_no_plan_on_an_arch_it_was_not_calibrated_on():
-    on_a100 = select(Problem.dense(1024, 700, 64, "tf32x3"), A100)
-    assert on_a100.kernel.family == "tf32_mma" and on_a100.origin == "heuristic"
+@pytest.mark.parametrize("arch", ["sm_86", "sm_89"])
+def test_the_model_moves_no_plan_on_an_arch_it_was_not_calibrated_on(arch, monkeypatch):
+    """64 x 64 x 1024 tf32: predicted faster in fp32 on these arches too (their published peaks,
+    the H200's shares), but measured on none of them: the plan stays on tensor cores until the
+    arch is calibrated."""
+    dev, p = DeviceFacts.simulated_device(arch), Problem.dense(64, 64, 1024, "tf32")
+    plan = select(p, dev)
+    assert plan.kernel.family == "tf32_mma" and plan.origin == "heuristic"
+    monkeypatch.setattr(cost, "CALIBRATED", cost.CALIBRATED + (dev.cc,))
+    assert "cost model: ran full fp32" in select(p, dev).origin  # (what the gate holds back)
 
 
 def test_a_forced_or_tuned_family_is_not_second_guessed():
     forced = select(SHORT_K, H200, force="wgmma_tf32")
     assert forced.kernel.family == "wgmma_tf32" and forced.origin == "forced: wgmma_tf32"
+    option = FAMILIES["wgmma_tf32"].options(SHORT_K, H200)[0]
+    tuned = select(SHORT_K, H200, tuned=TunedChoice("wgmma_tf32", tuple(option), "measured"))
+    assert tuned.kernel.family == "wgmma_tf32" and tuned.origin.startswith("tuned")
+
+
+def test_the_other_families_reasons_name_the_fp32_family_as_preferred():
+    plan = select(SHORT_K, H200)
+    reasons = dict(plan.rejected)
+    assert reasons["simt_float4"] == reasons["scalar"] == "simt_cp_async is preferred"
+    assert "simt_cp_async" not in reasons and not any(r == "wgmma_tf32 is preferred" for r in reasons.values())
+
+
+def test_an_ignored_tuned_choice_keeps_the_cost_models_reason(monkeypatch):
+    stale = TunedChoice("no_such_family", (), "measured")
+    plan = select(SHORT_K, H200, tuned=stale)
+    assert "cost model: ran full fp32" in plan.origin and "tuned choice" in plan.origin and "ignored" in plan.origin
 
 
 def test_explain_prints_the_prediction(emulated_gpu):

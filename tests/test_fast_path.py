@@ -386,3 +386,16 @@ def test_matmul_folds_rows_no_view_merges_by_a_copy_on_the_full_path(emulated_gp
         assert relative_error(out.reshape(120, 52), a.reshape(120, 36), w) <= (1e-6 if precision == "ieee" else 3e-3)
         assert all(launch.pointers[0] != a.data_ptr() for launch in gpu.launches)
     assert _entry(a, w, None, precision) is fast_path.NOT_FAST
+
+
+@pytest.mark.parametrize("bias_shape", [(4, 36), (16, 1, 36), (4, 1), (36,), ()])
+def test_a_linear_on_uncopyable_rows_keeps_f_linears_bias_broadcasting(emulated_gpu, bias_shape):
+    """A bias that broadcasts over x's leading dims too (F.linear allows it), and a 1-D weight:
+    the rows are still folded by a copy where the product allows it, and the result is F.linear's."""
+    x = torch.randn(4, 16, 40).transpose(0, 1)  # (16, 4, 40): rows merge only by a copy
+    w, bias = torch.randn(36, 40), torch.randn(bias_shape)
+    torch.testing.assert_close(fastmm.linear(x, w, bias, precision="ieee"), torch.nn.functional.linear(x, w, bias),
+                               rtol=1e-5, atol=1e-5)
+    w1 = torch.randn(40)
+    torch.testing.assert_close(fastmm.linear(x, w1, precision="ieee"), torch.nn.functional.linear(x, w1),
+                               rtol=1e-5, atol=1e-5)

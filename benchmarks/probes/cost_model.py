@@ -87,7 +87,7 @@ def measure_row(s: dict, precision: str, device, l2: int) -> dict:
         if alt.kernel is not None:
             row.update(other="fp32", other_kernel=alt.kernel.family, other_predicted_us=cost.predict(alt).total_us)
             row["other_measured_us"] = gpu_us(s, x, lambda j: fastmm.matmul(x.a[j], x.b[j], out=x.c[j], precision="ieee"))
-    elif precision != "ieee" and plan.origin.startswith("heuristic, cost model"):
+    elif precision != "ieee" and "cost model: ran full fp32" in plan.origin:
         # the cost model moved this TF32 request to fp32: the tensor-core plan it turned down
         family = next(name for name, why in plan.rejected if "cost model predicts" in why)
         tc = plan_for(plan.problem, index, force=family)
