@@ -95,9 +95,14 @@ SKINNY_MEMORY_EFFICIENCY = 1.0
 #: (x @ W.t() with both read so: 46 against 51 TFLOP/s, RESULTS run 16).
 SIMT_ELEM_K_PENALTY = 0.95
 #: Blocks per SM that registers allow, by family (threads and shared memory are checked too):
-#: the SIMT 16 x 8 thread tiles and wgmma's 384-thread block take a whole SM.
+#: wgmma's 384-thread block takes a whole SM; the SIMT families by their registers a thread
+#: (``SIMT_REGISTERS``).
 REGISTER_RESIDENT = {"simt_cp_async": 2, "simt_float4": 2, "wgmma_tf32": 1, "tf32_mma": 2, "kmajor_mma": 2,
                      "skinny": 4, "skinny_kmajor": 4, "scalar": 8}
+#: Registers a thread of the SIMT families takes, by its thread tile's rows (ptxas -v, NOTES run
+#: 20: the 16 x 8 tiles at the 255 cap, the 8 x 8 ones ~168).
+SIMT_REGISTERS = {16: 255, 8: 168}
+REGISTERS_PER_SM = 65536
 SKINNY_FAMILIES = ("skinny", "skinny_kmajor")
 #: The arches whose efficiencies were measured: the planner acts on the model's predictions only
 #: there (elsewhere they are shown, not used).
@@ -149,7 +154,11 @@ def resident_blocks(kernel, dev: DeviceFacts) -> int:
     threads = max(1, math.prod(kernel.block_dims))
     by_threads = max(1, 2048 // threads)
     by_smem = max(1, dev.smem_per_sm // (kernel.smem + 1024)) if kernel.smem else 32
-    return max(1, min(by_threads, by_smem, REGISTER_RESIDENT.get(kernel.family, 2), 32))
+    by_regs = REGISTER_RESIDENT.get(kernel.family, 2)
+    if kernel.family in ("simt_cp_async", "simt_float4"):
+        regs = SIMT_REGISTERS[16 if dict(kernel.macros).get("THREAD_M") == 16 else 8]
+        by_regs = max(1, REGISTERS_PER_SM // (threads * regs))
+    return max(1, min(by_threads, by_smem, by_regs, 32))
 
 
 def _rate_per_sm(kernel, p: Problem, dev: DeviceFacts) -> float:
@@ -205,7 +214,12 @@ def predict(plan) -> Prediction | None:
             tile_flops = 2.0 * bm * bn * k_per_block
             blocks = kernel.grid[0] * split * p.batch_total
             waves = blocks / slots
-            compute = math.ceil(waves) * (resident * tile_flops / rate + WAVE_US.get(kernel.family, 4.0))
+            # whole waves of ``resident`` blocks an SM, then the rest spread one per SM first:
+            # the SM with the most blocks sets the last wave's time
+            full, rest = divmod(blocks, slots)
+            tile_us = tile_flops / rate
+            compute = full * resident * tile_us + math.ceil(rest / dev.sm_count) * tile_us
+            compute += math.ceil(waves) * WAVE_US.get(kernel.family, 4.0)
             if split > 1:
                 memory += 2 * 4.0 * kernel.split_slices * p.M * p.N / bw  # slices written, read back
     total = max(compute, memory) + OVERLAP_LOSS * min(compute, memory) + LAUNCH_US * launches
