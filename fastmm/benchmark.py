@@ -219,30 +219,19 @@ def rel_error(c: torch.Tensor, ref: torch.Tensor) -> float:
     return num / denom if denom else num
 
 
-def kernel_label(a, b, c, precision) -> str:
+def kernel_label(a, b, c, precision) -> tuple[str, float | None]:
+    """The kernel fastmm plans for this call ("family BMxBNxBK", or torch and why) and the cost
+    model's GPU time for that plan (fastmm.cost; None for torch), from one explain."""
     import fastmm
 
     try:
         exp = fastmm.explain(a, b, precision=precision, out=c)
     except Exception as exc:  # the label must never sink a benchmark row
-        return f"? ({type(exc).__name__}: {exc})"
+        return f"? ({type(exc).__name__}: {exc})", None
     if exp.kernel is None:
-        return "torch (" + str(exp.fallback) + ")"
+        return "torch (" + str(exp.fallback) + ")", None
     tile = exp.launch.get("tile")
-    return exp.kernel + (f" {tile[0]}x{tile[1]}x{tile[2]}" if tile else "")
-
-
-def predicted_us(a, b, c, precision) -> float | None:
-    """The cost model's GPU time for fastmm's plan of this call (fastmm.cost), or None."""
-    import fastmm
-    from .cost import predict
-
-    try:
-        plan = fastmm.explain(a, b, precision=precision, out=c).plan
-        pred = predict(plan) if plan is not None else None
-    except Exception:  # (a prediction must never sink a benchmark row)
-        return None
-    return None if pred is None else pred.total_us
+    return exp.kernel + (f" {tile[0]}x{tile[1]}x{tile[2]}" if tile else ""), exp.prediction.total_us
 
 
 def bench_one(s: dict, precision: str, opts, device: torch.device, l2_bytes: int, ref_cache: dict) -> dict:
@@ -266,8 +255,7 @@ def bench_one(s: dict, precision: str, opts, device: torch.device, l2_bytes: int
 
     fns = {"fastmm": run_fastmm, "torch": run_torch}
     with TorchPrecision(precision), torch.no_grad():
-        row["kernel"] = kernel_label(x.a[0], x.b[0], x.c[0], precision)
-        row["predicted_us"] = predicted_us(x.a[0], x.b[0], x.c[0], precision)
+        row["kernel"], row["predicted_us"] = kernel_label(x.a[0], x.b[0], x.c[0], precision)
         # correctness on the side (not timed): both results against float64
         if not opts.no_check:
             key = (s["name"], s["M"], s["N"], s["K"], s.get("batch", 1))

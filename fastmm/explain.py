@@ -29,8 +29,8 @@ class Explanation:
     # "heuristic", "tuned: <measurements>" (fastmm.tune), "forced: <family>", or why a stored
     # tuned choice was ignored
     choice: str = "heuristic"
-    # The cost model's GPU time for the plan (fastmm.cost), as text; "" for torch.matmul
-    predicted: str = ""
+    # The cost model's GPU time for the plan (fastmm.cost); None for torch.matmul
+    prediction: cost.Prediction | None = None
 
     def __str__(self) -> str:
         s = self.shapes
@@ -47,8 +47,8 @@ class Explanation:
         else:
             lines.append(f"  kernel: {self.kernel}")
             lines.append(f"  choice: {self.choice}")
-            if self.predicted:
-                lines.append(f"  predicted: {self.predicted}")
+            if self.prediction is not None:
+                lines.append(f"  predicted: {self.prediction.describe()}")
             lines.append("  parameters: " + ", ".join(f"{k}={v}" for k, v in self.parameters.items()))
             lines.append("  launch: " + ", ".join(f"{k}={v}" for k, v in self.launch.items()))
             lines.append(f"  cache: {self.cache}")
@@ -96,7 +96,7 @@ def explain(a: torch.Tensor, b: torch.Tensor, *, precision: str | None = None,
         if plan.reduce is not None:
             exp.launch["then"] = plan.reduce.describe()
         exp.cache = cache_state(plan)
-        exp.predicted = cost.predict(plan).describe()
+        exp.prediction = cost.predict(plan)
     return exp
 
 

@@ -175,8 +175,8 @@ def test_an_ignored_tuned_choice_keeps_the_cost_models_reason(monkeypatch):
 def test_explain_prints_the_prediction(emulated_gpu):
     a, b = torch.randn(256, 512), torch.randn(512, 384)
     exp = fastmm.explain(a, b, precision="ieee")
-    assert exp.predicted.endswith("waves)") and "us predicted" in exp.predicted
-    assert f"predicted: {exp.predicted}" in str(exp)
+    assert exp.prediction == cost.predict(exp.plan)
+    assert f"predicted: {exp.prediction.describe()}" in str(exp) and "us predicted" in str(exp)
 
 
 def test_launch_bound_requests_keep_the_preference_order():
