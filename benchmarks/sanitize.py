@@ -23,10 +23,11 @@ the splitk_reduce pass), over:
     batch 3 (also with a broadcast B), a batch past the grid.z limit, a partial last wave;
   - split-K counts, including splits that get no k-tile at all (their slice must still be written);
   - stream-K plans (whole waves of tiles, the rest in pieces, then the fixup pass).
-  - staged operands (copied by fastmm into a zero-padded, 16-byte aligned buffer before the launch).
+  - staged operands (copied by fastmm into a zero-padded, 16-byte aligned buffer before the launch;
+    for simt_cp_async also a K-contiguous B of a large product, transposed into a row-major copy).
 The driver itself runs no torch kernel on the GPU: operands and outputs are built on the CPU and
-copied over, references are computed on the CPU in float64. (fastmm's own staging copies are torch
-copy/fill kernels.) So what the sanitizer reports comes from fastmm's calls.
+copied over, references are computed on the CPU in float64. (fastmm's own staging copies are its
+stage_kmajor kernel.) So what the sanitizer reports comes from fastmm's calls.
 
 Checks: inputs are small integers, exact in TF32 and summed exactly in fp32, so every kernel must
 reproduce the float64 product bit for bit (plus a few randn cases within the precision's
@@ -310,6 +311,13 @@ def family_cases(dev: DeviceFacts, family: str, precision: str, quick: bool) -> 
         add("staging", 1024, 5, 7)  # B staged
         add("staging", 1030, 130, 65, b_t=False, offsets=(0, 1, 2))
         if family == "simt_cp_async":
+            # a K-contiguous B (x @ W.t()) of TRANSPOSE_B_MIN_M rows or more on the 128 x 256
+            # tile: copied row-major (stage_kmajor transposes it through shared memory); float4
+            # reads of W, and single floats (K odd; a 4-byte aligned W; padded rows)
+            add("staging_wt", 769, 8191, 36, b_t=True)
+            if not quick:
+                add("staging_wt", 800, 6000, 67, b_t=True, offsets=(0, 1, 0))
+                add("staging_wt", 777, 8192, 40, b_t=True, c_t=True, pad=3)
             # split-K of a few slices summed by the last block of each tile (SPLIT_FUSED): a
             # 1024-token product; odd extents (single-float workspace and C), C transposed, offsets
             fused = [(512, 512, 1024, {"b_t": True}), (999, 1001, 1100, {"a_t": True, "c_t": True, "offsets": (1, 2, 3)})]

@@ -253,29 +253,14 @@ def run(s: Shapes, c: torch.Tensor, precision: str, force: str | None = None,
 
 def launch_plan(hit: Prepared, s: Shapes, c: torch.Tensor, problem: Problem, offsets, dev_index: int,
                 epilogue: "Epilogue | None" = None) -> None:
-    """Stage operands if the plan says so, then queue the kernel(s) on the current stream, once
-    per launch offset (batch dims the kernel cannot walk; a problem with an epilogue has one)."""
+    """Queue the plan's kernel(s) on the current stream, once per launch offset (batch dims the
+    kernel cannot walk; a problem with an epilogue has one). Staged operands are copied by the
+    plan's stagers, in its runner."""
     plan = hit.plan
     epi = epilogue.args(plan.swap_ab) if epilogue is not None else ()
     stream = current_stream(dev_index)
     p = plan.launch_problem or problem
     pa, pb, pc = s.a.data_ptr(), s.b.data_ptr(), c.data_ptr()
-    staged = []  # every staging buffer stays referenced until its kernel is queued
-    if not plan.stagers:  # copies torch makes (a family with stagers makes its own, in its runner)
-        for which, rows, cols in plan.staging:
-            # Zero-padded aligned copy of an operand that 16-byte loads could not read in place. The
-            # buffers may be freed on return: PyTorch's allocator is stream-ordered, so they are not
-            # handed out again before the kernel queued below has run. (Dropping the first buffer
-            # before the second is allocated let the second reuse its memory: caught by memcheck.)
-            src = s.a.reshape(s.M, s.K) if which == "a" else s.b.reshape(s.K, s.N)
-            buf = torch.empty(rows, cols, dtype=FLOAT32, device=c.device)
-            staged.append(buf)
-            buf[:, src.shape[1]:].zero_()
-            buf[:, :src.shape[1]].copy_(src)
-            if which == "a":
-                pa = buf.data_ptr()
-            else:
-                pb = buf.data_ptr()
     runner = runners.runner_for(plan, hit.kernel, hit.second, p, c.device)
     if runner is not None:
         for oa, ob, oc in offsets:

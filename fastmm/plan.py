@@ -186,7 +186,7 @@ def _select_in_order(p: Problem, dev: DeviceFacts, force: str | None, variants: 
     assert chosen is not None  # scalar accepts everything that passed _problem_fallback
     fam = family_of(chosen.family, variants)
     used = fam.precision_computed(p)
-    launch_p, staging, swap = fam.staging(p)
+    launch_p, staging, swap = fam.staging(p, dev)
     if staging or swap:
         chosen = fam.configure(launch_p, dev)
     chosen, reduce = with_epilogue(p, chosen, second_pass_config(p, dev, chosen))

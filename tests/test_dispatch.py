@@ -12,7 +12,7 @@ import torch
 
 import fastmm
 from fastmm import dispatch, fast_path
-from fastmm.families import Skinny
+from fastmm.families import LOAD_ELEM_K, LOAD_VEC_FAST, Skinny, simt_core
 from fastmm.problem import DeviceFacts, Problem
 from fastmm.runtime import launcher, tensor_map
 from conftest import CudaLooking, relative_error
@@ -222,13 +222,38 @@ def test_batch_dims_the_kernel_cannot_walk_are_launched_once_per_outer_index(emu
 
 def test_a_staged_operand_is_read_from_its_padded_copy(emulated_gpu):
     """B with rows of 1023 floats (no 16-byte copies): copied into a zero-padded 1024-float pitch
-    by torch, and the GEMM reads the copy with the launch problem's strides."""
+    by the plan's stager (stage_kmajor, row by row), and the GEMM reads the copy with the launch
+    problem's strides."""
     a, b = torch.randn(2048, 128), torch.randn(128, 1023)
     result, plan, _ = dispatch.matmul_fastmm(a, b, None, "ieee")
     assert plan.staging == (("b", 128, 1024),) and plan.launch_problem.b_strides == (1024, 1)
-    (launch,) = emulated_gpu.launches
-    assert launch.pointers[1] != b.data_ptr() and launch.args[8:10] == (1024, 1)  # B's strides as passed
+    copy, gemm = emulated_gpu.launches
+    assert copy.family == "stage_kmajor" and dict(copy.cfg.macros)["SRC_R_CONTIG"] == 0
+    assert copy.pointers[0] == b.data_ptr() and copy.args[3:8] == (128, 1023, 1023, 1, 1024)
+    assert gemm.pointers[1] == copy.pointers[1] != b.data_ptr() and gemm.args[8:10] == (1024, 1)  # B's strides as passed
     assert relative_error(result, a, b) <= 1e-6
+
+
+def test_a_k_contiguous_b_of_a_large_product_is_transposed_first(emulated_gpu):
+    """x @ W.t() with M >= TRANSPOSE_B_MIN_M on the 128 x 256 tile: W (K-contiguous) is copied
+    row-major by stage_kmajor (through shared memory), and the SIMT GEMM reads that copy with
+    float4 loads along N; below that M, W is read in place."""
+    M = simt_core.TRANSPOSE_B_MIN_M
+    x, w = torch.randn(M, 36), torch.randn(8191, 36)
+    result, plan, _ = dispatch.matmul_fastmm(x, w.t(), None, "ieee")
+    assert plan.kernel.family == "simt_cp_async" and plan.staging == (("b", 36, 8192),)
+    assert dict(plan.kernel.macros)["B_MODE"] == LOAD_VEC_FAST and plan.kernel.tile[:2] == (128, 256)
+    copy, gemm = emulated_gpu.launches[:2]
+    assert copy.family == "stage_kmajor" and dict(copy.cfg.macros)["SRC_R_CONTIG"] == 1
+    assert copy.pointers[0] == w.data_ptr() and copy.args[3:8] == (36, 8191, 1, 36, 8192)
+    assert gemm.pointers[1] == copy.pointers[1] and gemm.args[8:10] == (8192, 1)
+    assert relative_error(result, x, w.t()) <= 1e-6
+    emulated_gpu.clear()
+    x = torch.randn(M - 1, 36)
+    result, plan, _ = dispatch.matmul_fastmm(x, w.t(), None, "ieee")
+    assert plan.staging == () and dict(plan.kernel.macros)["B_MODE"] == LOAD_ELEM_K
+    assert emulated_gpu.launches[0].pointers[1] == w.data_ptr()
+    assert relative_error(result, x, w.t()) <= 1e-6
 
 
 def test_a_variant_is_planned_and_cached_apart_from_the_registrys_family(emulated_gpu):

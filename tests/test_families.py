@@ -39,7 +39,7 @@ def test_every_family_answers_the_planners_questions(name):
     assert options and all(isinstance(o, tuple) for o in options)
     cfg = fam.configure(p, H200)
     assert cfg.family == name and cfg.source == fam.source and cfg.entry.startswith(fam.entry)
-    launch_p, staged, swap = fam.staging(p)
+    launch_p, staged, swap = fam.staging(p, H200)
     assert (launch_p is p and not staged and not swap) or name == "wgmma_tf32"  # dense and aligned: nothing to copy
     assert fam.stagers(p, ()) == ()
     assert fam.precision_computed(p) in PRECISIONS

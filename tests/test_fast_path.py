@@ -114,17 +114,26 @@ def test_a_vector_operand_gets_the_squeezed_result_from_the_fast_path(emulated_g
     assert emulated_gpu.slow_calls == 1
 
 
-def test_split_k_plans_with_staged_operands_stay_on_the_full_path(emulated_gpu):
-    """An operand torch copies per call (the kernel reads the copy): never a fast entry, and
-    remembered as such (NOT_FAST) so the next call does not analyse the layout again."""
+def test_staged_plans_take_the_fast_path_and_copy_on_every_call(emulated_gpu):
+    """A plan whose operand is copied first (here A, rows of 8191 floats, padded for tf32_mma's
+    16-byte copies; a split-K plan): its stager is a kernel of the plan, so the steady state
+    queues the copy and the GEMM (and its reduce) on every call, from the fast entry, reading
+    each call's own A."""
     gpu = emulated_gpu
     a, b = torch.randn(64, 8191), torch.randn(8191, 1024)  # rows of A: 8191 floats, not 16-byte aligned
     plan = fastmm.explain(a, b, precision="tf32").plan
-    assert plan.staging and not plan.stagers and plan.reduce is not None, plan.describe()
+    assert plan.staging == (("a", 64, 8192),) and plan.reduce is not None, plan.describe()
+    assert [k.family for k in plan.stagers] == ["stage_kmajor"]
     for _ in range(3):
+        a = torch.randn(64, 8191)
+        gpu.clear()
         _check(fastmm.matmul(a, b, precision="tf32"), a, b)
-    assert _entry(a, b, None, "tf32") is fast_path.NOT_FAST
-    assert gpu.slow_calls == 3
+        assert gpu.families == ["stage_kmajor", "tf32_mma", "splitk_reduce"]
+        assert gpu.launches[0].pointers[0] == a.data_ptr()  # this call's A is copied
+        assert gpu.launches[1].pointers[0] == gpu.launches[0].pointers[1]  # the GEMM reads the copy
+    entry = _entry(a, b, None, "tf32")
+    assert entry is not fast_path.NOT_FAST and entry is not None
+    assert gpu.slow_calls == 1
 
 
 def test_an_out_overlapping_an_input_is_not_written_by_the_split_k_fast_path(emulated_gpu):

@@ -403,6 +403,36 @@ def test_simt_families_serve_tf32_requests_at_fp32_accuracy(precision, rel_err):
         check(c, a, b, "ieee", rel_err)
 
 
+# --- x @ W.t() on SIMT: W (K-contiguous) copied row-major first (simt_core.transposes_b) -------
+
+# plain, stream-K (K odd), split-K in cluster pairs (on the H200), N past 2^15 and not a multiple of 4
+WT_STAGED = [(768, 16384, 1024), (1000, 4099, 1023), (2048, 3072, 1024), (2048, 50257, 768)]
+
+
+@pytest.mark.parametrize("M,N,K", WT_STAGED, ids=str)
+@pytest.mark.parametrize("w_offset", [0, 1])  # W's storage offset: float4 reads of W, or single floats
+@pytest.mark.parametrize("precision", ["ieee", "tf32x3"])
+def test_simt_reads_a_transposed_weight_from_its_row_major_copy(precision, w_offset, M, N, K, rel_err):
+    x, w = randn(M, K), at_offset((N, K), w_offset)
+    w_before = w.clone()
+    out, out2, untouched = guarded_outputs(M, N)
+    out.fill_(NAN)
+    out2.fill_(NAN)
+    plan = run_forced(x, w.t(), "simt_cp_async", precision, out)[1]
+    assert plan.staging == (("b", K, -(-N // 4) * 4),), plan.describe()
+    assert dict(plan.stagers[0].macros)["SRC_VEC"] == int(w_offset == 0 and K % 4 == 0)
+    check(out, x, w.t(), "ieee", rel_err)
+    fastmm.matmul(x, w.t(), out=out2, precision="ieee")  # the default plan: the same staging for ieee
+    check(out2, x, w.t(), "ieee", rel_err)
+    assert untouched() and torch.equal(w, w_before)
+    # the Linear path: a fused bias on the same plan, from the fast entry on later calls
+    bias = randn(N)
+    for _ in range(2):
+        y = fastmm.linear(x, w, bias, precision="ieee")
+        assert rel_err(y, x.double() @ w.double().t() + bias.double()) <= TOL["ieee"]
+    assert torch.equal(w, w_before)
+
+
 # --- exact answers ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("family,precision", FAMILY_PRECISIONS + [("default", p) for p in PRECISIONS],

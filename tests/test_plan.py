@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 
 import fastmm.families.simt_core as simt_core
 from fastmm.families import (FAMILIES, LOAD_ELEM_FAST, LOAD_ELEM_K, LOAD_NAMES, LOAD_VEC_FAST, LOAD_VEC_K,
-                             MAX_GRID_Z, MAX_SPLIT, SimtCpAsync, Skinny, second_pass_config, split_cap, split_k_for)
+                             MAX_GRID_Z, MAX_SPLIT, SimtCpAsync, Skinny, WgmmaTf32, second_pass_config, split_cap,
+                             split_k_for)
 from fastmm.families.simt_core import FUSED_SPLIT_MAX, STAGE_MIN_FLOP_PER_BYTE
 from fastmm.families.work_split import MIN_KTILES_PER_SPLIT, split_time
 from fastmm.plan import INT32_MAX, MIN_CC, TINY_K, TINY_OUTPUTS, Plan, select
@@ -493,6 +494,7 @@ def no_staging(monkeypatch):
     """Plans that read every operand in place, so the tests below check the kernels' own load
     modes on misaligned memory (staging, which copies such operands first, is tested apart)."""
     monkeypatch.setattr(simt_core, "STAGE_MIN_FLOP_PER_BYTE", float("inf"))
+    monkeypatch.setattr(simt_core, "TRANSPOSE_B_MIN_M", float("inf"))
 
 # --- load modes: no vector access where the layout or alignment forbids it ----------------------
 
@@ -592,7 +594,7 @@ def test_one_misaligned_operand_loses_vectors_only_there(which, no_staging):
 
 
 @pytest.mark.parametrize("arch", SM80_PLUS)
-def test_transposed_views_get_matching_load_modes_and_smem_layouts(arch):
+def test_transposed_views_get_matching_load_modes_and_smem_layouts(arch, no_staging):
     row = Problem.dense(1024, 1024, 1024)
     at = Problem.dense(1024, 1024, 1024, a_t=True)
     bt = Problem.dense(1024, 1024, 1024, b_t=True)
@@ -1385,6 +1387,21 @@ def test_large_unaligned_problems_stage_b_for_simt_and_a_and_b_for_tf32(arch):
         assert "staged: B transposed copied K-major (4095x4096, 16-byte aligned rows" in plan.describe()
 
 
+def test_wgmma_takes_the_128_wide_tile_where_n_is_at_most_128():
+    """A batched Q @ K^T at 128 keys fills the SMs with 256-wide tiles, half of each padding: the
+    128-wide tile instead (H200: 51.8 -> 44.8 us, RESULTS run 18), as for any N <= 128; N = 129 and
+    the fill rule's own choices as before; ``narrow_n_tile=False`` is the old rule."""
+    dev = DEV["sm_90"]
+    bn = lambda p, *v: macros(select(p, dev, variants=v))["BN"]  # noqa: E731
+    for N in (64, 128):
+        p = Problem.dense(128, N, 64, "tf32", batch=1024, b_t=True)
+        assert bn(p) == 128 and bn(p, WgmmaTf32(narrow_n_tile=False)) == 256
+    assert bn(Problem.dense(128, 129, 64, "tf32", batch=1024, b_t=True)) == 256
+    assert bn(Problem.dense(4096, 4096, 4096, "tf32", b_t=True)) == 256
+    # tf32x3 has the 128-wide tile only
+    assert bn(Problem.dense(128, 128, 64, "tf32x3", batch=1024, b_t=True), WgmmaTf32(narrow_n_tile=False)) == 128
+
+
 def test_wgmma_copies_an_operand_with_a_zero_row_stride():
     """x.expand(M, K) has row stride 0: no tensor map for it (the copy engine's strides are
     positive), so the staging pass copies it; a K-major B^T expanded likewise."""
@@ -1443,8 +1460,28 @@ def test_staging_only_when_the_copy_is_cheap_and_the_layout_allows(arch):
         assert select(Problem.dense(4096, 4096, 4096, precision="tf32"), dev).staging == ()
     # batched: no staging (one buffer per launch)
     assert select(Problem.dense(2048, 2047, 2047, batch=2), dev).staging == ()
-    # transposed B (k-contiguous) is not staged: only row-contiguous operands are padded
-    assert not any(w == "b" for w, _, _ in select(Problem.dense(4097, 4095, 4093, b_t=True), dev).staging)
+    # transposed B (k-contiguous): copied row-major for SIMT products of TRANSPOSE_B_MIN_M rows
+    # or more (a transpose by stage_kmajor, through shared memory), read in place below that
+    # and when batched
+    plan = select(Problem.dense(4097, 4095, 4093, b_t=True), dev)
+    assert plan.staging == (("b", 4093, 4096),) and macros(plan)["B_MODE"] == LOAD_VEC_FAST
+    assert dict(plan.stagers[0].macros)["SRC_R_CONTIG"] == 1
+    assert "B (K-contiguous, as nn.Linear stores its weight) transposed into a row-major 4093x4096" in plan.describe()
+    m = simt_core.TRANSPOSE_B_MIN_M
+    assert select(Problem.dense(m, 16384, 1024, b_t=True), dev).staging == (("b", 1024, 16384),)
+    plan = select(Problem.dense(m - 1, 16384, 1024, b_t=True), dev)
+    assert plan.staging == () and macros(plan)["B_MODE"] == LOAD_ELEM_K
+    # only where the in-place plan takes the 128 x 256 tile and no fused split (the smaller tiles
+    # gain at most 2% from a row-major B; a fused split's sum would spill with it)
+    for p in (Problem.dense(m, 4096, 4096, b_t=True), Problem.dense(m, 3072, 1024, b_t=True)):
+        in_place = select(p, dev, variants=(SimtCpAsync(transpose_b=False),)).kernel
+        big = in_place.tile[:2] == (128, 256) and not in_place.split_fused
+        assert select(p, dev).staging == ((("b", p.K, p.N),) if big else ())
+        if arch == "sm_90":  # (768 x 4096 and 768 x 3072 outputs: split 128 x 128 tiles here)
+            assert not big
+    assert select(Problem.dense(2048, 4096, 4096, b_t=True, batch=2), dev).staging == ()
+    variant = (SimtCpAsync(transpose_b=False),)
+    assert select(Problem.dense(4096, 4096, 4096, b_t=True), dev, variants=variant).staging == ()
     # a misaligned pointer alone (N % 4 == 0) is staged too
     plan = select(Problem.dense(4096, 4096, 4096, align=4), dev)
     assert ("b", 4096, 4096) in plan.staging and macros(plan)["B_MODE"] == LOAD_VEC_FAST

@@ -24,7 +24,7 @@ from .simt_cp_async import SimtCpAsync
 from .simt_float4 import SimtFloat4
 from .skinny import Skinny
 from .skinny_kmajor import SkinnyKmajor
-from .stage_kmajor import kmajor_batch, kmajor_source, stage_kmajor_config
+from .stage_kmajor import kmajor_batch, kmajor_source, row_copy_source, stage_kmajor_config, stage_rows_config
 from .tf32_mma import Tf32Mma
 from .wgmma_tf32 import MapSpec, WgmmaTf32
 from .work_split import (MAX_SPLIT, second_pass_config, split_cap, split_k_for, splitk_reduce_config,
@@ -45,5 +45,6 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
 __all__ = ["FAMILIES", "Family", "KernelConfig", "StreamK", "MapSpec", "KmajorMma", "Scalar", "SimtCore", "SimtCpAsync",
            "SimtFloat4", "Skinny", "SkinnyKmajor", "Tf32Mma", "WgmmaTf32", "DEFAULT_SMEM", "MAX_GRID_Z", "MAX_SPLIT", "SPLIT_FLAGS",
            "LOAD_VEC_FAST", "LOAD_VEC_K", "LOAD_ELEM_K", "LOAD_ELEM_FAST", "LOAD_NAMES", "vec_ok",
-           "kmajor_batch", "kmajor_source", "stage_kmajor_config", "second_pass_config", "split_cap",
+           "kmajor_batch", "kmajor_source", "row_copy_source", "stage_kmajor_config", "stage_rows_config",
+           "second_pass_config", "split_cap",
            "split_k_for", "splitk_reduce_config", "stream_k_fixup_config"]

@@ -158,7 +158,7 @@ class Family:
         option (one of :meth:`options`)."""
         raise NotImplementedError  # pragma: no cover
 
-    def staging(self, p: Problem) -> Staging:
+    def staging(self, p: Problem, dev: DeviceFacts) -> Staging:
         """Operands to copy before the launch, and the problem the kernel then sees. None here."""
         return p, (), False
 

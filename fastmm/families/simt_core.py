@@ -15,6 +15,14 @@ from .work_split import split_k_for, stream_k_for
 #: Stage an operand only when the product does at least this many FLOP per byte the copy moves
 #: (a read and a write of the operand): then the copy costs < ~1% next to the product.
 STAGE_MIN_FLOP_PER_BYTE = 256
+#: A K-contiguous B (``x @ W.t()``) is copied row-major first (stage_kmajor transposes it) for
+#: SIMT products of at least this many rows: the tile then loads B with 16-byte cp.async along N,
+#: where in place it copies single floats along K. H200 (RESULTS run 17): 2048x14336x4096 ran at
+#: 46.2 TFLOP/s on W^T and 51.6 on a row-major W. The copy reads and writes W once (8 bytes an
+#: element, ~2.3 ps at 3.5 TB/s); the ~10% it saves is 2 x M FLOP an element at 46 TFLOP/s, so it
+#: pays from M ~ 550. Measured (RESULTS run 18, the 128 x 256 tile): 512 rows 0.98-1.02x, 768
+#: rows 1.01-1.05x, 2048 1.04-1.10x, 8192 1.05-1.13x of B read in place; hence 768.
+TRANSPOSE_B_MIN_M = 768
 #: Split-K plans of at most this many slices sum them in their own last block per tile
 #: (SPLIT_FUSED): that block reads every slice of its tile, one L2 round trip per slice and 8
 #: rows of its thread tile, where splitk_reduce spreads the sum over the whole GPU but costs a
@@ -39,17 +47,21 @@ def fused_split_spills(tile: tuple[int, int, int], a: int, b: int, out_vec: bool
     return (wm, wn, tm) == (1, 2, 8) and b == LOAD_ELEM_K and epilogue and not out_vec
 
 
-def padded_copies(p: Problem, copy_a: bool):
+def padded_copies(p: Problem, copy_a: bool, transpose_b: bool = False):
     """Copy plan for operands that are contiguous along their row but cannot be read with 16-byte
     vectors (N or K not a multiple of 4, odd row pitch or pointer): a zero-padded aligned copy
     turns 4-byte copies into 16-byte ones. Batch 1 only. B always; A only where ``copy_a`` (the
-    SIMT families read a k-contiguous A with 4-byte copies anyway: they transpose it)."""
+    SIMT families read a k-contiguous A with 4-byte copies anyway: they transpose it). With
+    ``transpose_b`` (the caller checked :func:`transposes_b`), B is copied row-major whatever its
+    alignment: a K-contiguous B (nn.Linear's weight in ``x @ W.t()``) transposed."""
     if p.batch_total != 1:
         return p, (), False
     flop = 2 * p.M * p.N * p.K
     staged = []
     sBk, sBn = p.b_strides
-    if sBn == 1 and p.N > 1 and not vec_ok(p.N, sBk, (0, 0), p.b_align) and flop >= STAGE_MIN_FLOP_PER_BYTE * 8 * p.K * p.N:
+    if transpose_b or (
+            sBn == 1 and p.N > 1 and not vec_ok(p.N, sBk, (0, 0), p.b_align)
+            and flop >= STAGE_MIN_FLOP_PER_BYTE * 8 * p.K * p.N):
         n4 = -(-p.N // 4) * 4
         p = replace(p, b_strides=(n4, 1), b_align=16, b_batch_strides=(0, 0), b_padded=True)
         staged.append(("b", p.K, n4))
@@ -60,6 +72,13 @@ def padded_copies(p: Problem, copy_a: bool):
         p = replace(p, a_strides=(k4, 1), a_align=16, a_batch_strides=(0, 0), a_padded=True)
         staged.append(("a", p.M, k4))
     return p, tuple(staged), False
+
+
+def transposes_b(p: Problem) -> bool:
+    """Whether the SIMT tile reads ``p``'s B from a row-major copy instead of in place: B
+    K-contiguous (one matrix) and at least TRANSPOSE_B_MIN_M rows to amortise the copy."""
+    sBk, sBn = p.b_strides
+    return p.batch_total == 1 and sBk == 1 and sBn != 1 and p.N > 1 and p.K > 1 and p.M >= TRANSPOSE_B_MIN_M
 
 
 @dataclass(frozen=True)

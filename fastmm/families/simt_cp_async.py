@@ -4,12 +4,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..problem import Problem
 from .base import LOAD_ELEM_K
-from .simt_core import SimtCore, padded_copies
+from .simt_core import SimtCore, padded_copies, transposes_b
+from .stage_kmajor import stage_rows_config
 
 
 @dataclass(frozen=True)
 class SimtCpAsync(SimtCore):
+    """``transpose_b``: whether a K-contiguous B of a large product is copied row-major first
+    (:func:`.simt_core.transposes_b`); ``transpose_big_tile_only``: only where the in-place plan
+    takes the largest tile without a fused split (see :meth:`staging`). Variant switches for
+    benchmarks; the defaults are the measured choice."""
+
+    transpose_b: bool = True
+    transpose_big_tile_only: bool = True
+
     name, source, entry = "simt_cp_async", "simt_cp_async.cu", "fastmm_simt_cp_async"
     min_cc = (8, 0)
     a_transpose_mode = LOAD_ELEM_K  # cp.async cannot transpose a vector
@@ -48,5 +58,27 @@ class SimtCpAsync(SimtCore):
             stages -= 1
         return (("STAGES", stages),)
 
-    def staging(self, p):
-        return padded_copies(p, copy_a=False)
+    def staging(self, p, dev):
+        """B copied first where it is unaligned (:func:`.simt_core.padded_copies`), or, with
+        ``transpose_b``, K-contiguous in a large product (:func:`.simt_core.transposes_b`) whose
+        in-place plan takes the 128 x 256 tile and no fused split. Measured on the H200
+        (probes/transpose_b_probe.py; RESULTS run 18, NOTES run 22): that tile (16 x 8 outputs a
+        thread at 255 registers) runs 7-12% faster on a row-major B; the smaller tiles gain at most
+        2% from it, less than the copy costs (staged: 0.90-1.01x of in place at 512-2048 rows). A
+        fused split would also be lost: with B read as float4 its sum spills
+        (:func:`.simt_core.fused_split_spills`), so the copy would bring a reduce pass as well."""
+        transpose = self.transpose_b and transposes_b(p)
+        if transpose and self.transpose_big_tile_only:
+            in_place = self.configure(p, dev)
+            transpose = in_place.tile[:2] == self.tile_of(self.tile_options[0]) and not in_place.split_fused
+        return padded_copies(p, copy_a=False, transpose_b=transpose)
+
+    def stagers(self, p, staging):
+        return tuple(stage_rows_config(p, which) for which, _, _ in staging)
+
+    def describe_staging(self, p: Problem, which: str, rows: int, cols: int) -> str:
+        if which == "b" and p.b_strides[0] == 1 and p.b_strides[1] != 1:
+            return (f"B (K-contiguous, as nn.Linear stores its weight) transposed into a row-major {rows}x{cols} "
+                    "buffer (stage_kmajor), so the tile loads it with 16-byte cp.async along N, not single floats "
+                    "along K")
+        return super().describe_staging(p, which, rows, cols) + " (stage_kmajor)"

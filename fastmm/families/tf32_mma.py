@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from ..problem import DeviceFacts
 from .base import Family, KernelConfig, grid_of, k_dominant, pick_tile, round4, tiles_of, vec_ok, with_split_flags
 from .simt_core import padded_copies
+from .stage_kmajor import stage_rows_config
 from .work_split import split_k_for
 
 
@@ -137,8 +138,14 @@ class Tf32Mma(Family):
         return KernelConfig(self.name, self.source, self.entry, macros, threads, (threads, 1, 1),
                             grid_of(tiles_of(p, bm, bn), p.batch_total, split), per_stage * stages, (bm, bn, self.bk), details)
 
-    def staging(self, p):
+    def staging(self, p, dev):
         return padded_copies(p, copy_a=True)
+
+    def stagers(self, p, staging):
+        return tuple(stage_rows_config(p, which) for which, _, _ in staging)
+
+    def describe_staging(self, p, which, rows, cols):
+        return super().describe_staging(p, which, rows, cols) + " (stage_kmajor)"
 
     def precision_computed(self, p):
         return p.precision

@@ -6,7 +6,8 @@ once per launch offset) and the steady-state path (fastmm.fast_path) queue the s
   the GEMM alone, whose last block per tile does that sum (with the stream's arrival counters);
 - stream-K: whole tiles into C, the rest in pieces into a workspace, then the fixup pass;
 - wgmma: its K-major copies (stage_kmajor), the tensor maps, the GEMM (through
-  ``launcher.maps_launcher``).
+  ``launcher.maps_launcher``);
+- a pointer family's staged plan: its row-major copies (stage_kmajor), then any of the above.
 
 ``epi`` is a fused epilogue's arguments (D's pointer, then :func:`epilogue_tail`; empty for a plan
 without one),
@@ -21,7 +22,7 @@ import struct
 
 import torch
 
-from ..families import FAMILIES, kmajor_batch, kmajor_source
+from ..families import FAMILIES, kmajor_batch, kmajor_source, row_copy_source
 from ..problem import Problem
 from . import arrivals, launcher, tensor_map
 
@@ -124,7 +125,41 @@ def runner_for(plan, loaded, second, p: Problem, device):
     runner, or for pointer families :func:`plan_runner` (None: one plain launch)."""
     if FAMILIES[plan.kernel.family].launch_form == "tensor_maps":
         return wgmma_runner(plan, loaded, p, device)
-    return plan_runner(loaded, second, plan.kernel, p, device)
+    inner = plan_runner(loaded, second, plan.kernel, p, device)
+    if plan.stagers:
+        return rows_staging_runner(plan, inner, loaded, p, device)
+    return inner
+
+
+def rows_staging_runner(plan, inner, loaded, p: Problem, device):
+    """A pointer-family plan whose operands are first copied row-major by their stagers
+    (stage_kmajor.cu; one matrix each, the planner stages batch-1 problems only): each copy into
+    a fresh zero-padded buffer, then the GEMM (``inner``, or one plain launch) on the copies. The
+    buffers may be dropped on return: the caching allocator is stream-ordered, so their memory
+    is not handed out again before the GEMM queued after them has run."""
+    copies = []  # (copies A?, buffer floats, loaded stager, its arguments after (src, dst, dst2))
+    for (which, rows, pitch), stager in zip(plan.staging, plan.stagers):
+        _, cols, s_rows, s_cols, _ = row_copy_source(plan.problem, which)
+        copies.append((which == "a", rows * pitch, launcher.load(plan.device, stager),
+                       (rows, cols, s_rows, s_cols, pitch, 1, 1, 0, 0)))
+    tail = gemm_args(p)
+
+    def run(pa: int, pb: int, pc: int, stream: int, epi: tuple = ()) -> None:
+        staged = []  # referenced until the GEMM is queued
+        for is_a, floats, stager, args in copies:
+            buf = torch.empty(floats, dtype=torch.float32, device=device)
+            staged.append(buf)
+            dst = buf.data_ptr()
+            launcher.launch(stager, stream, (pa if is_a else pb, dst, dst) + args)
+            if is_a:
+                pa = dst
+            else:
+                pb = dst
+        if inner is not None:
+            inner(pa, pb, pc, stream, epi)
+        else:
+            launcher.launch(loaded, stream, (pa, pb, pc) + tail + epi)
+    return run
 
 
 def wgmma_runner(plan, loaded, p: Problem, device: torch.device):
