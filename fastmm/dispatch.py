@@ -153,8 +153,11 @@ def plan_for(problem: Problem, device_index: int, force: str | None = None,
     dev = device_facts(device_index)
     tuned = None if forced or variants else tuned_choice(problem, dev)
     plan = select(problem, dev, forced, tuned, variants)
-    failed = PLANS.failure(device_index, plan.kernel) if plan.kernel is not None else None
-    if failed is not None:  # this kernel failed to build earlier in this process
+    failed = None
+    if plan.kernel is not None:  # (a second pass or stager that failed counts for the plans that need it)
+        kernels = (k for k in (plan.kernel, plan.reduce, *plan.stagers) if k is not None)
+        failed = next(filter(None, (PLANS.failure(device_index, k) for k in kernels)), None)
+    if failed is not None:  # this kernel (or a copy it needs) failed to build earlier in this process
         plan = dataclasses.replace(plan, kernel=None, reduce=None, fallback=failed)
     return plan
 
@@ -174,26 +177,33 @@ def _prepare(key: tuple, s: Shapes, c: torch.Tensor, problem: Problem, force, va
             f"fastmm: kernel {plan.kernel.family} for this shape is not loaded yet, and compiling or loading it "
             "would break the CUDA graph being captured. Run the same call once before capturing, or call "
             "fastmm.warmup(a, b) first.")
+    cfg = plan.kernel
     try:
-        loaded = launcher.load(plan.device, plan.kernel)
-        second = launcher.load(plan.device, plan.reduce) if plan.reduce is not None else None
-        for stager in plan.stagers:  # loaded now; looked up again (a dict hit) at each launch
-            launcher.load(plan.device, stager)
+        loaded = launcher.load(plan.device, cfg)
+        second = None
+        if plan.reduce is not None:
+            cfg = plan.reduce
+            second = launcher.load(plan.device, cfg)
+        for cfg in plan.stagers:  # loaded now; looked up again (a dict hit) at each launch
+            launcher.load(plan.device, cfg)
     except (CompileError, LaunchError) as exc:
         # A kernel NVRTC rejects or the driver will not load must not take the model down:
         # remember it, warn once, and let torch.matmul serve this problem (explain says why).
         compile_error = isinstance(exc, CompileError)
         what = "failed to compile" if compile_error else "could not be loaded"
-        return _give_up(key, plan, f"kernel {plan.kernel.family} {what} ({str(exc).splitlines()[0]})",
-                        launch=not compile_error)
+        return _give_up(key, plan, f"kernel {cfg.family} {what} ({str(exc).splitlines()[0]})",
+                        launch=not compile_error, failed=cfg)
     return PLANS.put(key, Prepared(plan, loaded, second))
 
 
-def _give_up(key: tuple, plan: Plan, reason: str, launch: bool = False) -> Prepared:
-    """Remember that ``plan``'s kernel cannot serve (for this problem and any other that would
-    build the same kernel; a refused launch: with the same geometry), warn once, and hand the
-    problem to torch.matmul from now on."""
-    fkey = (PlanCache.launch_failure_key if launch else PlanCache.failure_key)(plan.device.index, plan.kernel)
+def _give_up(key: tuple, plan: Plan, reason: str, launch: bool = False, failed: KernelConfig | None = None
+             ) -> Prepared:
+    """Remember that kernel ``failed`` (default: ``plan``'s GEMM; a stager or second pass that
+    failed is remembered as itself, so plans that do not need it still run) cannot serve, for
+    this problem and any other that would build the same kernel (a refused launch: with the same
+    geometry); warn once, and hand the problem to torch.matmul from now on."""
+    failed = failed or plan.kernel
+    fkey = (PlanCache.launch_failure_key if launch else PlanCache.failure_key)(plan.device.index, failed)
     PLANS.failed[fkey] = reason
     warn_once(f"fastmm: {reason}; torch.matmul serves these calls instead")
     return PLANS.put(key, Prepared(dataclasses.replace(plan, kernel=None, reduce=None, fallback=reason)))

@@ -1,10 +1,10 @@
 """The steady-state path of ``fastmm.matmul``: after a first call of a layout has planned and
 loaded its kernels (:mod:`fastmm.dispatch`), the next identical call is one dict lookup, (an
-allocation,) and one launch (split-K, stream-K: two; wgmma: its copies and the GEMM).
+allocation,) and one launch (split-K, stream-K: two; a staged plan: its copies and the GEMM).
 
 The key holds everything the plan depends on that can be read cheaply: shapes, strides, dtypes,
 devices, pointer alignment, precision and the environment switches. A layout that never takes
-this path (several launch offsets, operands torch must stage) is remembered as such too, so it
+this path (several launch offsets, rows folded by a copy) is remembered as such too, so it
 is analysed once, not on every call. ``F.linear``'s product (every Linear layer's forward) has
 a key of its own, read from x, the weight and the bias as they are (:func:`compute_linear`):
 the same information, without making the transposed weight's view per call.
@@ -73,9 +73,9 @@ def ranges_overlap(entry: FastEntry, a: torch.Tensor, b: torch.Tensor, out: torc
 def remember(key: tuple, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, precision: str,
              epilogue: tuple | None = None) -> None:
     """After a first call has planned and loaded the kernel: keep what the next identical call
-    needs. Only for one launch offset, no operands staged by torch (the SIMT and mma.sync
-    families' padded copies), K > 0, and an ``out`` (if any) that already had the right shape and
-    is written directly. ``epilogue``: (d, alpha, beta) of a call launched fused
+    needs. Only for one launch offset, K > 0, A's rows not folded by a copy, and an ``out`` (if
+    any) that already had the right shape and is written directly (staged plans too: their
+    runner makes the copies each call). ``epilogue``: (d, alpha, beta) of a call launched fused
     (:func:`compute_fused`)."""
     s = analyse(a, b)
     if s.K == 0 or any(n == 0 for n in s.batch + (s.M, s.N)):
@@ -102,7 +102,7 @@ def remember(key: tuple, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | N
     plan = hit.plan
     if len(ENTRIES) >= dispatch.MAX_CACHED_SHAPES:
         ENTRIES.clear()
-    if len(offsets) != 1 or plan.kernel is None or (plan.staging and not plan.stagers):
+    if len(offsets) != 1 or plan.kernel is None:
         # Never fast for this key (these depend on the problem only): remember that too, so the
         # next call does not analyse the problem a third time just to find out again.
         ENTRIES[key] = NOT_FAST

@@ -44,7 +44,7 @@ class Plan:
     # (N rows of K), the K-major copy the wgmma family reads.
     staging: tuple[tuple[str, int, int], ...] = ()
     launch_problem: Problem | None = None
-    # The kernels that make the staged copies, one per staging entry; empty where torch copies.
+    # The kernels that make the staged copies, one per staging entry.
     stagers: tuple[KernelConfig, ...] = ()
     # Where the choice came from: "heuristic", "tuned: <measurements>", "forced: <family>", or
     # "heuristic (tuned choice ... ignored: <why>)".
@@ -190,7 +190,7 @@ def _select_in_order(p: Problem, dev: DeviceFacts, force: str | None, variants: 
     if staging or swap:
         chosen = fam.configure(launch_p, dev)
     chosen, reduce = with_epilogue(p, chosen, second_pass_config(p, dev, chosen))
-    stagers = fam.stagers(p, staging) if staging else ()
+    stagers = _stagers(fam, p, staging)
     return Plan(p, dev, chosen, used, tuple(rejected), None, reduce, staging, launch_p if staging or swap else None,
                 stagers, swap_ab=swap, variants=variants)
 
@@ -229,14 +229,29 @@ def select(p: Problem, dev: DeviceFacts, force: str | None = None, tuned: TunedC
     if why_not is not None:
         plan = _select(p, dev, None, variants)
         return replace(plan, origin=f"{plan.origin} (tuned choice {tuned.label()} ignored: {why_not})")
-    plan = _select(p, dev, tuned.family, variants)  # the family with its staging; the others' reasons
+    plan = _select(p, dev, tuned.family, variants)  # the family and the others' reasons
     if plan.kernel is None:
         return plan
-    chosen = _configure(family_of(tuned.family, variants), plan.launch_problem or p, dev, tuned.option)
+    fam = family_of(tuned.family, variants)
+    # the copies for the tuned option's own tile (simt_cp_async transposes W^T for its largest
+    # tile only), so the tuner times each option as it would run
+    launch_p, staging, swap = fam.staging(p, dev, tuple(tuned.option) or None)
+    stagers = _stagers(fam, p, staging)
+    chosen = _configure(fam, launch_p, dev, tuned.option)
     chosen, reduce = with_epilogue(p, chosen, second_pass_config(p, dev, chosen))
     rejected = tuple((name, reason.replace(" (forced)", " (tuned)")) for name, reason in plan.rejected)
     origin = "tuned" + (f": {tuned.provenance}" if tuned.provenance else "")
-    return replace(plan, kernel=chosen, reduce=reduce, rejected=rejected, origin=origin)
+    return replace(plan, kernel=chosen, reduce=reduce, rejected=rejected, origin=origin, staging=staging,
+                   stagers=stagers, launch_problem=launch_p if staging or swap else None, swap_ab=swap)
+
+
+def _stagers(fam: Family, p: Problem, staging) -> tuple[KernelConfig, ...]:
+    """The kernels that make ``staging``'s copies: one per copy (every copy is a fastmm kernel;
+    a runner launches the GEMM on the copies only where it made them)."""
+    stagers = fam.stagers(p, staging) if staging else ()
+    if len(stagers) != len(staging):
+        raise AssertionError(f"family {fam.name} stages {len(staging)} operand(s) with {len(stagers)} kernel(s)")
+    return stagers
 
 
 def tuned_reject_reason(p: Problem, dev: DeviceFacts, tuned: TunedChoice) -> str | None:

@@ -13,6 +13,7 @@ import torch
 import fastmm
 from fastmm import dispatch, fast_path
 from fastmm.families import LOAD_ELEM_K, LOAD_VEC_FAST, Skinny, simt_core
+from fastmm.plan import select
 from fastmm.problem import DeviceFacts, Problem
 from fastmm.runtime import launcher, tensor_map
 from conftest import CudaLooking, relative_error
@@ -254,6 +255,36 @@ def test_a_k_contiguous_b_of_a_large_product_is_transposed_first(emulated_gpu):
     assert plan.staging == () and dict(plan.kernel.macros)["B_MODE"] == LOAD_ELEM_K
     assert emulated_gpu.launches[0].pointers[1] == w.data_ptr()
     assert relative_error(result, x, w.t()) <= 1e-6
+
+
+def test_a_copy_kernel_that_fails_to_build_is_remembered_as_itself(emulated_gpu, monkeypatch):
+    """The stager of a staged plan (stage_kmajor) that fails to compile: that call falls back to
+    torch with a warning naming stage_kmajor, and the failure is recorded under the stager, so
+    the same GEMM kernel (a row-major W: no copy) still serves its own calls."""
+    from fastmm.errors import FastmmWarning
+    from fastmm.runtime.compiler import CompileError
+
+    def load(dev, cfg):
+        if cfg.family == "stage_kmajor":
+            raise CompileError("NVRTC failed on stage_kmajor.cu: error: simulated failure")
+        return cfg
+    monkeypatch.setattr(launcher, "load", load)
+    M = simt_core.TRANSPOSE_B_MIN_M
+    x, w = torch.randn(M, 36), torch.randn(8192, 36)
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        result, plan, reason = dispatch.matmul_fastmm(x, w.t(), None, "ieee")
+    assert reason is not None and "stage_kmajor failed to compile" in reason and "simulated failure" in reason
+    assert [str(r.message) for r in rec if issubclass(r.category, FastmmWarning)][0].startswith(
+        "fastmm: kernel stage_kmajor failed to compile")
+    assert emulated_gpu.launches == [] and relative_error(result, x, w.t()) <= 1e-6  # torch served it
+    assert dispatch.plan_for(plan.problem, 0).kernel is None  # (the plan needing the copy: torch from now on)
+    staged_gemm = select(plan.problem, dispatch.device_facts(0)).kernel
+    row = torch.empty(36, 8192)  # the same product with W row-major: the same GEMM, no copy
+    row.copy_(w.t())  # (torch.empty: memory the emulation knows)
+    result, plan, reason = dispatch.matmul_fastmm(x, row, None, "ieee")
+    assert reason is None and plan.kernel == staged_gemm and not plan.staging
+    assert emulated_gpu.families == ["simt_cp_async"] and relative_error(result, x, row) <= 1e-6
 
 
 def test_a_variant_is_planned_and_cached_apart_from_the_registrys_family(emulated_gpu):

@@ -419,8 +419,15 @@ def test_simt_reads_a_transposed_weight_from_its_row_major_copy(precision, w_off
     out.fill_(NAN)
     out2.fill_(NAN)
     plan = run_forced(x, w.t(), "simt_cp_async", precision, out)[1]
-    assert plan.staging == (("b", K, -(-N // 4) * 4),), plan.describe()
-    assert dict(plan.stagers[0].macros)["SRC_VEC"] == int(w_offset == 0 and K % 4 == 0)
+    # (staged where the in-place plan takes the 128 x 256 tile without a fused split: on the
+    # H200 all four; a GPU with fewer SMs may split some of them instead)
+    in_place = run_forced(x, w.t(), "simt_cp_async", precision, variants=(SimtCpAsync(transpose_b=False),))[1]
+    staged = in_place.kernel.tile[:2] == (128, 256) and not in_place.kernel.split_fused
+    if torch.cuda.get_device_properties(0).multi_processor_count == 132:
+        assert staged, in_place.describe()
+    assert plan.staging == ((("b", K, -(-N // 4) * 4),) if staged else ()), plan.describe()
+    if staged:
+        assert dict(plan.stagers[0].macros)["SRC_VEC"] == int(w_offset == 0 and K % 4 == 0)
     check(out, x, w.t(), "ieee", rel_err)
     fastmm.matmul(x, w.t(), out=out2, precision="ieee")  # the default plan: the same staging for ieee
     check(out2, x, w.t(), "ieee", rel_err)

@@ -22,6 +22,7 @@ from fastmm.families.simt_core import FUSED_SPLIT_MAX, STAGE_MIN_FLOP_PER_BYTE
 from fastmm.families.work_split import MIN_KTILES_PER_SPLIT, split_time
 from fastmm.plan import INT32_MAX, MIN_CC, TINY_K, TINY_OUTPUTS, Plan, select
 from fastmm.problem import DeviceFacts, Problem
+from fastmm.tuned import TunedChoice
 from test_skinny_v2 import check_v2 as check_skinny_v2
 from test_skinny_v2 import stage_floats as v2_stage_floats
 
@@ -1385,6 +1386,34 @@ def test_large_unaligned_problems_stage_b_for_simt_and_a_and_b_for_tf32(arch):
         lp = plan.launch_problem
         assert lp.a_strides == (4096, 1) and lp.b_strides == (1, 4096) and (lp.M, lp.N, lp.K) == (4097, 4095, 4093)
         assert "staged: B transposed copied K-major (4095x4096, 16-byte aligned rows" in plan.describe()
+
+
+def test_a_tuned_simt_option_gets_the_copy_its_own_tile_calls_for():
+    """W^T is transposed for the 128 x 256 tile only: a tuned smaller tile reads W in place (the
+    copy would cost more than it gains there), a tuned 128 x 256 tile at 768 rows (whose own
+    choice is a split 128 x 128 plan, read in place) gets the copy; so the tuner times each
+    option as it would run."""
+    dev = DEV["sm_90"]
+    p = Problem.dense(2048, 4096, 4096, b_t=True)
+    assert select(p, dev).staging == (("b", 4096, 4096),)
+    small = select(p, dev, tuned=TunedChoice("simt_cp_async", (2, 2, 16, 0)))
+    assert small.origin.startswith("tuned") and small.kernel.tile[:2] == (128, 128)
+    assert small.staging == () and small.launch_problem is None and macros(small)["B_MODE"] == LOAD_ELEM_K
+    p = Problem.dense(768, 4096, 4096, b_t=True)
+    assert select(p, dev).staging == () and select(p, dev).kernel.tile[:2] == (128, 128)
+    big = select(p, dev, tuned=TunedChoice("simt_cp_async", (2, 4, 16, 0)))
+    assert big.kernel.tile[:2] == (128, 256) and big.staging == (("b", 4096, 4096),)
+    assert macros(big)["B_MODE"] == LOAD_VEC_FAST and [k.family for k in big.stagers] == ["stage_kmajor"]
+
+
+def test_a_family_that_stages_without_a_copy_kernel_is_refused():
+    """Every copy is a fastmm kernel: a plan listing a copy without the kernel that makes it
+    would launch the GEMM on the operand itself with the copy's pitch."""
+    class NoStagers(SimtCpAsync):
+        def stagers(self, p, staging):
+            return ()
+    with pytest.raises(AssertionError, match="stages 1 operand"):
+        select(Problem.dense(2048, 4096, 4096, b_t=True), DEV["sm_90"], variants=(NoStagers(),))
 
 
 def test_wgmma_takes_the_128_wide_tile_where_n_is_at_most_128():

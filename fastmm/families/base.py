@@ -158,12 +158,14 @@ class Family:
         option (one of :meth:`options`)."""
         raise NotImplementedError  # pragma: no cover
 
-    def staging(self, p: Problem, dev: DeviceFacts) -> Staging:
-        """Operands to copy before the launch, and the problem the kernel then sees. None here."""
+    def staging(self, p: Problem, dev: DeviceFacts, option: tuple[int, ...] | None = None) -> Staging:
+        """Operands to copy before the launch, and the problem the kernel then sees, for the
+        family's own choice or (``option``) a tuned one. None here."""
         return p, (), False
 
     def stagers(self, p: Problem, staging: tuple[tuple[str, int, int], ...]) -> tuple[KernelConfig, ...]:
-        """The kernels that make the staged copies, one per entry; empty where torch copies."""
+        """The kernels that make the staged copies, one per entry (a family that stages must make
+        its copies: the planner checks it)."""
         return ()
 
     def describe_staging(self, p: Problem, which: str, rows: int, cols: int) -> str:

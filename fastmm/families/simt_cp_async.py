@@ -58,18 +58,19 @@ class SimtCpAsync(SimtCore):
             stages -= 1
         return (("STAGES", stages),)
 
-    def staging(self, p, dev):
+    def staging(self, p, dev, option=None):
         """B copied first where it is unaligned (:func:`.simt_core.padded_copies`), or, with
         ``transpose_b``, K-contiguous in a large product (:func:`.simt_core.transposes_b`) whose
-        in-place plan takes the 128 x 256 tile and no fused split. Measured on the H200
+        in-place plan (its own choice, or the tuned ``option``) takes the 128 x 256 tile and no
+        fused split. Measured on the H200
         (probes/transpose_b_probe.py; RESULTS run 18, NOTES run 22): that tile (16 x 8 outputs a
         thread at 255 registers) runs 7-12% faster on a row-major B; the smaller tiles gain at most
         2% from it, less than the copy costs (staged: 0.90-1.01x of in place at 512-2048 rows). A
-        fused split would also be lost: with B read as float4 its sum spills
+        fused split would also be lost: with a K-contiguous A (x) and B read as float4 its sum spills
         (:func:`.simt_core.fused_split_spills`), so the copy would bring a reduce pass as well."""
         transpose = self.transpose_b and transposes_b(p)
         if transpose and self.transpose_big_tile_only:
-            in_place = self.configure(p, dev)
+            in_place = self.configure(p, dev, option) if option else self.configure(p, dev)
             transpose = in_place.tile[:2] == self.tile_of(self.tile_options[0]) and not in_place.split_fused
         return padded_copies(p, copy_a=False, transpose_b=transpose)
 

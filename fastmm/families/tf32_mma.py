@@ -138,7 +138,7 @@ class Tf32Mma(Family):
         return KernelConfig(self.name, self.source, self.entry, macros, threads, (threads, 1, 1),
                             grid_of(tiles_of(p, bm, bn), p.batch_total, split), per_stage * stages, (bm, bn, self.bk), details)
 
-    def staging(self, p, dev):
+    def staging(self, p, dev, option=None):
         return padded_copies(p, copy_a=True)
 
     def stagers(self, p, staging):

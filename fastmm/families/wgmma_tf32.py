@@ -171,7 +171,8 @@ class WgmmaTf32(Family):
             specs.append(MapSpec(dims + (inner_n, outer_n), (pitch * 4, inner_s, outer_s), box + (1, 1)))
         return specs[0], specs[1], bits
 
-    def staging(self, p: Problem, dev: DeviceFacts) -> tuple[Problem, tuple[tuple[str, int, int], ...], bool]:
+    def staging(self, p: Problem, dev: DeviceFacts, option: tuple[int, ...] | None = None
+                ) -> tuple[Problem, tuple[tuple[str, int, int], ...], bool]:
         """How the wgmma family reads ``p``: (launch problem, K-major copies to make first, swap).
 
         tf32 reads in place a K-major or m-contiguous A with a K-major B, and an n-contiguous B with
