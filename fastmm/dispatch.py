@@ -299,8 +299,7 @@ def matmul_fastmm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, pr
             warn_once(f"fastmm: {reason}; torch.matmul serves every call")
         return fallback(a, b, out, precision, reason), None, reason
 
-    if s.copied:
-        s = analyse(a, b, materialize=True)
+    s = s.materialized(a)
     if out is not None:
         resize_out(out, s.out_shape)
     c = s.matrix_view(out) if out is not None and not (overlaps(out, a) or overlaps(out, b)) else None
@@ -357,7 +356,7 @@ def matmul_fused(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, alpha, beta,
     reason = not_served_reason(a, b)
     if reason is not None:
         return None, None, reason
-    s = analyse(a, b, materialize=True)
+    s = analyse(a, b)
     reason = fused_reason(s, d, alpha)
     if reason is not None:
         return None, None, reason
@@ -366,7 +365,7 @@ def matmul_fused(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, alpha, beta,
     except RuntimeError:  # (the caller's unfused add raises torch's own error)
         return None, None, "the added tensor does not broadcast to the product's shape"
     c = result_matrix((s.M, s.N), a.device)
-    plan = run(s, c, precision, force, epilogue=Epilogue(d2, alpha, beta))
+    plan = run(s.materialized(a), c, precision, force, epilogue=Epilogue(d2, alpha, beta))
     if plan.kernel is None:
         return None, plan, plan.fallback
     return c.view(s.out_shape), plan, None

@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 import math
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -49,6 +49,12 @@ class Shapes:
     folded: bool = False  # a's leading dims are merged into M
     copied: bool = False  # ... into a copy of a (its strides allow no view): ``a`` is that copy
 
+    def materialized(self, a: torch.Tensor) -> "Shapes":
+        """These shapes for a call that launches on them: where A's rows are folded by a copy
+        (``copied``; ``a`` the caller's A, whose meta stand-in ``self.a`` is), with that copy made;
+        else ``self``."""
+        return replace(self, a=rows_copy(a)) if self.copied else self
+
     def matrix_view(self, out: torch.Tensor) -> torch.Tensor | None:
         """``out`` (shaped as torch.matmul returns) viewed as batch + (M, N): the squeezed dims
         restored, N first (for 1-D @ 1-D out is 0-d, and only that order works). None where a
@@ -86,10 +92,10 @@ def fold_needs_copy(a: torch.Tensor) -> bool:
     return _fold_rows(a, a.shape[-1]) is None
 
 
-def analyse(a: torch.Tensor, b: torch.Tensor, materialize: bool = False) -> Shapes:
+def analyse(a: torch.Tensor, b: torch.Tensor) -> Shapes:
     """``a @ b`` (torch.matmul's rules and errors) in batched 3-operand form. Where A's rows are
-    folded by a copy, ``materialize`` makes the copy (a call that launches on it); otherwise a
-    meta tensor of its layout stands in (planning, explain, shape checks: nothing allocated)."""
+    folded by a copy, a meta tensor of its layout stands in for it (planning, explain, shape
+    checks: nothing allocated); :meth:`Shapes.materialized` makes it for a call that launches."""
     da, db = a.dim(), b.dim()
     if da == 0 or db == 0:
         _raise_torch_shape_error(a, b)
@@ -108,7 +114,7 @@ def analyse(a: torch.Tensor, b: torch.Tensor, materialize: bool = False) -> Shap
             copied = rows is None
             if copied:  # (as torch.matmul: a contiguous copy, one product)
                 n = math.prod(a2.shape[:-1])
-                rows = rows_copy(a2) if materialize else torch.empty((n, K), dtype=a2.dtype, device="meta")
+                rows = torch.empty((n, K), dtype=a2.dtype, device="meta")
             out_shape = batch + (M,) + ((N,) if db >= 2 else ())
             return Shapes(rows, b2, (), rows.shape[0], N, K, out_shape, False, db == 1, True, copied)
     else:

@@ -144,7 +144,7 @@ def tune(a: torch.Tensor, b: torch.Tensor, precision: str | None = None, *, out:
         raise ValueError(f"fastmm.tune: fastmm's kernels cannot serve these operands: {reason}")
     _refuse_while_capturing()
     precision = resolve_precision(precision)
-    s = analyse(a, b, materialize=True)
+    s = analyse(a, b).materialized(a)
     if out is None:
         c = result_matrix(s.batch + (s.M, s.N), a.device)
     elif tuple(out.shape) != s.out_shape or out.dtype != torch.float32 or out.device != a.device:

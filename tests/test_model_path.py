@@ -43,10 +43,12 @@ def test_an_operand_whose_rows_do_not_merge_is_folded_by_a_copy():
     planned = analyse(x, w)
     assert planned.folded and planned.copied and planned.batch == () and planned.M == 1024
     assert planned.a.device.type == "meta" and planned.a.stride() == (64, 1)
-    s = analyse(x, w, materialize=True)
+    s = planned.materialized(x)
     assert s.copied and s.a.is_contiguous() and s.a.data_ptr() != x.data_ptr()
     assert torch.equal(s.a, x0.reshape(1024, 64)) and torch.equal(x, x0)
     assert s.out_shape == (4, 256, 32)
+    plain = analyse(torch.randn(4, 256, 64), w)  # rows that a view merges: nothing to make
+    assert not plain.copied and plain.materialized(x) is plain
 
 
 def test_a_batched_matrix_vector_product_folds_too():
