@@ -446,8 +446,19 @@ def wgmma_cases(dev: DeviceFacts, precision: str, quick: bool) -> list[Case]:
     add("offset", bm - 1, bn + 4, deep + 1, offsets=(1, 2, 3))  # staged: pointers not 16-byte aligned
     add("offset", bm + 4, bn + 4, deep, offsets=(0, 0, 2), pad=1, b_t=True)  # rows not 16-byte multiples
     add("staging", 1030, 1030, 7)
+    # every tile width the wave rule picks, persistent blocks walking several tiles (planned on the
+    # H200: tf32 1409x2817 -> 96 wide, 360 tiles; 4097x2817 -> 256, 396; 2049x2305 -> 64, 629;
+    # 2049x1153 -> 192, 119 (a block a tile); tf32x3 2049x1153 -> 96, 221; 1025x2817 -> 128, 207)
     if precision == "tf32":
-        add("edge", 1409, 2817, 40, b_t=True)  # enough tiles for the 128 x 256 tile
+        add("width", 1409, 2817, 40, b_t=True)
+        if not quick:
+            add("width", 4097, 2817, 40, b_t=True)
+            add("width", 2049, 2305, 40, b_t=True)
+            add("width", 2049, 1153, 40, b_t=True)
+    else:
+        add("width", 2049, 1153, 40, b_t=True)
+        if not quick:
+            add("width", 1025, 2817, 40, b_t=True)
     # batches: in place where the layout allows (tf32), else copied per matrix (tf32x3 always)
     add("batch", bm - 1, bn + 1, bk + 3, batch=3, b_broadcast=True)  # K % 4 != 0: copies of both
     if precision == "tf32":

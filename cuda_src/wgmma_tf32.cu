@@ -5,7 +5,13 @@
 // slots, each completing on that slot's "full" mbarrier. Warpgroups 1 and 2 are consumers: each
 // owns 64 rows of the 128-row tile, waits for a slot, issues BK/8 wgmma m64nBNk8 on it and frees
 // it (the "empty" mbarrier) once those wgmmas have read it. setmaxnreg moves registers from the
-// producer (which needs few) to the consumers (BN/2 fp32 accumulators each).
+// producer (which needs few) to the consumers (BN/2 fp32 accumulators each). BN is 64, 96, 128,
+// 192 or 256: the host picks the width whose whole waves of tiles take least time. A block walks
+// work items (tile, batch entry) with a stride of the grid: one each, or, launched one block an
+// SM (persistent), several, the producer filling the ring for the next while the consumers store.
+//
+// TMA_STORE = 1: the consumers stage C in shared memory and the copy engine writes it (see the
+// epilogue); else they store it from registers.
 //
 // Operands are K-major in shared memory (TF32 wgmma reads nothing else from there): the A map
 // walks (k, m), the B map walks (k, n), i.e. B^T row-major. An n-contiguous B is never read here
@@ -55,6 +61,12 @@
 #ifndef A_MN
 #define A_MN 0
 #endif
+#ifndef TMA_STORE
+#define TMA_STORE 0  // 1: C leaves through shared memory and the copy engine (see the epilogue)
+#endif
+#ifndef C_BOXES
+#define C_BOXES 4  // TMA_STORE: 32-column boxes of C staged at once (BM x 32 floats each)
+#endif
 #if A_MN && PRECISION_X3
 #error "tf32x3 reads split K-major halves: A_MN is for tf32 only"
 #endif
@@ -79,6 +91,15 @@
 #define PARTS (PRECISION_X3 ? 2 : 1)  // tiles per operand in a slot: big (and small)
 #define STAGE_BYTES (PARTS * (A_BYTES + B_BYTES))  // [A big][A small][B big][B small]
 #define ACC (BN / 2)  // fp32 accumulators per consumer thread
+#define C_BOX_BYTES (BM * 32 * 4)
+#if TMA_STORE
+#if C_VEC == 2
+#error "TMA_STORE writes C along n (C_VEC = 2 stores an m-contiguous C)"
+#endif
+#define C_STAGE_BYTES (C_BOXES * C_BOX_BYTES)
+#else
+#define C_STAGE_BYTES 0
+#endif
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
@@ -91,6 +112,25 @@ __device__ __forceinline__ void reg_fence(unsigned& r) { asm volatile("" : "+r"(
 __device__ __forceinline__ void lds_v2(unsigned addr, unsigned& x, unsigned& y) {
     asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n" : "=r"(x), "=r"(y) : "r"(addr));
 }
+__device__ __forceinline__ void sts_v2(unsigned addr, float x, float y) {
+    asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" :: "r"(addr), "f"(x), "f"(y) : "memory");
+}
+__device__ __forceinline__ float lds_f32(unsigned addr) {
+    float x;
+    asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(x) : "r"(addr) : "memory");
+    return x;
+}
+__device__ __forceinline__ void sts_f32(unsigned addr, float x) {
+    asm volatile("st.shared.f32 [%0], %1;\n" :: "r"(addr), "f"(x) : "memory");
+}
+// The two consumer warpgroups (256 threads) only: named barrier 1 (0 is __syncthreads).
+__device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
+// Byte offset of C element (r, c) in a staged 32-column box: rows of 128 bytes, 16-byte chunks
+// XOR-swizzled by the row (the copy engine's 128-byte swizzle), so that a warp's float2 writes of
+// 8 rows x 4 column pairs touch every bank the minimum number of times.
+__device__ __forceinline__ unsigned c_box_offset(int r, int c) {
+    return r * 128 + ((((unsigned)c >> 2) ^ (r & 7)) << 4) + (c & 3) * 4;
+}
 
 // Shared-memory matrix descriptor: K-major tile, rows of 128 bytes, 128-byte swizzle; groups of
 // 8 rows are 1024 bytes apart (stride byte offset); the leading byte offset is unused here.
@@ -100,48 +140,71 @@ __device__ __forceinline__ unsigned long long smem_desc(unsigned addr) {
 }
 
 // Operand lists of the wgmma wrappers: the accumulators tied 8 at a time ("+f": read and
-// written by the instruction), and their %-numbers in the PTX string.
+// written by the instruction), and their %-numbers in the PTX string, 16 at a time.
 #define ACC8(b) "+f"(d[b]), "+f"(d[b + 1]), "+f"(d[b + 2]), "+f"(d[b + 3]), "+f"(d[b + 4]), "+f"(d[b + 5]), "+f"(d[b + 6]), "+f"(d[b + 7])
-#define ACC64(b) ACC8(b), ACC8(b + 8), ACC8(b + 16), ACC8(b + 24), ACC8(b + 32), ACC8(b + 40), ACC8(b + 48), ACC8(b + 56)
-#define REGS_0_63 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-#define REGS_64_127 "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+#define ACC16(b) ACC8(b), ACC8(b + 8)
+#define R16_0 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+#define R16_1 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define R16_2 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47"
+#define R16_3 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define R16_4 "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79"
+#define R16_5 "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
+#define R16_6 "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111"
+#define R16_7 "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
 
-// D(64xN) (+)= A(64x8) * B(8xN), fp32 accumulators (N/2 per thread); B K-major in shared memory.
-// _ss: A K-major in shared memory too. _rs: A from registers (the fragment of mma.m16n8k8 per
-// warp: rows g, g + 8 at k = t, then at k = t + 4), for an A that is not K-major in memory.
-__device__ __forceinline__ void wgmma_m64n128k8_ss(float* d, unsigned long long da, unsigned long long db, int accumulate) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 {" REGS_0_63 "}, %64, %65, p, 1, 1;\n}\n"
-                 : ACC64(0) : "l"(da), "l"(db), "r"(accumulate));
-}
-__device__ __forceinline__ void wgmma_m64n256k8_ss(float* d, unsigned long long da, unsigned long long db, int accumulate) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32 {" REGS_0_63 ", " REGS_64_127 "}, %128, %129, p, 1, 1;\n}\n"
-                 : ACC64(0), ACC64(64) : "l"(da), "l"(db), "r"(accumulate));
-}
-__device__ __forceinline__ void wgmma_m64n128k8_rs(float* d, const unsigned* a, unsigned long long db, int accumulate) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 {" REGS_0_63 "}, {%64, %65, %66, %67}, %68, p, 1, 1;\n}\n"
-                 : ACC64(0) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
-}
-__device__ __forceinline__ void wgmma_m64n256k8_rs(float* d, const unsigned* a, unsigned long long db, int accumulate) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32 {" REGS_0_63 ", " REGS_64_127 "}, {%128, %129, %130, %131}, %132, p, 1, 1;\n}\n"
-                 : ACC64(0), ACC64(64) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
-}
-
-#if BN == 256
-#define WGMMA wgmma_m64n256k8_ss
-#define WGMMA_RS wgmma_m64n256k8_rs
+// BN: the tile's columns, also the wgmma's N (m64nBNk8). The planner picks it so the tiles fill
+// the SMs in whole waves (families/wgmma_tf32.py). Per BN: the accumulators' operands and
+// %-numbers, then the %-numbers of what follows them (_ss: A and B descriptors, the accumulate
+// flag; _rs: A's four registers, B's descriptor, the flag).
+#if BN == 64
+#define ACC_OPS ACC16(0), ACC16(16)
+#define ACC_REGS R16_0 ", " R16_1
+#define SS_ARGS "%32, %33", "%34"
+#define RS_ARGS "{%32, %33, %34, %35}, %36", "%37"
+#elif BN == 96
+#define ACC_OPS ACC16(0), ACC16(16), ACC16(32)
+#define ACC_REGS R16_0 ", " R16_1 ", " R16_2
+#define SS_ARGS "%48, %49", "%50"
+#define RS_ARGS "{%48, %49, %50, %51}, %52", "%53"
 #elif BN == 128
-#define WGMMA wgmma_m64n128k8_ss
-#define WGMMA_RS wgmma_m64n128k8_rs
+#define ACC_OPS ACC16(0), ACC16(16), ACC16(32), ACC16(48)
+#define ACC_REGS R16_0 ", " R16_1 ", " R16_2 ", " R16_3
+#define SS_ARGS "%64, %65", "%66"
+#define RS_ARGS "{%64, %65, %66, %67}, %68", "%69"
+#elif BN == 192
+#define ACC_OPS ACC16(0), ACC16(16), ACC16(32), ACC16(48), ACC16(64), ACC16(80)
+#define ACC_REGS R16_0 ", " R16_1 ", " R16_2 ", " R16_3 ", " R16_4 ", " R16_5
+#define SS_ARGS "%96, %97", "%98"
+#define RS_ARGS "{%96, %97, %98, %99}, %100", "%101"
+#elif BN == 256
+#define ACC_OPS ACC16(0), ACC16(16), ACC16(32), ACC16(48), ACC16(64), ACC16(80), ACC16(96), ACC16(112)
+#define ACC_REGS R16_0 ", " R16_1 ", " R16_2 ", " R16_3 ", " R16_4 ", " R16_5 ", " R16_6 ", " R16_7
+#define SS_ARGS "%128, %129", "%130"
+#define RS_ARGS "{%128, %129, %130, %131}, %132", "%133"
 #else
-#error "BN must be 128 or 256"
+#error "BN must be 64, 96, 128, 192 or 256"
 #endif
-#if PRECISION_X3 && BN != 128
-#error "tf32x3 holds three accumulator sets: BN must be 128"
+#if PRECISION_X3 && BN > 128
+#error "tf32x3 holds three accumulator sets: BN must be at most 128"
 #endif
+#define STR_(x) #x
+#define STR(x) STR_(x)
+#define WGMMA_ASM(operands, pred) \
+    "{\n.reg .pred p;\nsetp.ne.b32 p, " pred ", 0;\n" \
+    "wgmma.mma_async.sync.aligned.m64n" STR(BN) "k8.f32.tf32.tf32 {" ACC_REGS "}, " operands ", p, 1, 1;\n}\n"
+#define WGMMA_ASM_(args) WGMMA_ASM(args)
+
+// D(64xBN) (+)= A(64x8) * B(8xBN), fp32 accumulators (BN/2 per thread); B K-major in shared
+// memory. _ss: A K-major in shared memory too. _rs: A from registers (the fragment of
+// mma.m16n8k8 per warp: rows g, g + 8 at k = t, then at k = t + 4), for an A that is not K-major
+// in memory.
+__device__ __forceinline__ void wgmma_ss(float* d, unsigned long long da, unsigned long long db, int accumulate) {
+    asm volatile(WGMMA_ASM_(SS_ARGS) : ACC_OPS : "l"(da), "l"(db), "r"(accumulate));
+}
+__device__ __forceinline__ void wgmma_rs(float* d, const unsigned* a, unsigned long long db, int accumulate) {
+    asm volatile(WGMMA_ASM_(RS_ARGS)
+                 : ACC_OPS : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
+}
 
 #if PRECISION_X3
 // One k-step of tf32x3 for one consumer warpgroup: wait for the slot, run the big*small and
@@ -159,9 +222,9 @@ __device__ __forceinline__ void x3_step(float* step, float* small, unsigned base
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < BK / 8; ++kk) {
-        WGMMA(small, smem_desc(a_tile + kk * 32), smem_desc(b_small + kk * 32), kt > 0 || kk > 0);
-        WGMMA(small, smem_desc(a_small + kk * 32), smem_desc(b_tile + kk * 32), 1);
-        WGMMA(step, smem_desc(a_tile + kk * 32), smem_desc(b_tile + kk * 32), !first || kk > 0);
+        wgmma_ss(small, smem_desc(a_tile + kk * 32), smem_desc(b_small + kk * 32), kt > 0 || kk > 0);
+        wgmma_ss(small, smem_desc(a_small + kk * 32), smem_desc(b_tile + kk * 32), 1);
+        wgmma_ss(step, smem_desc(a_tile + kk * 32), smem_desc(b_tile + kk * 32), !first || kk > 0);
     }
     wgmma_commit();
     wgmma_wait<0>();  // the other consumer warpgroup keeps the tensor core busy meanwhile
@@ -171,12 +234,27 @@ __device__ __forceinline__ void x3_step(float* step, float* small, unsigned base
 }
 #endif
 
+#if TMA_STORE
+#define MAP_C , const __grid_constant__ TensorMap mapC
+#else
+#define MAP_C
+#endif
 #if PRECISION_X3
 #define MAP_PARAMS const __grid_constant__ TensorMap mapA, const __grid_constant__ TensorMap mapA2, \
-                   const __grid_constant__ TensorMap mapB, const __grid_constant__ TensorMap mapB2
+                   const __grid_constant__ TensorMap mapB, const __grid_constant__ TensorMap mapB2 MAP_C
 #else
-#define MAP_PARAMS const __grid_constant__ TensorMap mapA, const __grid_constant__ TensorMap mapB
+#define MAP_PARAMS const __grid_constant__ TensorMap mapA, const __grid_constant__ TensorMap mapB MAP_C
 #endif
+
+// The block's work items are w = blockIdx.x, + gridDim.x, ... over (tile, batch entry) pairs,
+// tiles in grouped order (tile_coords) and the batch outermost. The host launches one block per
+// work item, or (persistent) one per SM: then the producer fills the ring with the next item's
+// first k-steps while the consumers store this one's tile, instead of every tile starting from an
+// empty pipeline after its epilogue.
+__device__ __forceinline__ void work_item(long long w, int tiles, int tiles_m, int tiles_n, int& z, int& tm, int& tn) {
+    z = (int)(w / tiles);
+    tile_coords<8>((int)(w - (long long)z * tiles), tiles_m, tiles_n, tm, tn);
+}
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1) fastmm_wgmma_tf32(
     MAP_PARAMS, float* __restrict__ C,
@@ -187,11 +265,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fastmm_wgmma_tf32(
     extern __shared__ unsigned char smem_raw[];
     // Swizzled tiles must start on a 1024-byte boundary; the host asks for 1 KiB of slack.
     const unsigned base = (smem_addr(smem_raw) + 1023u) & ~1023u;
-    const unsigned bars = base + STAGES * STAGE_BYTES;  // full[STAGES], then empty[STAGES]
+    const unsigned c_stage = base + STAGES * STAGE_BYTES;  // TMA_STORE: C's boxes (1024-aligned)
+    const unsigned bars = c_stage + C_STAGE_BYTES;  // full[STAGES], then empty[STAGES]
     const int wg = threadIdx.x / 128;
-    const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
-    int tm, tn;
-    tile_coords<8>(blockIdx.x, tiles_m, tiles_n, tm, tn);
+    const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN, tiles = tiles_m * tiles_n;
+    const long long work = (long long)tiles * batch_total;  // (tile, batch entry) pairs
     const int k_tiles = (K + BK - 1) / BK;
 
     if (threadIdx.x == 0) {
@@ -209,7 +287,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fastmm_wgmma_tf32(
             tma_prefetch_map(&mapA);
             tma_prefetch_map(&mapB);
             int it = 0;
-            for (int z = blockIdx.z; z < batch_total; z += gridDim.z) {
+            for (long long w = blockIdx.x; w < work; w += gridDim.x) {
+                int z, tm, tn;
+                work_item(w, tiles, tiles_m, tiles_n, z, tm, tn);
                 const int z0 = z / batch_inner, z1 = z % batch_inner;
                 const int a2 = (bcast & 1) ? z1 : 0, a3 = (bcast & 2) ? z0 : 0;
                 const int b2 = (bcast & 4) ? z1 : 0, b3 = (bcast & 8) ? z0 : 0;
@@ -253,8 +333,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fastmm_wgmma_tf32(
 #if PRECISION_X3
         float step[ACC], small[ACC];
 #endif
-        int it = 0;
-        for (int z = blockIdx.z; z < batch_total; z += gridDim.z) {
+        int it = 0;  // k-steps consumed so far, over every work item: the ring's position
+        for (long long w = blockIdx.x; w < work; w += gridDim.x) {
+            int z, tm, tn;
+            work_item(w, tiles, tiles_m, tiles_n, z, tm, tn);
 #pragma unroll
             for (int i = 0; i < ACC; ++i) d[i] = 0.f;
 #if PRECISION_X3
@@ -293,7 +375,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fastmm_wgmma_tf32(
                 for (int i = 0; i < ACC; ++i) reg_fence(d[i]);
                 wgmma_fence();
 #pragma unroll
-                for (int kk = 0; kk < BK / 8; ++kk) WGMMA_RS(d, fa[kk], smem_desc(b_tile + kk * 32), kt > 0 || kk > 0);
+                for (int kk = 0; kk < BK / 8; ++kk) wgmma_rs(d, fa[kk], smem_desc(b_tile + kk * 32), kt > 0 || kk > 0);
                 wgmma_commit();
                 // All of this step's wgmmas done: their fragment registers may be reused and the
                 // slot goes back to the producer. (The other consumer warpgroup's queued wgmmas
@@ -314,7 +396,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fastmm_wgmma_tf32(
                 wgmma_fence();
 #pragma unroll
                 for (int kk = 0; kk < BK / 8; ++kk)
-                    WGMMA(d, smem_desc(a_tile + kk * 32), smem_desc(b_tile + kk * 32), kt > 0 || kk > 0);
+                    wgmma_ss(d, smem_desc(a_tile + kk * 32), smem_desc(b_tile + kk * 32), kt > 0 || kk > 0);
                 wgmma_commit();
                 // The previous k-step's wgmmas are done reading their slot once at most this
                 // step's group is in flight: hand that slot back to the producer.
@@ -332,12 +414,72 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fastmm_wgmma_tf32(
 
             // Epilogue: thread (warp, lane) holds, for each 8-column group j, fragment rows g and
             // g + 8 of its warp's 16 rows, columns 2t and 2t + 1 (g = lane / 4, t = lane % 4).
-            float* Cb = C + (i64)(z / batch_inner) * sC0 + (i64)(z % batch_inner) * sC1;
 #if A_MN
-            const int row = tm * BM + pair_row;  // fragment row g + 8 is tile row + 1
+            const int tile_row = pair_row, row_step = 1;  // fragment row g + 8 is tile row + 1
 #else
-            const int row = tm * BM + cw * 64 + warp * 16 + lane / 4;  // fragment row g + 8: row + 8
+            const int tile_row = cw * 64 + warp * 16 + lane / 4, row_step = 8;
 #endif
+#if TMA_STORE
+            // Through shared memory: both consumer warpgroups write C_BOXES boxes of 32 columns
+            // into the staging buffer (swizzled), then one thread hands them to the copy engine and
+            // everyone goes on to the next tile's main loop while the stores drain. Stored from
+            // registers, every SM wrote its tile at the same moment with the tensor cores idle:
+            // ~27 ns per KiB of tile, 17% of a 128 x 256 tile at K = 768 (NOTES run 23). The copy
+            // engine also clips the tile at M and N. Before the buffer is written again, the
+            // store that read it last must be done reading (wait_group.read).
+            {
+                const int ct = threadIdx.x - 128;  // 0..255 over both consumer warpgroups
+                const int z0 = z / batch_inner, z1 = z % batch_inner;
+#pragma unroll
+                for (int b0 = 0; b0 < BN / 32; b0 += C_BOXES) {
+                    if (ct == 0) bulk_wait_read_all();
+                    consumer_sync();
+#pragma unroll
+                    for (int j = 0; j < BN / 8; ++j) {
+                        if (j / 4 < b0 || j / 4 >= b0 + C_BOXES) continue;
+#pragma unroll
+                        for (int h = 0; h < 2; ++h) {
+                            float v0 = d[4 * j + 2 * h], v1 = d[4 * j + 2 * h + 1];
+#if PRECISION_X3
+                            // Where the big products overflowed or met Inf/NaN, that is the fp32 answer.
+                            v0 = isfinite(v0) ? v0 + small[4 * j + 2 * h] : v0;
+                            v1 = isfinite(v1) ? v1 + small[4 * j + 2 * h + 1] : v1;
+#endif
+                            sts_v2(c_stage + (j / 4 - b0) * C_BOX_BYTES
+                                       + c_box_offset(tile_row + row_step * h, 8 * (j % 4) + 2 * (lane % 4)), v0, v1);
+                        }
+                    }
+                    const int boxes = (BN / 32 - b0) < C_BOXES ? (BN / 32 - b0) : C_BOXES;
+#if EPILOGUE
+                    // The fused epilogue on the staged values: a thread per column of a box row, so
+                    // the D loads are coalesced along n.
+                    consumer_sync();
+                    {
+                        FASTMM_EPILOGUE
+#pragma unroll 1
+                        for (int e = ct; e < boxes * BM * 32; e += 256) {
+                            const int bx = e / (BM * 32), r = (e / 32) % BM, c = e % 32;
+                            const int m = tm * BM + r, n = tn * BN + 32 * (b0 + bx) + c;
+                            if (m < M && n < N) {
+                                const unsigned addr = c_stage + bx * C_BOX_BYTES + c_box_offset(r, c);
+                                sts_f32(addr, epi(lds_f32(addr), m, n));
+                            }
+                        }
+                    }
+#endif
+                    fence_async_shared();  // (each writer: its writes, before the copy engine reads)
+                    consumer_sync();
+                    if (ct == 0) {
+#pragma unroll
+                        for (int bx = 0; bx < boxes; ++bx)
+                            tma_store_4d(&mapC, c_stage + bx * C_BOX_BYTES, tn * BN + 32 * (b0 + bx), tm * BM, z1, z0);
+                        bulk_commit();
+                    }
+                }
+            }
+#else
+            float* Cb = C + (i64)(z / batch_inner) * sC0 + (i64)(z % batch_inner) * sC1;
+            const int row = tm * BM + tile_row;
             const int col0 = tn * BN + 2 * (lane % 4);
 #if C_VEC == 2
 #if !A_MN
@@ -403,6 +545,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fastmm_wgmma_tf32(
                     }
             }
 #endif
+#endif  // TMA_STORE
         }
+#if TMA_STORE
+        if (threadIdx.x == 128) bulk_wait_all();  // (the staging buffer lives until its stores are done)
+#endif
     }
 }

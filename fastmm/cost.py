@@ -31,6 +31,7 @@ import math
 from dataclasses import dataclass
 
 from .families.base import LOAD_ELEM_K
+from .families.wgmma_tf32 import BN_RATE
 from .problem import DeviceFacts, Problem
 
 #: Published dense peaks per SM in TFLOP/s at the boost clock, and the DRAM bandwidth in TB/s
@@ -88,6 +89,10 @@ EFFICIENCY = {
     ("kmajor_mma", "tf32x3"): 0.42 / 4,
     ("scalar", None): 0.04,
 }
+#: tf32_mma's blocks of a single warp (its 64 x 64 tile, taken for small products) sustain this
+#: share of the family's rate: one warp an SM hides little latency (H200, `probes/small_tf32_probe.py`,
+#: NOTES run 23: 300 x 700 x 1100 27.0 us against 12.6 predicted without it, 512^3 17.6 against 9.4).
+TF32_MMA_ONE_WARP = 0.4
 #: The skinny families stream the weights: their share of the bandwidth.
 SKINNY_MEMORY_EFFICIENCY = 1.0
 #: Single-float copies of a k-contiguous operand into the SIMT tile (4-byte cp.async, the
@@ -145,7 +150,12 @@ def efficiency(kernel, p: Problem, cc: tuple[int, int] = (0, 0)) -> float:
         return eff
     if fam == "scalar":
         return EFFICIENCY[("scalar", None)]
-    return EFFICIENCY.get(((fam, cc), p.precision)) or EFFICIENCY.get((fam, p.precision), 0.3)
+    eff = EFFICIENCY.get(((fam, cc), p.precision)) or EFFICIENCY.get((fam, p.precision), 0.3)
+    if fam == "tf32_mma" and dict(kernel.macros).get("WARPS_M", 1) * dict(kernel.macros).get("WARPS_N", 1) == 1:
+        eff *= TF32_MMA_ONE_WARP
+    if fam == "wgmma_tf32":  # fitted at the widest tile; narrower ones sustain less (BN_RATE)
+        eff *= BN_RATE.get(p.precision, {}).get(kernel.tile[1], 1.0)
+    return eff
 
 
 def resident_blocks(kernel, dev: DeviceFacts) -> int:
@@ -212,7 +222,7 @@ def predict(plan) -> Prediction | None:
             split = kernel.split_k
             k_per_block = math.ceil(math.ceil(p.K / split) / bk) * bk
             tile_flops = 2.0 * bm * bn * k_per_block
-            blocks = kernel.grid[0] * split * p.batch_total
+            blocks = kernel.work_items or kernel.grid[0] * split * p.batch_total
             waves = blocks / slots
             # whole waves of ``resident`` blocks an SM, then the rest spread one per SM first:
             # the SM with the most blocks sets the last wave's time

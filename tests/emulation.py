@@ -275,10 +275,18 @@ def emulate_wgmma(cfg, maps, args) -> None:
     assert len(args) == 11 and all(isinstance(x, int) for x in args), args
     pc, M, N, K, scm, scn, inner, total, sc0, sc1, bits = args
     assert M > 0 and N > 0 and K > 0 and 1 <= inner <= total and total % inner == 0
-    assert cfg.grid == (-(-M // 128) * -(-N // bn), 1, min(total, 65535)), (cfg.grid, args)
+    # a 1-D grid walking (tile, batch entry) pairs: one block each, or fewer (persistent) taking turns
+    work = -(-M // 128) * -(-N // bn) * total
+    assert cfg.work_items == work and 1 <= cfg.grid[0] <= work and cfg.grid[1:] == (1, 1), (cfg.grid, args)
     parts = 2 if x3 else 1
-    assert len(maps) == 2 * parts
-    a_maps, b_maps = maps[:parts], maps[parts:]
+    tma_store = macros.get("TMA_STORE", 0)
+    assert len(maps) == 2 * parts + tma_store
+    a_maps, b_maps = maps[:parts], maps[parts:2 * parts]
+    if tma_store:  # C written by the copy engine: fp32 boxes of 32 columns by the tile's 128 rows
+        c_map = maps[-1]
+        assert c_map.spec.box == (32, 128, 1, 1) and not c_map.tf32 and c_map.ptr == pc, c_map
+        assert c_map.spec.dims[:2] == (N, M) and c_map.spec.strides[0] == 4 * scm and scn == 1, (c_map.spec, args)
+        assert 1 <= macros["C_BOXES"] <= 4 and cfg.smem >= macros["C_BOXES"] * 128 * 32 * 4
     for m in a_maps:  # the boxes must move what the kernel expects per stage (A_BYTES, B_BYTES)
         assert m.spec.box == ((32, 32, 1, 1) if a_mn else (32, 128, 1, 1)), m.spec
         assert m.tf32 == (not x3)
@@ -296,7 +304,14 @@ def emulate_wgmma(cfg, maps, args) -> None:
         b2, b3 = (z1 if bits & 4 else 0), (z0 if bits & 8 else 0)
         a = sum(_read_map(m, M, K, a2, a3, bool(a_mn)) for m in a_maps)
         bt = sum(_read_map(m, N, K, b2, b3, False) for m in b_maps)
-        c = floats(pc + 4 * (z0 * sc0 + z1 * sc1), (M, N), (scm, scn))
+        if tma_store:  # the batch coordinates (z1, z0) through the map's 3rd and 4th dims
+            d0, d1, d2, d3 = c_map.spec.dims
+            s1, s2, s3 = (s // 4 for s in c_map.spec.strides)
+            assert z1 < d2 and z0 < d3, (c_map.spec, z)
+            c = floats(pc + 4 * (z1 * s2 + z0 * s3), (d1, d0), (s1, 1))
+            assert c.data_ptr() == pc + 4 * (z0 * sc0 + z1 * sc1)  # the same matrix the strides name
+        else:
+            c = floats(pc + 4 * (z0 * sc0 + z1 * sc1), (M, N), (scm, scn))
         c.copy_(epilogue((a @ bt.t()).float()))
 
 

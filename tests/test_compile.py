@@ -107,6 +107,19 @@ def _fused_split_problems() -> list[Problem]:
     return out + [dataclasses.replace(p, epilogue=True) for p in out[::2]]
 
 
+def _wgmma_problems() -> list[Problem]:
+    """TF32 wgmma's tile widths (the wave rule: 256, 192, 128, 96, 64 for tf32; 128, 96, 64 for
+    tf32x3 on the H200), each with C through the copy engine (TMA_STORE) and, for odd N or a
+    transposed C, from registers; the fused epilogue on both. Planned for that family only."""
+    dense = [(4096, 4096, 4096, {"b_t": True}), (4096, 3072, 1024, {"b_t": True}), (4096, 2304, 768, {"b_t": True}), (2048, 1024, 4096, {"b_t": True}),
+             (1409, 2817, 40, {"b_t": True}), (1024, 1024, 1024, {"b_t": True}), (1025, 1023, 1024, {"b_t": True}),
+             (2049, 1153, 40, {"b_t": True}), (4096, 2303, 768, {"b_t": True}), (257, 3000, 40, {"b_t": True}),
+             (513, 2815, 40, {"b_t": True}),
+             (1024, 1022, 1024, {"a_t": True, "b_t": True}), (1024, 1024, 1024, {"a_t": True, "b_t": True})]  # A_MN
+    out = [Problem.dense(M, N, K, precision=precision, **kw) for precision in ("tf32", "tf32x3") for M, N, K, kw in dense]
+    return out + [dataclasses.replace(p, epilogue=True) for p in out]
+
+
 def _epilogue_problems() -> list[Problem]:
     """Products with a fused epilogue (a bias, addmm's input): every family's final store with it,
     a split's reduce, a fused split's last block, stream-K's whole tiles and fixup."""
@@ -127,6 +140,7 @@ def _configs():
         work += [(p, ("kmajor_mma",)) for p in _kmajor_mma_problems() if "kmajor_mma" in families]
         work += [(p, ("simt_cp_async",)) for p in _fused_split_problems() if "simt_cp_async" in families]
         work += [(p, families) for p in _epilogue_problems()]
+        work += [(p, ("wgmma_tf32",)) for p in _wgmma_problems() if "wgmma_tf32" in families]
         for p, names in work:
             for family in names:
                 try:
@@ -294,11 +308,14 @@ def test_configs_cover_every_family_arch_and_macro_value():
 def test_wgmma_configs_cover_both_tiles_and_store_modes():
     macros = [dict(m) for (arch, fam), ms in _seen().items() if fam == "wgmma_tf32" for m in ms]
     for x3 in (0, 1):
-        tiles = {(m["BN"], m["STAGES"]) for m in macros if m["PRECISION_X3"] == x3}
-        assert tiles >= set(FAMILIES["wgmma_tf32"].tile_options(bool(x3))), x3
+        widths = {bn for bn, _ in FAMILIES["wgmma_tf32"].tile_options(bool(x3))}
+        for tma in (0, 1):  # every width with C stored by the copy engine and from registers
+            assert {m["BN"] for m in macros if m["PRECISION_X3"] == x3 and m.get("TMA_STORE", 0) == tma} >= widths, (x3, tma)
+            assert {m.get("EPILOGUE", 0) for m in macros if m["PRECISION_X3"] == x3 and m.get("TMA_STORE", 0) == tma} == {0, 1}
         assert {m["C_VEC"] for m in macros if m["PRECISION_X3"] == x3} == ({0, 1} if x3 else {0, 1, 2}), x3
     # A fed from registers (an m-contiguous A, or B^T of a row-major B) with each store mode it takes
     assert {(m["A_MN"], m["C_VEC"]) for m in macros if m["PRECISION_X3"] == 0} >= {(0, 0), (0, 1), (1, 1), (1, 2)}
+    assert {(m["A_MN"], m.get("EPILOGUE", 0)) for m in macros if m.get("TMA_STORE")} == {(0, 0), (0, 1), (1, 0), (1, 1)}
     stagers = {m for (arch, fam), ms in _seen().items() if fam == "stage_kmajor" for m in ms}
     assert {(dict(m)["SRC_R_CONTIG"], dict(m)["SPLIT"]) for m in stagers} == {(0, 0), (1, 0), (0, 1), (1, 1)}
     assert {dict(m)["SRC_VEC"] for m in stagers} == {0, 1}

@@ -114,12 +114,12 @@ def test_unknown_newer_arches_use_the_newest_known_peaks():
 # ---------------------------------------------------------------------------------------------
 # the planner's use of the model
 
-SHORT_K = Problem.dense(1024, 700, 64, "tf32x3")  # tf32x3 with K = 64: a few k-steps per wave
+SHORT_K = Problem.dense(1024, 700, 32, "tf32x3")  # tf32x3 with K = 32: one k-step per tile
 
 
 def test_a_tf32x3_request_runs_fp32_where_the_model_predicts_it_clearly_faster():
     plan = select(SHORT_K, H200)
-    fp32 = select(Problem.dense(1024, 700, 64, "ieee"), H200)
+    fp32 = select(Problem.dense(1024, 700, 32, "ieee"), H200)
     tc = planner._select_in_order(SHORT_K, H200, None, ())
     assert tc.kernel.family == "wgmma_tf32"  # what the preference order alone picks
     assert plan.kernel == fp32.kernel and plan.precision_used == "ieee"

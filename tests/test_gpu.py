@@ -15,7 +15,8 @@ import torch
 
 import fastmm
 from fastmm import dispatch, fast_path, ops
-from fastmm.families import FAMILIES, SimtCpAsync, Skinny
+from fastmm.families import FAMILIES, SimtCpAsync, Skinny, WgmmaTf32
+from fastmm.families.wgmma_tf32 import persistent_pays
 from fastmm.plan import TINY_K, TINY_OUTPUTS
 from fastmm.runtime import launcher
 from fastmm.shapes import analyse, build_problem
@@ -920,6 +921,55 @@ def test_wgmma_layouts_match_float64(case, precision, rel_err):
     out = torch.full(c.shape, NAN, device="cuda")
     assert forced_plan(a, b, "wgmma_tf32", precision, out=out)[0] is out
     check(out, a, b, precision, rel_err)
+
+
+#: Layouts for every tile width, plus products of more tiles than SMs (a persistent block walks
+#: several tiles, across batch entries), odd N against every width (padded last tile columns).
+WGMMA_WIDTH_CASES = {
+    "b-k-major": lambda: (randn(1024, 768), randn(520, 768).t()),
+    "swap": lambda: (randn(640, 512), randn(512, 648)[:, :643]),
+    "a_regs": lambda: (randn(512, 640).t(), randn(643, 512).t()),
+    "unaligned": lambda: (randn(333, 1023), randn(1023, 1021)),
+    "many-tiles-batched": lambda: (randn(3, 1100, 200), randn(200, 1500)),
+    "many-tiles-k-major": lambda: (randn(2100, 136), randn(2500, 136).t()),
+    "broadcast-b": lambda: (randn(3, 2, 130, 64), randn(2, 96, 64).transpose(-1, -2)),
+}
+
+
+@pytest.mark.parametrize("precision", ["tf32", "tf32x3"])
+@pytest.mark.parametrize("bn", sorted({bn for x3 in (False, True) for bn, _ in WgmmaTf32.tile_options(x3)}))
+@pytest.mark.parametrize("case", sorted(WGMMA_WIDTH_CASES))
+def test_wgmma_every_tile_width_computes_every_tile(case, bn, precision, rel_err):
+    """Each tile width the planner may pick, persistent (one block an SM walking the tiles) and
+    one block a tile, C stored by the copy engine and from registers: right into NaN-poisoned
+    outputs, and the same bits every way and as the planner's own width (each output sums its
+    k-steps in the same order whatever the tile)."""
+    needs_sm90()
+    if bn not in {w for w, _ in WgmmaTf32.tile_options(precision == "tf32x3")}:
+        pytest.skip(f"no {bn}-wide tile for {precision}")
+    a, b = WGMMA_WIDTH_CASES[case]()
+    outs = []
+    variants = (WgmmaTf32(force_bn=bn, persistent="always"), WgmmaTf32(force_bn=bn, persistent=False),
+                WgmmaTf32(force_bn=bn, tma_store=False), WgmmaTf32())
+    for variant in variants:
+        out = torch.full(torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1]), NAN,
+                         device="cuda")
+        result, plan, reason = dispatch.matmul_fastmm(a, b, out, precision, force="wgmma_tf32", variants=(variant,))
+        assert reason is None and result is out and plan.kernel.family == "wgmma_tf32"
+        if variant.force_bn:
+            assert plan.kernel.tile[1] == bn
+            p = plan.launch_problem or plan.problem
+            work = -(-p.M // 128) * -(-p.N // bn) * p.batch_total
+            assert plan.kernel.work_items == work
+            persistent = variant.persistent == "always" or (variant.persistent and persistent_pays(p, plan.device, work))
+            assert plan.kernel.grid[0] == (min(work, plan.device.sm_count) if persistent else work)
+            # C through the copy engine wherever its rows allow a tensor map (N % 4 == 0 here)
+            # (tf32 computes a row-major B's product as C^T: m-contiguous, stored from registers)
+            assert bool(dict(plan.kernel.macros).get("TMA_STORE")) == (
+                variant.tma_store and b.shape[-1] % 4 == 0 and not plan.swap_ab)
+        check(out, a, b, precision, rel_err)
+        outs.append(out)
+    assert all(torch.equal(outs[0], o) for o in outs[1:])
 
 
 WGMMA_IN_PLACE = {  # (a, b) -> the form the planner must pick: no copies

@@ -122,8 +122,9 @@ def dynamic_smem_from_macros(family: str, m: dict) -> int:
     if family == "skinny_kmajor":  # skinny_kmajor.cu: As[MT][KR_KS]
         return m["MT"] * m["KR_KS"] * 4
     if family == "wgmma_tf32":  # wgmma_tf32.cu: STAGES x (A + B tiles of 32 floats a row, twice for
-        parts = 2 if m["PRECISION_X3"] else 1  # tf32x3's halves), the mbarriers, 1 KiB to align the ring
-        return m["STAGES"] * (parts * (bm + bn) * 32 * 4 + 16) + 1024
+        parts = 2 if m["PRECISION_X3"] else 1  # tf32x3's halves), the mbarriers, 1 KiB to align the ring,
+        c_stage = m.get("TMA_STORE", 0) * m.get("C_BOXES", 4) * bm * 32 * 4  # and C_STAGE_BYTES
+        return m["STAGES"] * (parts * (bm + bn) * 32 * 4 + 16) + 1024 + c_stage
     return 0  # scalar, simt_float4, skinny and kmajor_mma use static shared memory only
 
 
@@ -186,6 +187,13 @@ def check_geometry(plan) -> None:
     if cfg.stream_k is not None:
         check_stream_k(plan, tiles)
         return
+    if cfg.family == "wgmma_tf32":
+        # one block per (tile, batch entry), or persistent: one an SM walking them all (wgmma_tf32.cu)
+        work = tiles * p.batch_total
+        assert cfg.work_items == work and (gy, gz) == (1, 1)
+        assert gx in (min(work, dev.sm_count), min(work, INT32_MAX))  # (the variant persistent=False: the latter)
+        return
+    assert cfg.work_items == 0
     assert 1 <= gx <= INT32_MAX and (gx == tiles or (cfg.family == "scalar" and gx == min(tiles, INT32_MAX)))
     assert 1 <= gz <= MAX_GRID_Z and gz == min(p.batch_total, MAX_GRID_Z)
     # grid.y = number of K splits (common.cuh split_range); > 1 needs the reduce pass
@@ -751,8 +759,10 @@ def test_force_skinny_picks_it_and_the_rest_are_rejected_as_forced(arch, precisi
             assert reason == f"does not compute precision '{precision}'"
         elif name == "wgmma_tf32" and arch != "sm_90":
             assert reason == f"needs sm90+, device is {arch}", (name, reason)
-        elif name == "wgmma_tf32":  # 16 rows: 16 tiles for 132 SMs, and no split-K
-            assert f"fill under 1/{3 if precision == 'tf32' else 4} of the 132 SMs" in reason, (name, reason)
+        elif name == "wgmma_tf32" and precision == "tf32x3":  # 16 rows: 16 tiles for 132 SMs, and no split-K
+            assert "fill under 1/4 of the 132 SMs" in reason, (name, reason)
+        elif name == "wgmma_tf32":  # tf32: 32 tiles of 128 x 64 at K = 2048 beat tf32_mma's split (NOTES run 23)
+            assert reason == "skinny is preferred (forced)", (name, reason)
         elif arch == "sm_75" and name in ("simt_cp_async", "tf32_mma", "skinny_kmajor", "kmajor_mma"):
             assert reason == "needs sm80+, device is sm_75", (name, reason)
         elif name == "skinny_kmajor" and not b_t:  # B row-major: read along N, skinny's layout
@@ -964,9 +974,10 @@ def test_tile_choice_takes_a_tile_whose_blocks_fill_90_percent_of_a_wave():
     assert select(Problem.dense(1408, 704, 1408, precision="tf32x3"), dev, force="tf32_mma").kernel.tile[:2] == (128, 64)
     smaller = select(Problem.dense(1408, 640, 1408, precision="tf32x3"), dev, force="tf32_mma").kernel.tile
     assert smaller[0] * smaller[1] < 128 * 64
-    # tf32 on wgmma: 128 x 256 tiles, then 128 x 128
-    assert select(Problem.dense(1408, 2816, 1408, precision="tf32"), dev).kernel.tile[:2] == (128, 256)
-    assert select(Problem.dense(1280, 2816, 1408, precision="tf32"), dev).kernel.tile[:2] == (128, 128)
+    # tf32 on wgmma under run 18's rule (the variant tile_rule="fill"): 128 x 256 tiles, then 128 x 128
+    fill = (WgmmaTf32(tile_rule="fill"),)
+    assert select(Problem.dense(1408, 2816, 1408, precision="tf32"), dev, variants=fill).kernel.tile[:2] == (128, 256)
+    assert select(Problem.dense(1280, 2816, 1408, precision="tf32"), dev, variants=fill).kernel.tile[:2] == (128, 128)
     # SIMT: 128 x 256 tiles; 11 x 11 = 121 of them, then 10 x 11 = 110
     assert select(Problem.dense(1408, 2816, 1024), dev).kernel.tile[:2] == (128, 256)
     smaller = select(Problem.dense(1280, 2816, 1024), dev).kernel.tile
@@ -1416,19 +1427,89 @@ def test_a_family_that_stages_without_a_copy_kernel_is_refused():
         select(Problem.dense(2048, 4096, 4096, b_t=True), DEV["sm_90"], variants=(NoStagers(),))
 
 
-def test_wgmma_takes_the_128_wide_tile_where_n_is_at_most_128():
-    """A batched Q @ K^T at 128 keys fills the SMs with 256-wide tiles, half of each padding: the
-    128-wide tile instead (H200: 51.8 -> 44.8 us, RESULTS run 18), as for any N <= 128; N = 129 and
-    the fill rule's own choices as before; ``narrow_n_tile=False`` is the old rule."""
+def test_wgmma_takes_the_tile_width_whose_whole_waves_take_least_time():
+    """Tiles are dealt to the 132 SMs in whole waves: the width is the one whose waves of tiles
+    take least time (a narrower tile is shorter but sustains less, BN_RATE). The counts here are
+    the geometry's, checked by hand."""
     dev = DEV["sm_90"]
     bn = lambda p, *v: macros(select(p, dev, variants=v))["BN"]  # noqa: E731
-    for N in (64, 128):
-        p = Problem.dense(128, N, 64, "tf32", batch=1024, b_t=True)
-        assert bn(p) == 128 and bn(p, WgmmaTf32(narrow_n_tile=False)) == 256
-    assert bn(Problem.dense(128, 129, 64, "tf32", batch=1024, b_t=True)) == 256
-    assert bn(Problem.dense(4096, 4096, 4096, "tf32", b_t=True)) == 256
-    # tf32x3 has the 128-wide tile only
-    assert bn(Problem.dense(128, 128, 64, "tf32x3", batch=1024, b_t=True), WgmmaTf32(narrow_n_tile=False)) == 128
+    # gpt2's qkv: 32 x 9 = 288 tiles of 256 (3 waves) against 32 x 12 = 384 of 192 (3 waves of
+    # tiles 3/4 as long): 192 (H200: 62.3 -> 50.8 us, NOTES run 23)
+    assert bn(Problem.dense(4096, 2304, 768, "tf32", b_t=True)) == 192
+    # 4096^3: 512 tiles of 256 (4 waves) against 704 of 192 (6 waves of 3/4): 256
+    assert bn(Problem.dense(4096, 4096, 4096, "tf32")) == 256
+    # llama's kv projection: 16 x 8 = 128 tiles of 128 are one wave, as are 64 of 256 (twice as long)
+    assert bn(Problem.dense(2048, 1024, 4096, "tf32", b_t=True)) == 128
+    # attention at 64 keys: a 64-wide tile, no padded columns
+    assert bn(Problem.dense(128, 64, 64, "tf32", batch=1024, b_t=True)) == 64
+    # tf32x3 holds three accumulator sets: 128 wide at most, 96 where it fills the waves better
+    assert bn(Problem.dense(4096, 4096, 4096, "tf32x3")) == 128
+    assert bn(Problem.dense(4096, 2304, 768, "tf32x3", b_t=True)) == 96
+    # run 18's rule as the variant: 128 wide for N <= 128, else the widest that fills 90% of a wave
+    fill = WgmmaTf32(tile_rule="fill")
+    assert bn(Problem.dense(128, 128, 64, "tf32", batch=1024, b_t=True), fill) == 128
+    assert bn(Problem.dense(128, 129, 64, "tf32", batch=1024, b_t=True), fill) == 256
+    assert bn(Problem.dense(4096, 2304, 768, "tf32", b_t=True), fill) == 256
+    for width in (64, 96, 128, 192, 256):
+        assert bn(Problem.dense(4096, 2304, 768, "tf32", b_t=True), WgmmaTf32(force_bn=width)) == width
+
+
+def test_wgmma_runs_persistent_up_to_16_waves_or_at_short_k():
+    """One block an SM walking the tiles up to 16 waves of them (or any number where K <= 256);
+    one block a tile beyond, where the hardware's scheduler evens out slow SMs (gpt2's lm_head:
+    48 waves at K = 768 ran 0.92x persistent)."""
+    dev = DEV["sm_90"]
+    def grid(p, *v):
+        k = select(p, dev, variants=v, force="wgmma_tf32").kernel
+        return k.grid[0], k.work_items
+    assert grid(Problem.dense(4096, 4096, 4096, "tf32")) == (132, 512)
+    assert grid(Problem.dense(2048, 2048, 128, "tf32", batch=32, b_t=True)) == (132, 4096)  # K = 128
+    assert grid(Problem.dense(4096, 50257, 768, "tf32", b_t=True)) == (6304, 6304)  # 48 waves
+    assert grid(Problem.dense(4096, 4096, 4096, "tf32"), WgmmaTf32(persistent=False)) == (512, 512)
+    assert grid(Problem.dense(4096, 50257, 768, "tf32", b_t=True), WgmmaTf32(persistent="always")) == (132, 6304)
+    assert grid(Problem.dense(64, 64, 64, "tf32", batch=5)) == (5, 5)  # fewer tiles than SMs: a block each
+
+
+def test_wgmma_stores_c_through_the_copy_engine_where_a_tensor_map_can_describe_it():
+    """C rows of 16-byte multiples, n contiguous: staged in shared memory and written by TMA
+    (boxes of 32 columns; the ring gives up a slot where both do not fit). Not for an odd row
+    pitch, an m-contiguous C (a row-major B's C^T), or the 256-wide tile past K = 1024, where the
+    lost slot cost more than the overlap gave (NOTES run 23)."""
+    dev = DEV["sm_90"]
+    m = lambda p, *v: macros(select(p, dev, variants=v, force="wgmma_tf32"))  # noqa: E731
+    tma = m(Problem.dense(4728, 3072, 768, "tf32", b_t=True))  # 128 wide
+    assert (tma["BN"], tma["TMA_STORE"], tma["C_BOXES"], tma["STAGES"]) == (128, 1, 4, 5)
+    assert "TMA_STORE" not in m(Problem.dense(4728, 3072, 768, "tf32", b_t=True), WgmmaTf32(tma_store=False))
+    assert "TMA_STORE" not in m(Problem.dense(4728, 3070, 768, "tf32", b_t=True))  # row pitch 3070 floats
+    assert "TMA_STORE" not in m(Problem.dense(4096, 4096, 4096, "tf32"))  # row-major B: C^T, m-contiguous
+    assert "TMA_STORE" not in m(dataclasses.replace(Problem.dense(4728, 3072, 768, "tf32", b_t=True), c_align=8))
+    wide = m(Problem.dense(4096, 3072, 1024, "tf32", b_t=True))
+    assert (wide["BN"], wide["TMA_STORE"], wide["STAGES"]) == (256, 1, 3)
+    long_k = m(Problem.dense(4096, 1024, 4096, "tf32", b_t=True))
+    assert (long_k["BN"], long_k["STAGES"]) == (256, 4) and "TMA_STORE" not in long_k
+    x3 = m(Problem.dense(4096, 4096, 4096, "tf32x3"))  # (copied K-major halves: C as given)
+    assert (x3["TMA_STORE"], x3["C_BOXES"], x3["STAGES"]) == (1, 2, 3)
+    for p in (Problem.dense(4728, 3072, 768, "tf32", b_t=True), Problem.dense(4096, 4096, 4096, "tf32x3")):
+        check_geometry(select(p, dev, force="wgmma_tf32"))  # (the staging boxes fit beside the ring)
+
+
+def test_small_tf32_products_run_on_wgmma_unless_k_is_long_enough_for_a_split_to_win():
+    """Fewer 128 x 64 tiles than SMs: wgmma walks all of K in one tile per SM, tf32_mma splits K
+    over every SM. Measured on the H200 (probes/small_tf32_probe.py, NOTES run 23): wgmma 14.5 us
+    against 27.0 at 300 x 700 x 1100 (33 tiles), 28.1 against 70.6 at 77 x 1531 x 2053 (with its
+    copies: K % 4 != 0); tf32_mma 24.7 against 29.1 at 200 x 1000 x 4096 (32 tiles) and 22.8
+    against 53.9 at 100 x 300 x 8192 (5 tiles)."""
+    dev = DEV["sm_90"]
+    family = lambda *a, **k: select(Problem.dense(*a, "tf32", **k), dev).kernel.family  # noqa: E731
+    assert family(300, 700, 1100, b_t=True) == "wgmma_tf32"
+    assert family(512, 512, 512) == "wgmma_tf32"
+    assert family(77, 1531, 2053) == "wgmma_tf32"  # A and B^T copied K-major: 18 FLOP per copied byte
+    assert family(200, 1000, 4096, b_t=True) == "tf32_mma"
+    plan = select(Problem.dense(100, 300, 8192, "tf32", b_t=True), dev)
+    assert plan.kernel.family == "tf32_mma"
+    assert "5 tiles of 128x64 for 132 SMs at K = 8192" in dict(plan.rejected)["wgmma_tf32"]
+    # a full wave of tiles: wgmma whatever K
+    assert family(1024, 8448, 16384, b_t=True) == "wgmma_tf32"
 
 
 def test_wgmma_copies_an_operand_with_a_zero_row_stride():

@@ -405,8 +405,8 @@ def test_compile_error_warns_once_falls_back_and_explain_says_why(fresh_state, s
     exp = fastmm.explain(a, b, precision="ieee")
     assert exp.kernel is None and exp.fallback.startswith("kernel simt_cp_async failed to compile")
     assert "runs: torch.matmul, because kernel simt_cp_async failed to compile" in str(exp)
-    # other kernels are unaffected: a tf32 problem plans tf32_mma as before
-    assert fastmm.explain(a, b, precision="tf32").kernel == "tf32_mma"
+    # other kernels are unaffected: a tf32 problem plans its tensor-core kernel as before
+    assert fastmm.explain(a, b, precision="tf32").kernel == "wgmma_tf32"
     assert fast_path.ENTRIES == {} and launcher._modules == {}
 
 

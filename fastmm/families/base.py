@@ -80,6 +80,9 @@ class KernelConfig:
     # Launched with programmatic dependent launch (sm_90+; its kernel calls grid_dependency_sync
     # in cuda_src/ptx.cuh first): scheduled while the kernel ahead on the stream finishes.
     dependent_launch: bool = False
+    # Tiles (times batch entries) the grid walks, where a block takes more than one (a persistent
+    # kernel: wgmma_tf32); 0: one block a tile, as the grid says.
+    work_items: int = 0
 
     def target(self, device_arch: str) -> str:
         """The NVRTC target of this kernel on a device of ``device_arch`` (e.g. sm_90 -> sm_90a)."""

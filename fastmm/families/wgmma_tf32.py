@@ -7,17 +7,27 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ..problem import DeviceFacts, Problem, transposed
-from .base import Family, KernelConfig, grid_of, pick_tile, tiles_of
+from .base import Family, KernelConfig, pick_tile, tiles_of
 from .stage_kmajor import kmajor_batch, stage_kmajor_config
 
 
-#: The wgmma family does not split K: each block walks all of K. tf32_mma, slower per SM but
-#: with K split over every SM, is faster when wgmma's tiles fill less than this share of the
-#: SMs: about its relative speed (H200: TF32 120 vs 350 TFLOP/s; tf32x3 24-28 vs 115).
-WGMMA_MIN_SM_FRACTION = {"tf32": 1 / 3, "tf32x3": 1 / 4}
+#: The wgmma family does not split K: each block walks all of K. tf32x3: tf32_mma, slower per SM
+#: but with K split over every SM, is faster when wgmma's 128 x 128 tiles fill less than this
+#: share of the SMs (H200: tf32x3 24-28 vs 115 TFLOP/s).
+WGMMA_MIN_SM_FRACTION = {"tf32x3": 1 / 4}
+#: tf32, a product of fewer 128 x 64 tiles than SMs: wgmma takes about WGMMA_SOLO_US_PER_K us per
+#: k of one tile; tf32_mma splitting K over the SMs about MMA_SPLIT_US plus MMA_SPLIT_US_PER_K us
+#: per k of each 128 x 64 tile's share of an SM. Fitted to `probes/small_tf32_probe.py` (NOTES run
+#: 23): wgmma 1.9-2.8x faster at K <= 2053 (300 x 700 x 1100: 14.5 against 27.0 us), tf32_mma
+#: 1.2-2.4x at 32 tiles and K = 4096 and at 5 tiles and K = 8192, even at 64 tiles and K = 4096.
+WGMMA_SOLO_US_PER_K = 0.0064
+MMA_SPLIT_US = 12.0
+MMA_SPLIT_US_PER_K = 0.0128
 #: wgmma takes a problem whose operands it must copy first when the product does at least this
 #: many FLOP per byte the copies move (see heuristic_reason).
-WGMMA_COPY_MIN_FLOP_PER_BYTE = {"tf32": 128, "tf32x3": 20}
+#: (tf32 was 128 until run 23: 77 x 1531 x 2053, whose A and B^T need copies (K % 4 != 0), makes
+#: 18 FLOP per copied byte and ran 28.1 us on wgmma with its copies, 70.6 on tf32_mma.)
+WGMMA_COPY_MIN_FLOP_PER_BYTE = {"tf32": 16, "tf32x3": 20}
 
 
 @dataclass(frozen=True)
@@ -45,6 +55,54 @@ def _tma_ready(rows_stride: int, k_stride: int, batch_strides: tuple[int, int], 
 X3_SHORT_K = 2048
 
 
+#: The grid's x limit (the kernel walks any tiles beyond it).
+MAX_GRID_X = 2**31 - 1
+#: Sustained rate of a 128 x BN tile's main loop, per precision, relative to the widest tile's.
+#: Narrower tiles move more bytes per FLOP (each k-step loads 128 rows of A and BN of B), and
+#: the H200's SMs together pull ~12 TB/s from L2 (measured: the 64-wide tile at 12.1, the 96-wide at
+#: 11.5, against 9.2 for the 256-wide one at 2.98 TFLOP/s an SM). tf32: the rates that picked the
+#: fastest width (or one within 1%) on 22 of 25 products in `probes/wgmma_waves_probe.py` (NOTES run
+#: 23); tf32x3 (three wgmmas a k-step: compute-bound): fitted there.
+BN_RATE = {"tf32": {256: 1.0, 192: 0.97, 128: 0.92, 96: 0.86, 64: 0.76},
+           "tf32x3": {128: 1.0, 96: 0.96, 64: 0.915}}
+#: us a tile costs beyond its main loop (its stores, the mbarrier hand-offs), per column of width.
+TILE_US_PER_COLUMN = 1.5 / 256
+#: TF32 wgmma's sustained FLOP per us on one SM at the widest tile (H200: ~3.0 TFLOP/s an SM at
+#: BN = 256; tf32x3, three wgmmas a product, 0.72 at BN = 128).
+SM_RATE = {"tf32": 3.0e6, "tf32x3": 0.72e6}
+#: Persistent blocks (one an SM, each walking every 132nd tile) beat one block a tile by refilling
+#: the ring during the epilogue: 1.04-1.16x on products of 4-60 waves of tiles (up to 1.18x where K
+#: is 64-128 and fill and epilogue weigh most). But a static walk cannot even out SMs that run
+#: slower than others, which the hardware's block scheduler does: over 48 waves of K = 768
+#: (gpt2's lm_head, 4096 x 50257) persistent ran 0.92x. So: persistent up to this many waves, or
+#: where K is at most PERSISTENT_ANY_WAVES_K.
+PERSISTENT_MAX_WAVES = 16
+PERSISTENT_ANY_WAVES_K = 256
+
+
+#: The 256-wide tile stores C through the copy engine only up to this K: its staging boxes cost
+#: the ring a slot (4 -> 3), which lost 2-5% at K = 4096 (4096 x 1024 x 4096: 87.4 -> 92.1 us) and
+#: gained nothing at K = 1024, against 1.12-1.20x at K = 64-128 (attention's Q @ K^T), where the
+#: epilogue weighs most (NOTES run 23).
+TMA_STORE_256_MAX_K = 1024
+
+
+def wave_cost(p: Problem, dev: DeviceFacts, bn: int) -> float:
+    """us the busiest SM needs for ``p``'s tiles of width ``bn``: tiles are dealt to the SMs in
+    whole waves, so 288 tiles of 128 x 256 on 132 SMs take 3 tile times where 384 of 128 x 192 take
+    3 of a 25% shorter one (4096 x 2304 x 768: gpt2's qkv). Padding columns cost like real ones."""
+    tiles = tiles_of(p, 128, bn) * p.batch_total
+    per_sm = -(-tiles // max(dev.sm_count, 1))
+    k = -(-max(p.K, 1) // 32) * 32
+    rate = SM_RATE[p.precision] * BN_RATE[p.precision][bn]
+    return per_sm * (2.0 * 128 * bn * k / rate + TILE_US_PER_COLUMN * bn)
+
+
+def persistent_pays(p: Problem, dev: DeviceFacts, work: int) -> bool:
+    """Whether ``work`` tiles of ``p`` run persistent (see PERSISTENT_MAX_WAVES)."""
+    return work <= PERSISTENT_MAX_WAVES * dev.sm_count or p.K <= PERSISTENT_ANY_WAVES_K
+
+
 @dataclass(frozen=True)
 class WgmmaTf32(Family):
     """Hopper tensor cores: wgmma m64nNk8 TF32 fed by TMA, warp-specialised (sm_90a only); also
@@ -54,11 +112,22 @@ class WgmmaTf32(Family):
     from registers instead (A_MN); a row-major B is handled by computing C^T = B^T A^T, where B^T
     is that MN-major A (the planner's swap). Only what neither covers is copied."""
 
-    #: Whether tf32 products of N <= 128 take the 128-wide tile whatever the fill rule says: a
-    #: 256-wide one computes at least as many padded columns as real ones. H200 (RESULTS run 18):
-    #: 1024 x (128x128x64) B^T 51.8 -> 44.8 us, 256 x (128x128x128) 21.5 -> 19.3, the same bits.
-    #: False (the fill rule alone) is a variant for benchmarks.
-    narrow_n_tile: bool = True
+    #: How the tile width is chosen: "waves" (the default: the width whose whole waves of tiles
+    #: take least time, :func:`wave_cost`), or "fill" (run 18's rule, for benchmarks: the widest
+    #: tile that fills 90% of the SMs, 128 wide where N <= 128).
+    tile_rule: str = "waves"
+    #: One block an SM walking its share of the tiles (the ring is refilled during each epilogue)
+    #: where that pays (:func:`persistent_pays`); False: one block a tile always (a variant for
+    #: benchmarks), "always": persistent whatever the size (ditto).
+    persistent: bool | str = True
+    #: A tile width to take whatever the rule says (0: the rule's): for probes.
+    force_bn: int = 0
+    #: C stored through shared memory by the copy engine where C allows a tensor map
+    #: (:meth:`c_tma_ready`), so the stores drain under the next tile's main loop. False: from
+    #: registers (a variant for benchmarks).
+    tma_store: bool = True
+    #: 32-column boxes of C staged at once (0: the rule in :meth:`configure`): for probes.
+    c_boxes: int = 0
 
     name, source, entry = "wgmma_tf32", "wgmma_tf32.cu", "fastmm_wgmma_tf32"
     min_cc = (9, 0)
@@ -69,9 +138,9 @@ class WgmmaTf32(Family):
 
     @staticmethod
     def tile_options(x3: bool):
-        """(BN, STAGES), largest first: a 192 KiB ring either way. tf32x3 keeps three sets of
-        accumulators and four tiles a slot, so 128 columns and 3 x 64 KiB."""
-        return ((128, 3),) if x3 else ((256, 4), (128, 6))
+        """(BN, STAGES), widest first. tf32: a ring of 192-200 KiB whatever the width. tf32x3
+        keeps three sets of accumulators (BN <= 128) and four tiles a slot."""
+        return ((128, 3), (96, 4), (64, 4)) if x3 else ((256, 4), (192, 5), (128, 6), (96, 7), (64, 8))
 
     def reject(self, p, dev):
         reason = super().reject(p, dev)
@@ -109,19 +178,37 @@ class WgmmaTf32(Family):
     def b_mn_ready(p: Problem) -> bool:
         return _tma_ready(p.b_strides[0], p.b_strides[1], p.b_batch_strides, p.b_align)
 
-    def smem_bytes(self, bn: int, stages: int, x3: bool = False) -> int:
-        # ring + mbarriers, plus 1 KiB so the kernel can align the ring to 1024 bytes (swizzle)
-        return stages * (2 if x3 else 1) * (self.bm + bn) * self.bk * 4 + 16 * stages + 1024
+    def smem_bytes(self, bn: int, stages: int, x3: bool = False, c_boxes: int = 0) -> int:
+        # ring + C's staging boxes (TMA_STORE) + mbarriers, plus 1 KiB so the kernel can align the
+        # ring to 1024 bytes (swizzle)
+        return (stages * (2 if x3 else 1) * (self.bm + bn) * self.bk * 4 + c_boxes * self.bm * 32 * 4
+                + 16 * stages + 1024)
+
+    @staticmethod
+    def c_tma_ready(p: Problem) -> bool:
+        """C can be written by the copy engine: n contiguous, and the row pitch, batch strides and
+        base pointer 16-byte aligned (a tensor map's requirements)."""
+        sCm, sCn = p.c_strides
+        return sCn == 1 and sCm > 0 and sCm % 4 == 0 and p.c_align >= 16 and all(s % 4 == 0 for s in p.c_batch_strides)
 
     def configure(self, p, dev):
         x3 = p.precision == "tf32x3"
         options = self.tile_options(x3)
-        if self.narrow_n_tile and p.N <= 128:
-            options = options[-1:]
-        # (no area test beyond that: it took 128-wide tiles for N = 300 (1.05x) and 384 (0.96x);
-        # the fill rule's choices were measured)
-        bn, stages = pick_tile(p, dev, options, lambda o: (self.bm, o[0]), pad_slack=None)
-        while stages > 2 and self.smem_bytes(bn, stages, x3) > dev.smem_per_block_optin:
+        if self.force_bn:
+            bn, stages = next(o for o in options if o[0] == self.force_bn)
+        elif self.tile_rule == "fill":
+            if p.N <= 128:
+                options = tuple(o for o in options if o[0] == 128)
+            options = tuple(o for o in options if o[0] in (256, 128))
+            bn, stages = pick_tile(p, dev, options, lambda o: (self.bm, o[0]), pad_slack=None)
+        else:
+            bn, stages = min(options, key=lambda o: wave_cost(p, dev, o[0]))  # (ties: the wider)
+        # TMA_STORE stages 4 boxes of C at once (2 for tf32x3, whose ring slots are twice as big),
+        # taken from the ring where both do not fit (H200: 128 wide, 6 slots -> 5; 256 wide, 4 -> 3;
+        # see TMA_STORE_256_MAX_K)
+        tma = self.tma_store and self.c_tma_ready(p) and (bn < 256 or self.c_boxes or p.K <= TMA_STORE_256_MAX_K)
+        c_boxes = (min(self.c_boxes or (2 if x3 else 4), bn // 32)) if tma else 0
+        while stages > 2 and self.smem_bytes(bn, stages, x3, c_boxes) > dev.smem_per_block_optin:
             stages -= 1
         a_mn = not x3 and not self.a_ready(p) and self.a_mn_ready(p)
         sCm, sCn = p.c_strides
@@ -133,7 +220,11 @@ class WgmmaTf32(Family):
             c_vec = 2
         else:
             c_vec = 0
+        if tma:
+            c_vec = 0  # (unused: the copy engine stores)
         macros = (("BN", bn), ("STAGES", stages), ("C_VEC", c_vec), ("PRECISION_X3", int(x3)), ("A_MN", int(a_mn)))
+        if tma:
+            macros += (("TMA_STORE", 1), ("C_BOXES", c_boxes))
         if x3:  # see X3_SHORT_K
             macros += (("PROMOTE_EVERY", 1 if p.K <= X3_SHORT_K else 2), ("COMPENSATE", 1))
         loads = ("TMA tiles of the big and small halves (K-major, 128-byte swizzle)" if x3 else
@@ -142,13 +233,20 @@ class WgmmaTf32(Family):
                     "its B K-major" if a_mn else "both K-major"))
         details = (("A, B loads", loads),
                    ("pipeline", f"{stages} stages, 1 producer + 2 consumer warpgroups, mbarriers"),
-                   ("C stores", ("single floats", "float2 along n", "float2 along m")[c_vec]),
+                   ("C stores", f"staged in shared memory {c_boxes} boxes of 128x32 at a time, written by the copy "
+                                "engine (TMA) while the next tile's main loop runs" if tma else
+                    ("single floats", "float2 along n", "float2 along m")[c_vec]),
                    ("math", f"3xTF32 wgmma m64n{bn}k8: big*big promoted to fp32 (compensated) every "
                             f"{'k-step' if p.K <= X3_SHORT_K else '2 k-steps'}, small cross terms in their own "
                             "accumulator" if x3 else f"TF32 wgmma m64n{bn}k8, fp32 accumulate"))
+        work = tiles_of(p, self.bm, bn) * p.batch_total
+        persistent = self.persistent == "always" or (self.persistent and persistent_pays(p, dev, work))
+        details += (("schedule", f"persistent: {min(work, dev.sm_count)} blocks (one an SM) walk {work} tiles"
+                                 if persistent else f"one block a tile ({work} tiles)"),)
         return KernelConfig(self.name, self.source, self.entry, macros, self.threads, (self.threads, 1, 1),
-                            grid_of(tiles_of(p, self.bm, bn), p.batch_total), self.smem_bytes(bn, stages, x3),
-                            (self.bm, bn, self.bk), details, arch_suffix="a")
+                            (max(1, min(work, dev.sm_count if persistent else MAX_GRID_X)), 1, 1),
+                            self.smem_bytes(bn, stages, x3, c_boxes), (self.bm, bn, self.bk), details, arch_suffix="a",
+                            work_items=work)
 
     def map_specs(self, p: Problem, cfg: KernelConfig):
         """Tensor-map geometry of A and B for launch problem ``p``: dims (K, rows, batch_inner,
@@ -170,6 +268,19 @@ class WgmmaTf32(Family):
             dims, box = ((rows, p.K), (32, self.bk)) if mn else ((p.K, rows), (self.bk, box_rows))
             specs.append(MapSpec(dims + (inner_n, outer_n), (pitch * 4, inner_s, outer_s), box + (1, 1)))
         return specs[0], specs[1], bits
+
+    def c_map_spec(self, p: Problem, cfg: KernelConfig) -> MapSpec | None:
+        """C's tensor map where the kernel stores through the copy engine (TMA_STORE): dims (N, M,
+        batch_inner, batch_outer), boxes of 32 columns by the tile's rows; None otherwise."""
+        if not dict(cfg.macros).get("TMA_STORE"):
+            return None
+        outer = max(1, p.batch_total // max(p.batch_inner, 1))
+        s0, s1 = p.c_batch_strides
+        pitch = p.c_strides[0]
+        extent = max(p.M * pitch * 4, 16)
+        inner_n, inner_s = (p.batch_inner, s1 * 4) if s1 and p.batch_inner > 1 else (1, extent)
+        outer_n, outer_s = (outer, s0 * 4) if s0 and outer > 1 else (1, extent)
+        return MapSpec((p.N, p.M, inner_n, outer_n), (pitch * 4, inner_s, outer_s), (32, self.bm, 1, 1))
 
     def staging(self, p: Problem, dev: DeviceFacts, option: tuple[int, ...] | None = None
                 ) -> tuple[Problem, tuple[tuple[str, int, int], ...], bool]:
@@ -220,18 +331,27 @@ class WgmmaTf32(Family):
     def heuristic_reason(self, p: Problem, dev: DeviceFacts) -> str | None:
         """Why the wgmma family should not take ``p`` although it could (heuristics, not limits):
         too few tiles for the SMs, or copies that would cost too much next to the product."""
-        blocks = -(-p.M // 128) * -(-p.N // 128) * p.batch_total
-        share = WGMMA_MIN_SM_FRACTION[p.precision]
-        if blocks < share * dev.sm_count:
-            return (f"{blocks} tiles of 128x128 fill under 1/{round(1 / share)} of the {dev.sm_count} SMs, and this "
-                    "family does not split K")
+        if p.precision == "tf32":
+            blocks = tiles_of(p, 128, 64) * p.batch_total  # (the narrowest tile the wave rule takes)
+            solo = WGMMA_SOLO_US_PER_K * p.K
+            split = MMA_SPLIT_US + MMA_SPLIT_US_PER_K * p.K * blocks / dev.sm_count
+            if blocks < dev.sm_count and solo > split:
+                return (f"{blocks} tiles of 128x64 for {dev.sm_count} SMs at K = {p.K}: walking all of K a tile "
+                        f"(~{solo:.0f} us) takes longer than tf32_mma's K split over the SMs (~{split:.0f} us)")
+        else:
+            blocks = -(-p.M // 128) * -(-p.N // 128) * p.batch_total
+            share = WGMMA_MIN_SM_FRACTION[p.precision]
+            if blocks < share * dev.sm_count:
+                return (f"{blocks} tiles of 128x128 fill under 1/{round(1 / share)} of the {dev.sm_count} SMs, and this "
+                        "family does not split K")
         _, staged, _ = self.staging(p, dev)
         x3 = p.precision == "tf32x3"
         per_element = 12 if x3 else 8  # read, write (twice when split)
         moved = sum(per_element * rows * cols * kmajor_batch(p, which)[1] for which, rows, cols in staged)
         # The alternative, tf32_mma, is much slower (H200: TF32 120 vs 350 TFLOP/s; tf32x3 24-28 vs
-        # 115): with copies at ~3 TB/s, wgmma + copies is faster above ~60 FLOP per copied byte for
-        # tf32 and ~10 for tf32x3. Asked: about twice that.
+        # 115), and slower still on small products (blocks of one warp: 2-4x under its large-product
+        # rate): with copies at ~3 TB/s, wgmma + copies is faster above ~10 FLOP per copied byte.
+        # Asked: 16 for tf32 (measured, above), 20 for tf32x3.
         need = WGMMA_COPY_MIN_FLOP_PER_BYTE["tf32x3" if x3 else "tf32"]
         if staged and 2 * p.M * p.N * p.K * p.batch_total < need * moved:
             names = " and ".join("B (transposed)" if w == "bt" else "A" for w, _, _ in staged)

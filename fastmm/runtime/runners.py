@@ -170,6 +170,7 @@ def wgmma_runner(plan, loaded, p: Problem, device: torch.device):
     ~3 us) per call."""
     x3 = plan.precision_used == "tf32x3"
     spec_a, spec_b, bits = FAMILIES["wgmma_tf32"].map_specs(p, plan.kernel)
+    spec_c = FAMILIES["wgmma_tf32"].c_map_spec(p, plan.kernel)  # (None: C stored from registers)
     tail = (p.M, p.N, p.K, *p.c_strides, p.batch_inner, p.batch_total, *p.c_batch_strides, bits)
     swap, gemm = plan.swap_ab, launcher.maps_launcher(loaded)
     copies = []  # (copies A?, buffer shape, loaded stager, its arguments after (src, big, small))
@@ -200,5 +201,7 @@ def wgmma_runner(plan, loaded, p: Problem, device: torch.device):
                          + [encode(ptr, spec_b, tf32=False) for ptr in b_parts])
         else:  # one part each (the operand or its copy); the copy engine rounds to TF32
             maps = (encode(a_parts[0], spec_a, tf32=True), encode(b_parts[0], spec_b, tf32=True))
+        if spec_c is not None:  # fp32: the copy engine must not round C to TF32
+            maps += (encode(pc, spec_c, tf32=False),)
         gemm(stream, maps, (pc,) + tail + epi)
     return run
