@@ -151,7 +151,8 @@ def efficiency(kernel, p: Problem, cc: tuple[int, int] = (0, 0)) -> float:
     if fam == "scalar":
         return EFFICIENCY[("scalar", None)]
     eff = EFFICIENCY.get(((fam, cc), p.precision)) or EFFICIENCY.get((fam, p.precision), 0.3)
-    if fam == "tf32_mma" and dict(kernel.macros).get("WARPS_M", 1) * dict(kernel.macros).get("WARPS_N", 1) == 1:
+    if (fam == "tf32_mma" and p.precision == "tf32"  # (measured at tf32 only)
+            and dict(kernel.macros).get("WARPS_M", 1) * dict(kernel.macros).get("WARPS_N", 1) == 1):
         eff *= TF32_MMA_ONE_WARP
     if fam == "wgmma_tf32":  # fitted at the widest tile; narrower ones sustain less (BN_RATE)
         eff *= BN_RATE.get(p.precision, {}).get(kernel.tile[1], 1.0)

@@ -114,7 +114,9 @@ def test_unknown_newer_arches_use_the_newest_known_peaks():
 # ---------------------------------------------------------------------------------------------
 # the planner's use of the model
 
-SHORT_K = Problem.dense(1024, 700, 32, "tf32x3")  # tf32x3 with K = 32: one k-step per tile
+# tf32x3 with K = 32: one k-step per tile. (At K = 64, run 22's example, tf32x3's 64-wide wgmma tile
+# of run 23 is predicted at 13.2 us against 9.9 for fp32: within the margin, so it stays.)
+SHORT_K = Problem.dense(1024, 700, 32, "tf32x3")
 
 
 def test_a_tf32x3_request_runs_fp32_where_the_model_predicts_it_clearly_faster():

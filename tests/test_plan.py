@@ -1483,6 +1483,11 @@ def test_wgmma_stores_c_through_the_copy_engine_where_a_tensor_map_can_describe_
     assert "TMA_STORE" not in m(Problem.dense(4728, 3070, 768, "tf32", b_t=True))  # row pitch 3070 floats
     assert "TMA_STORE" not in m(Problem.dense(4096, 4096, 4096, "tf32"))  # row-major B: C^T, m-contiguous
     assert "TMA_STORE" not in m(dataclasses.replace(Problem.dense(4728, 3072, 768, "tf32", b_t=True), c_align=8))
+    # a batch dim whose C stride is 0 (no real output has one; Problem.dense's batch puts the batch
+    # on z0 with stride 0): a map of that dim could not walk it
+    assert "TMA_STORE" not in m(Problem.dense(512, 512, 512, "tf32", batch=3, b_t=True))
+    walked = dataclasses.replace(Problem.dense(512, 512, 512, "tf32", batch=3, b_t=True), batch_inner=3)
+    assert walked.c_batch_strides == (0, 512 * 512) and m(walked)["TMA_STORE"] == 1
     wide = m(Problem.dense(4096, 3072, 1024, "tf32", b_t=True))
     assert (wide["BN"], wide["TMA_STORE"], wide["STAGES"]) == (256, 1, 3)
     long_k = m(Problem.dense(4096, 1024, 4096, "tf32", b_t=True))

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Small TF32 products (a fraction of a wave of 128-row tiles): TF32 wgmma, which does not split
-K, against tf32_mma, which does (the planner's WGMMA_MIN_SM_FRACTION decides between them).
+K, against tf32_mma, which does (the planner decides between them by WgmmaTf32.heuristic_reason's
+time estimate, fitted to this probe; it was "a third of the SMs in 128 x 128 tiles" before).
 
     python benchmarks/probes/small_tf32_probe.py [--precisions tf32,tf32x3]
 

@@ -189,7 +189,11 @@ class WgmmaTf32(Family):
         """C can be written by the copy engine: n contiguous, and the row pitch, batch strides and
         base pointer 16-byte aligned (a tensor map's requirements)."""
         sCm, sCn = p.c_strides
-        return sCn == 1 and sCm > 0 and sCm % 4 == 0 and p.c_align >= 16 and all(s % 4 == 0 for s in p.c_batch_strides)
+        s0, s1 = p.c_batch_strides
+        outer = p.batch_total // max(p.batch_inner, 1)
+        walked = (p.batch_inner <= 1 or s1 != 0) and (outer <= 1 or s0 != 0)  # (a map dim of size 1 would drop stores)
+        return (sCn == 1 and sCm > 0 and sCm % 4 == 0 and p.c_align >= 16 and walked
+                and all(s % 4 == 0 for s in p.c_batch_strides))
 
     def configure(self, p, dev):
         x3 = p.precision == "tf32x3"
