@@ -140,9 +140,8 @@ class Prediction:
 def efficiency(kernel, p: Problem, cc: tuple[int, int] = (0, 0)) -> float:
     """The family's sustained share of its peak for this kernel on an arch of compute
     capability ``cc`` (see ``EFFICIENCY``: an entry for the arch wins)."""
-    fam = kernel.family
+    fam, macros = kernel.family, dict(kernel.macros)
     if fam in ("simt_cp_async", "simt_float4"):
-        macros = dict(kernel.macros)
         eff = EFFICIENCY[(fam, 16 if macros.get("THREAD_M") == 16 else 8)]
         for op in ("A_MODE", "B_MODE"):
             if macros.get(op) == LOAD_ELEM_K:
@@ -151,9 +150,8 @@ def efficiency(kernel, p: Problem, cc: tuple[int, int] = (0, 0)) -> float:
     if fam == "scalar":
         return EFFICIENCY[("scalar", None)]
     eff = EFFICIENCY.get(((fam, cc), p.precision)) or EFFICIENCY.get((fam, p.precision), 0.3)
-    if (fam == "tf32_mma" and p.precision == "tf32"  # (measured at tf32 only)
-            and dict(kernel.macros).get("WARPS_M", 1) * dict(kernel.macros).get("WARPS_N", 1) == 1):
-        eff *= TF32_MMA_ONE_WARP
+    if fam == "tf32_mma" and p.precision == "tf32" and macros.get("WARPS_M", 1) * macros.get("WARPS_N", 1) == 1:
+        eff *= TF32_MMA_ONE_WARP  # (measured at tf32 only)
     if fam == "wgmma_tf32":  # fitted at the widest tile; narrower ones sustain less (BN_RATE)
         eff *= BN_RATE.get(p.precision, {}).get(kernel.tile[1], 1.0)
     return eff

@@ -98,6 +98,17 @@ def wave_cost(p: Problem, dev: DeviceFacts, bn: int) -> float:
     return per_sm * (2.0 * 128 * bn * k / rate + TILE_US_PER_COLUMN * bn)
 
 
+def _batch_dims(p: Problem, strides: tuple[int, int], extent: int) -> tuple[tuple[int, int], tuple[int, int]]:
+    """A tensor map's two batch dims for an operand of ``p`` with batch ``strides`` (s0, s1):
+    sizes (batch_inner, batch_outer) and byte strides, a dim the operand does not walk (stride 0,
+    or size 1) collapsed to size 1 with ``extent`` (the matrix's bytes) as its stride."""
+    s0, s1 = strides
+    outer = max(1, p.batch_total // max(p.batch_inner, 1))
+    inner_n, inner_s = (p.batch_inner, s1 * 4) if s1 and p.batch_inner > 1 else (1, extent)
+    outer_n, outer_s = (outer, s0 * 4) if s0 and outer > 1 else (1, extent)
+    return (inner_n, outer_n), (inner_s, outer_s)
+
+
 def persistent_pays(p: Problem, dev: DeviceFacts, work: int) -> bool:
     """Whether ``work`` tiles of ``p`` run persistent (see PERSISTENT_MAX_WAVES)."""
     return work <= PERSISTENT_MAX_WAVES * dev.sm_count or p.K <= PERSISTENT_ANY_WAVES_K
@@ -189,9 +200,9 @@ class WgmmaTf32(Family):
         """C can be written by the copy engine: n contiguous, and the row pitch, batch strides and
         base pointer 16-byte aligned (a tensor map's requirements)."""
         sCm, sCn = p.c_strides
-        s0, s1 = p.c_batch_strides
-        outer = p.batch_total // max(p.batch_inner, 1)
-        walked = (p.batch_inner <= 1 or s1 != 0) and (outer <= 1 or s0 != 0)  # (a map dim of size 1 would drop stores)
+        # every batch dim walked: a dim collapsed to size 1 (stride 0) would drop the other entries' stores
+        sizes, _ = _batch_dims(p, p.c_batch_strides, 16)
+        walked = sizes == (max(p.batch_inner, 1), max(1, p.batch_total // max(p.batch_inner, 1)))
         return (sCn == 1 and sCm > 0 and sCm % 4 == 0 and p.c_align >= 16 and walked
                 and all(s % 4 == 0 for s in p.c_batch_strides))
 
@@ -257,16 +268,14 @@ class WgmmaTf32(Family):
         batch_outer) for a K-major operand, (rows, K, ...) with 32-row boxes for the m-contiguous
         A of A_MN; a broadcast batch dim collapsed to size 1; and the kernel's broadcast bits (bit
         set: that operand walks that batch dim)."""
-        outer = max(1, p.batch_total // max(p.batch_inner, 1))
         a_mn = dict(cfg.macros).get("A_MN", 0) == 1
         bits = 0
         specs = []
-        for i, (rows, pitch, (s0, s1), box_rows, mn) in enumerate((
+        for i, (rows, pitch, batch_strides, box_rows, mn) in enumerate((
                 (p.M, p.a_strides[1] if a_mn else p.a_strides[0], p.a_batch_strides, self.bm, a_mn),
                 (p.N, p.b_strides[1], p.b_batch_strides, cfg.tile[1], False))):
             extent = max((p.K if mn else rows) * pitch * 4, 16)
-            inner_n, inner_s = (p.batch_inner, s1 * 4) if s1 and p.batch_inner > 1 else (1, extent)
-            outer_n, outer_s = (outer, s0 * 4) if s0 and outer > 1 else (1, extent)
+            (inner_n, outer_n), (inner_s, outer_s) = _batch_dims(p, batch_strides, extent)
             bits |= (1 if inner_n > 1 else 0) << (2 * i)
             bits |= (1 if outer_n > 1 else 0) << (2 * i + 1)
             dims, box = ((rows, p.K), (32, self.bk)) if mn else ((p.K, rows), (self.bk, box_rows))
@@ -278,13 +287,9 @@ class WgmmaTf32(Family):
         batch_inner, batch_outer), boxes of 32 columns by the tile's rows; None otherwise."""
         if not dict(cfg.macros).get("TMA_STORE"):
             return None
-        outer = max(1, p.batch_total // max(p.batch_inner, 1))
-        s0, s1 = p.c_batch_strides
         pitch = p.c_strides[0]
-        extent = max(p.M * pitch * 4, 16)
-        inner_n, inner_s = (p.batch_inner, s1 * 4) if s1 and p.batch_inner > 1 else (1, extent)
-        outer_n, outer_s = (outer, s0 * 4) if s0 and outer > 1 else (1, extent)
-        return MapSpec((p.N, p.M, inner_n, outer_n), (pitch * 4, inner_s, outer_s), (32, self.bm, 1, 1))
+        sizes, strides = _batch_dims(p, p.c_batch_strides, max(p.M * pitch * 4, 16))
+        return MapSpec((p.N, p.M) + sizes, (pitch * 4,) + strides, (32, self.bm, 1, 1))
 
     def staging(self, p: Problem, dev: DeviceFacts, option: tuple[int, ...] | None = None
                 ) -> tuple[Problem, tuple[tuple[str, int, int], ...], bool]:
