@@ -459,6 +459,15 @@ def wgmma_cases(dev: DeviceFacts, precision: str, quick: bool) -> list[Case]:
         add("width", 2049, 1153, 40, b_t=True)
         if not quick:
             add("width", 1025, 2817, 40, b_t=True)
+    # the consumers taking turns on whole tiles (tf32, K >= 512; planned on the H200: 1409x2817 ->
+    # 96 wide, 360 tiles; 2300x2400 -> 128, 342 (float2 stores); 2049x2305 -> 64, 629; 4097x2817 ->
+    # 192, 495): odd and even numbers of tiles a block, edges in M, N and K
+    if precision == "tf32":
+        add("pingpong", 1409, 2817, 520, b_t=True)
+        add("pingpong", 2300, 2400, 600, b_t=True)
+        if not quick:
+            add("pingpong", 2049, 2305, 520, b_t=True)
+            add("pingpong", 4097, 2817, 515, b_t=True)
     # batches: in place where the layout allows (tf32), else copied per matrix (tf32x3 always)
     add("batch", bm - 1, bn + 1, bk + 3, batch=3, b_broadcast=True)  # K % 4 != 0: copies of both
     if precision == "tf32":
@@ -638,6 +647,7 @@ def main(argv=None) -> int:
                     help="no GPU: run every case on the CPU with torch.matmul standing in for fastmm (checks "
                     "this script's own buffers, guards and references)")
     ap.add_argument("--family", action="append", help="only these forced families (repeatable)")
+    ap.add_argument("--group", action="append", help="only cases of these groups, e.g. pingpong (repeatable)")
     ap.add_argument("--epilogue", action="store_true",
                     help="the cases without batch dims, each as 2 * A @ B + D with a fused epilogue")
     ap.add_argument("--max-work", type=float, default=None,
@@ -662,6 +672,8 @@ def main(argv=None) -> int:
             print(f"sanitize: fastmm cannot run its kernels here: {why}", file=sys.stderr)
             return 2
     cases = build_cases(facts, args.quick, args.family)
+    if args.group:
+        cases = [c for c in cases if c.group in args.group]
     if args.max_work:
         cases = [c for c in cases if c.work <= args.max_work]
     if args.epilogue:

@@ -13,6 +13,17 @@
 // TMA_STORE = 1: the consumers stage C in shared memory and the copy engine writes it (see the
 // epilogue); else they store it from registers.
 //
+// PINGPONG = 1 (tf32, K-major A, C from registers, no fused epilogue): the two consumer warpgroups take turns
+// instead of sharing each tile. Each owns whole 128-row tiles (two m64nBNk8 accumulator sets,
+// BN fp32 registers a thread) and the block's work items alternate between them: 0, 2, 4, ... to
+// warpgroup 1, 1, 3, 5, ... to warpgroup 2. One warpgroup's main loop runs while the other stores
+// its tile, so the tensor core does not wait for epilogues (the cooperative form stores every
+// tile with both warpgroups and the tensor core idle: at K = 768-1024 that is 15-25% of a tile).
+// The main loops are ordered by two named barriers (ORDER_BAR): a warpgroup starts its next item
+// only once the other has finished its main loop. That keeps the ring consumed in the order the
+// producer fills it, and it is what makes the full barriers' phase parity safe to wait on: a
+// warpgroup never waits on a slot more than one fill ahead of the last one consumed.
+//
 // Operands are K-major in shared memory (TF32 wgmma reads nothing else from there): the A map
 // walks (k, m), the B map walks (k, n), i.e. B^T row-major. An n-contiguous B is never read here
 // as such: the host computes C^T = B^T A^T instead, with B^T as an A_MN operand (below). Rows are 32 floats = 128 bytes with the 128-byte swizzle, which the copy engine
@@ -64,6 +75,19 @@
 #ifndef TMA_STORE
 #define TMA_STORE 0  // 1: C leaves through shared memory and the copy engine (see the epilogue)
 #endif
+#ifndef PINGPONG
+#define PINGPONG 0
+#endif
+#if PINGPONG && (PRECISION_X3 || A_MN || TMA_STORE || EPILOGUE)
+// (a fused epilogue: applied in the store loop it spills at BN 128-192 with two accumulator sets,
+// and a second sweep over C read back would outlast the other consumer's main loop; the
+// cooperative form applies it to C staged for the copy engine)
+#error "PINGPONG is built for tf32 with a K-major A and C stored from registers, without a fused epilogue"
+#endif
+#if PINGPONG && BN > 192
+#error "PINGPONG holds a whole 128 x BN tile a warpgroup: BN must be at most 192"
+#endif
+#define ORDER_BAR 2  // PINGPONG: named barriers 2 and 3 (0: __syncthreads, 1: consumer_sync)
 #ifndef C_BOXES
 #define C_BOXES 4  // TMA_STORE: 32-column boxes of C staged at once (BM x 32 floats each)
 #endif
@@ -125,6 +149,9 @@ __device__ __forceinline__ void sts_f32(unsigned addr, float x) {
 }
 // The two consumer warpgroups (256 threads) only: named barrier 1 (0 is __syncthreads).
 __device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
+// PINGPONG's hand-off between the consumer warpgroups: 128 threads arrive, the other 128 wait.
+__device__ __forceinline__ void order_wait(int id) { asm volatile("bar.sync %0, 256;\n" :: "r"(id) : "memory"); }
+__device__ __forceinline__ void order_signal(int id) { asm volatile("bar.arrive %0, 256;\n" :: "r"(id) : "memory"); }
 // Byte offset of C element (r, c) in a staged 32-column box: rows of 128 bytes, 16-byte chunks
 // XOR-swizzled by the row (the copy engine's 128-byte swizzle), so that a warp's float2 writes of
 // 8 rows x 4 column pairs touch every bank the minimum number of times.
@@ -234,6 +261,37 @@ __device__ __forceinline__ void x3_step(float* step, float* small, unsigned base
 }
 #endif
 
+// A thread's two adjacent outputs of row r (columns col and col + 1) stored from registers: as a
+// float2 (C_VEC = 1) or as single floats, each inside N.
+__device__ __forceinline__ void store_pair(float* Cb, int r, int col, int N, i64 sCm, i64 sCn, float v0, float v1) {
+    float* p = Cb + (i64)r * sCm + (i64)col * sCn;
+#if C_VEC == 1
+    if (col < N) *(float2*)p = make_float2(v0, v1);
+#else
+    if (col < N) p[0] = v0;
+    if (col + 1 < N) p[sCn] = v1;
+#endif
+}
+
+#if PINGPONG
+// Wait until the slot of ring position ``it`` is full; its shared-memory address.
+__device__ __forceinline__ unsigned wait_full_slot(unsigned base, unsigned bars, int it) {
+    const int s = it % STAGES;
+    mbar_wait(bars + 8 * s, (it / STAGES) & 1);
+    return base + s * STAGE_BYTES;
+}
+
+// PINGPONG's register stores of one 64-row half of a tile (accumulators ``d``): thread (warp, lane)
+// holds rows ``row`` and ``row`` + 8, columns col0 + 8 j and the next.
+__device__ __forceinline__ void store_half(const float* d, float* Cb, int row, int col0, int M, int N, i64 sCm, i64 sCn) {
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+            if (row + 8 * h < M) store_pair(Cb, row + 8 * h, col0 + 8 * j, N, sCm, sCn, d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
+}
+#endif
+
 #if TMA_STORE
 #define MAP_C , const __grid_constant__ TensorMap mapC
 #else
@@ -275,7 +333,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fastmm_wgmma_tf32(
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(bars + 8 * s, 1);                     // the producer's arrive + the bytes
-            mbar_init(bars + 8 * (STAGES + s), 2 * 4);      // one arrive per consumer warp
+            mbar_init(bars + 8 * (STAGES + s), (PINGPONG ? 1 : 2) * 4);  // one arrive per consuming warp
         }
         mbar_init_fence();
     }
@@ -318,6 +376,52 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fastmm_wgmma_tf32(
         }
     } else {
         asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+#if PINGPONG
+        const int cw = wg - 1;  // which work items: j = cw, cw + 2, ... of this block's
+        const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+        float d[ACC], d2[ACC];  // the tile's rows 0-63 and 64-127
+        for (long long j = cw;; j += 2) {
+            const long long w = blockIdx.x + j * gridDim.x;
+            if (w >= work) break;
+            int z, tm, tn;
+            work_item(w, tiles, tiles_m, tiles_n, z, tm, tn);
+            int it = (int)(j * k_tiles);  // this item's first position in the ring
+            if (j > 0) order_wait(ORDER_BAR + cw);  // the other warpgroup has issued its last k-step
+#pragma unroll
+            for (int i = 0; i < ACC; ++i) { d[i] = 0.f; d2[i] = 0.f; }
+            for (int kt = 0; kt < k_tiles; ++kt, ++it) {
+                const unsigned slot = wait_full_slot(base, bars, it);
+                const unsigned b_tile = slot + A_BYTES;
+#pragma unroll
+                for (int i = 0; i < ACC; ++i) { reg_fence(d[i]); reg_fence(d2[i]); }
+                wgmma_fence();
+#pragma unroll
+                for (int kk = 0; kk < BK / 8; ++kk) {
+                    const unsigned long long db = smem_desc(b_tile + kk * 32);
+                    wgmma_ss(d, smem_desc(slot + kk * 32), db, kt > 0 || kk > 0);
+                    wgmma_ss(d2, smem_desc(slot + 64 * 128 + kk * 32), db, kt > 0 || kk > 0);
+                }
+                wgmma_commit();
+                wgmma_wait<1>();  // the previous k-step's slot is read: hand it back
+#pragma unroll
+                for (int i = 0; i < ACC; ++i) { reg_fence(d[i]); reg_fence(d2[i]); }
+                if (kt > 0 && lane == 0) mbar_arrive(bars + 8 * (STAGES + (it - 1) % STAGES));
+            }
+            // Every slot of this item has been waited for: the other warpgroup may start waiting on
+            // the next item's (its wgmmas queue behind these).
+            if (w + gridDim.x < work) order_signal(ORDER_BAR + 1 - cw);
+            wgmma_wait<0>();
+#pragma unroll
+            for (int i = 0; i < ACC; ++i) { reg_fence(d[i]); reg_fence(d2[i]); }
+            if (lane == 0) mbar_arrive(bars + 8 * (STAGES + (it - 1) % STAGES));
+
+            float* Cb = C + (i64)(z / batch_inner) * sC0 + (i64)(z % batch_inner) * sC1;
+            const int row = tm * BM + warp * 16 + lane / 4;
+            const int col0 = tn * BN + 2 * (lane % 4);
+            store_half(d, Cb, row, col0, M, N, sCm, sCn);
+            store_half(d2, Cb, row + 64, col0, M, N, sCm, sCn);
+        }
+#else
         const int cw = wg - 1;  // which 64 rows of the tile
         const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
         float d[ACC];  // tf32: the accumulators; tf32x3: the promoted big products
@@ -512,13 +616,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fastmm_wgmma_tf32(
                     v0 = isfinite(v0) ? v0 + small[4 * j + 2 * h] : v0;
                     v1 = isfinite(v1) ? v1 + small[4 * j + 2 * h + 1] : v1;
 #endif
-                    float* p = Cb + (i64)r * sCm + (i64)col * sCn;
-#if C_VEC
-                    if (col < N) *(float2*)p = make_float2(v0, v1);
-#else
-                    if (col < N) p[0] = v0;
-                    if (col + 1 < N) p[sCn] = v1;
-#endif
+                    store_pair(Cb, r, col, N, sCm, sCn, v0, v1);
                 }
             }
 #endif  // C_VEC
@@ -550,5 +648,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fastmm_wgmma_tf32(
 #if TMA_STORE
         if (threadIdx.x == 128) bulk_wait_all();  // (the staging buffer lives until its stores are done)
 #endif
+#endif  // PINGPONG
     }
 }

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from fastmm.families import FAMILIES, Skinny
+from fastmm.families import FAMILIES, Skinny, WgmmaTf32
 from fastmm.plan import select
 from fastmm.problem import DeviceFacts, Problem
 from fastmm.runtime.compiler import CompileError, compile_cubin
@@ -110,11 +110,13 @@ def _fused_split_problems() -> list[Problem]:
 def _wgmma_problems() -> list[Problem]:
     """TF32 wgmma's tile widths (the wave rule: 256, 192, 128, 96, 64 for tf32; 128, 96, 64 for
     tf32x3 on the H200), each with C through the copy engine (TMA_STORE) and, for odd N or a
-    transposed C, from registers; the fused epilogue on both. Planned for that family only."""
+    transposed C, from registers, and (tf32, 64-192 wide) with the consumers taking turns; the
+    fused epilogue on all. Planned for that family only."""
     dense = [(4096, 4096, 4096, {"b_t": True}), (4096, 3072, 1024, {"b_t": True}), (4096, 2304, 768, {"b_t": True}), (2048, 1024, 4096, {"b_t": True}),
              (1409, 2817, 40, {"b_t": True}), (1024, 1024, 1024, {"b_t": True}), (1025, 1023, 1024, {"b_t": True}),
              (2049, 1153, 40, {"b_t": True}), (4096, 2303, 768, {"b_t": True}), (257, 3000, 40, {"b_t": True}),
-             (513, 2815, 40, {"b_t": True}),
+             (513, 2815, 40, {"b_t": True}), (4728, 3072, 768, {"b_t": True}), (4728, 3071, 768, {"b_t": True}),
+             (1409, 2817, 520, {"b_t": True}), (2049, 2305, 520, {"b_t": True}), (4097, 2817, 515, {"b_t": True}),
              (1024, 1022, 1024, {"a_t": True, "b_t": True}), (1024, 1024, 1024, {"a_t": True, "b_t": True})]  # A_MN
     out = [Problem.dense(M, N, K, precision=precision, **kw) for precision in ("tf32", "tf32x3") for M, N, K, kw in dense]
     return out + [dataclasses.replace(p, epilogue=True) for p in out]
@@ -143,11 +145,14 @@ def _configs():
         work += [(p, ("wgmma_tf32",)) for p in _wgmma_problems() if "wgmma_tf32" in families]
         for p, names in work:
             for family in names:
+                # wgmma's planned configs with its consumers taking turns (the default where that
+                # pays) and sharing tiles (copy-engine stores) at each width
+                forms = ((), (WgmmaTf32(pingpong=False),)) if family == "wgmma_tf32" else ((),)
                 try:
-                    plan = select(p, dev, force=family)
+                    plans = [select(p, dev, force=family, variants=v) for v in forms]
                 except ValueError:  # e.g. tf32_mma with precision "ieee"
                     continue
-                for cfg in (plan.kernel, plan.reduce, *plan.stagers):
+                for cfg in (c for plan in plans for c in (plan.kernel, plan.reduce, *plan.stagers)):
                     if cfg is None:
                         continue
                     key = (arch, cfg.source, cfg.macros)
@@ -313,6 +318,9 @@ def test_wgmma_configs_cover_both_tiles_and_store_modes():
             assert {m["BN"] for m in macros if m["PRECISION_X3"] == x3 and m.get("TMA_STORE", 0) == tma} >= widths, (x3, tma)
             assert {m.get("EPILOGUE", 0) for m in macros if m["PRECISION_X3"] == x3 and m.get("TMA_STORE", 0) == tma} == {0, 1}
         assert {m["C_VEC"] for m in macros if m["PRECISION_X3"] == x3} == ({0, 1} if x3 else {0, 1, 2}), x3
+    # the consumers taking turns (tf32 only, no fused epilogue) at every width they take
+    assert {m["BN"] for m in macros if m.get("PINGPONG")} == {64, 96, 128, 192}
+    assert {(m.get("EPILOGUE", 0), m["C_VEC"]) for m in macros if m.get("PINGPONG")} == {(0, 0), (0, 1)}
     # A fed from registers (an m-contiguous A, or B^T of a row-major B) with each store mode it takes
     assert {(m["A_MN"], m["C_VEC"]) for m in macros if m["PRECISION_X3"] == 0} >= {(0, 0), (0, 1), (1, 1), (1, 2)}
     assert {(m["A_MN"], m.get("EPILOGUE", 0)) for m in macros if m.get("TMA_STORE")} == {(0, 0), (0, 1), (1, 0), (1, 1)}
@@ -509,6 +517,37 @@ def test_stream_k_entries_the_planner_can_choose_build_without_spills(arch):
     macros = [tuple({**base, "BK": fam.bk, "A_MODE": a, "B_MODE": b, "C_VEC": c, "STAGES": stages,
                      "STREAM_K": 1, "EPILOGUE": e}.items()) for a, b in combos for c in (0, 1) for e in (0, 1)]
     _assert_no_spills("simt_cp_async.cu", arch, macros)
+
+
+def test_wgmma_pingpong_builds_every_width_it_takes_without_spills():
+    """The consumers taking turns on whole tiles (PINGPONG: two 64-row accumulator sets a thread,
+    BN registers) at every width the planner gives it (64-192, its ring of stages), with C stored
+    as float2 or single floats: no spills, no stack frame; and the combinations it does not serve
+    (the planner never asks: a fused epilogue goes to the cooperative form) stop at the source's
+    own check."""
+    from fastmm.runtime.compiler import nvrtc_unavailable_reason
+
+    if nvrtc_unavailable_reason():
+        pytest.skip(nvrtc_unavailable_reason())
+    fam = WgmmaTf32(pingpong="always")
+    dev = DeviceFacts.simulated_device("sm_90")
+    macros = set()
+    for bn in (64, 96, 128, 192):
+        for n in (4096, 4095):  # C_VEC 1, 0
+            p = Problem.dense(4096, n, 1024, "tf32", b_t=True)
+            plan = select(p, dev, force="wgmma_tf32", variants=(dataclasses.replace(fam, force_bn=bn),))
+            m = dict(plan.kernel.macros)
+            assert m["PINGPONG"] == 1 and m["BN"] == bn and "TMA_STORE" not in m, m
+            macros.add(plan.kernel.macros)
+            fused = select(dataclasses.replace(p, epilogue=True), dev, force="wgmma_tf32",
+                           variants=(dataclasses.replace(fam, force_bn=bn),))
+            assert "PINGPONG" not in dict(fused.kernel.macros)
+    assert len(macros) == 8
+    _assert_no_spills("wgmma_tf32.cu", "sm_90a", sorted(macros))
+    base = {"BN": 128, "STAGES": 4, "C_VEC": 0, "PRECISION_X3": 0, "A_MN": 0, "PINGPONG": 1}
+    for bad in ({"PRECISION_X3": 1}, {"A_MN": 1}, {"TMA_STORE": 1}, {"BN": 256}, {"EPILOGUE": 1}):
+        with pytest.raises(CompileError, match="PINGPONG"):
+            compile_cubin("wgmma_tf32.cu", tuple({**base, **bad}.items()), "sm_90a")
 
 
 def test_cluster_pair_entries_build_without_spills():

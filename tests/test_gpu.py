@@ -949,8 +949,9 @@ def test_wgmma_every_tile_width_computes_every_tile(case, bn, precision, rel_err
         pytest.skip(f"no {bn}-wide tile for {precision}")
     a, b = WGMMA_WIDTH_CASES[case]()
     outs = []
-    variants = (WgmmaTf32(force_bn=bn, persistent="always"), WgmmaTf32(force_bn=bn, persistent=False),
-                WgmmaTf32(force_bn=bn, tma_store=False), WgmmaTf32())
+    coop = {"pingpong": False}  # (both consumer warpgroups on each tile: the copy-engine stores' form)
+    variants = (WgmmaTf32(force_bn=bn, persistent="always", **coop), WgmmaTf32(force_bn=bn, persistent=False, **coop),
+                WgmmaTf32(force_bn=bn, tma_store=False, **coop), WgmmaTf32())
     for variant in variants:
         out = torch.full(torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1]), NAN,
                          device="cuda")
@@ -970,6 +971,32 @@ def test_wgmma_every_tile_width_computes_every_tile(case, bn, precision, rel_err
         check(out, a, b, precision, rel_err)
         outs.append(out)
     assert all(torch.equal(outs[0], o) for o in outs[1:])
+
+
+@pytest.mark.parametrize("bn", [64, 96, 128, 192])
+@pytest.mark.parametrize("case", sorted(WGMMA_WIDTH_CASES) + ["odd-items-per-block"])
+def test_wgmma_pingpong_consumers_compute_every_tile(case, bn, rel_err):
+    """The consumer warpgroups taking turns on whole tiles (PINGPONG) wherever the kernel allows
+    it (tf32, a K-major A, C from registers): right into NaN-poisoned outputs, blocks with one
+    tile, with an even and an odd number of tiles, and the same bits as the cooperative form."""
+    needs_sm90()
+    a, b = WGMMA_WIDTH_CASES[case]() if case in WGMMA_WIDTH_CASES else (randn(1408, 96), randn(2100, 96).t())
+    outs = []
+    for variant in (WgmmaTf32(force_bn=bn, pingpong="always"), WgmmaTf32(force_bn=bn, pingpong=False)):
+        out = torch.full(torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1]), NAN,
+                         device="cuda")
+        result, plan, reason = dispatch.matmul_fastmm(a, b, out, "tf32", force="wgmma_tf32", variants=(variant,))
+        assert reason is None and result is out and plan.kernel.tile[1] == bn
+        m = dict(plan.kernel.macros)
+        if variant.pingpong:
+            assert bool(m.get("PINGPONG")) == (m["A_MN"] == 0), plan.describe()
+            if m.get("PINGPONG"):
+                assert "TMA_STORE" not in m and plan.kernel.grid[0] == min(plan.kernel.work_items, plan.device.sm_count)
+        else:
+            assert "PINGPONG" not in m
+        check(out, a, b, "tf32", rel_err)
+        outs.append(out)
+    assert torch.equal(outs[0], outs[1])
 
 
 WGMMA_IN_PLACE = {  # (a, b) -> the form the planner must pick: no copies

@@ -19,6 +19,7 @@ from fastmm.families import (FAMILIES, LOAD_ELEM_FAST, LOAD_ELEM_K, LOAD_NAMES, 
                              MAX_GRID_Z, MAX_SPLIT, SimtCpAsync, Skinny, WgmmaTf32, second_pass_config, split_cap,
                              split_k_for)
 from fastmm.families.simt_core import FUSED_SPLIT_MAX, STAGE_MIN_FLOP_PER_BYTE
+from fastmm.families.wgmma_tf32 import wave_cost
 from fastmm.families.work_split import MIN_KTILES_PER_SPLIT, split_time
 from fastmm.plan import INT32_MAX, MIN_CC, TINY_K, TINY_OUTPUTS, Plan, select
 from fastmm.problem import DeviceFacts, Problem
@@ -1459,15 +1460,56 @@ def test_wgmma_runs_persistent_up_to_16_waves_or_at_short_k():
     one block a tile beyond, where the hardware's scheduler evens out slow SMs (gpt2's lm_head:
     48 waves at K = 768 ran 0.92x persistent)."""
     dev = DEV["sm_90"]
-    def grid(p, *v):
-        k = select(p, dev, variants=v, force="wgmma_tf32").kernel
+    def grid(p, *v):  # (the consumers sharing tiles: taking turns is always persistent)
+        k = select(p, dev, variants=v or (WgmmaTf32(pingpong=False),), force="wgmma_tf32").kernel
         return k.grid[0], k.work_items
     assert grid(Problem.dense(4096, 4096, 4096, "tf32")) == (132, 512)
     assert grid(Problem.dense(2048, 2048, 128, "tf32", batch=32, b_t=True)) == (132, 4096)  # K = 128
     assert grid(Problem.dense(4096, 50257, 768, "tf32", b_t=True)) == (6304, 6304)  # 48 waves
     assert grid(Problem.dense(4096, 4096, 4096, "tf32"), WgmmaTf32(persistent=False)) == (512, 512)
-    assert grid(Problem.dense(4096, 50257, 768, "tf32", b_t=True), WgmmaTf32(persistent="always")) == (132, 6304)
+    assert grid(Problem.dense(4096, 50257, 768, "tf32", b_t=True), WgmmaTf32(persistent="always", pingpong=False)) == (132, 6304)
     assert grid(Problem.dense(64, 64, 64, "tf32", batch=5)) == (5, 5)  # fewer tiles than SMs: a block each
+
+
+def test_wgmma_consumers_take_turns_only_where_the_kernel_allows_and_each_block_has_two_tiles():
+    """PINGPONG (the consumer warpgroups on alternate whole tiles): tf32 with a K-major A only (not
+    tf32x3's three accumulator sets, not A fed from registers), C from registers without a fused
+    epilogue, 192 wide at most,
+    persistent blocks of two tiles or more, K >= 512; and where taking turns is predicted to beat
+    sharing the tiles (wave_cost: every epilogue but the last hidden)."""
+    dev = DEV["sm_90"]
+    pp = WgmmaTf32(pingpong=True)
+    plan = lambda p, *v: select(p, dev, variants=v, force="wgmma_tf32")  # noqa: E731
+    vit = Problem.dense(4728, 3072, 768, "tf32", b_t=True)  # 888 tiles of 128 x 128: 6.7 a block
+    k = plan(vit, pp).kernel
+    m = dict(k.macros)
+    assert m["PINGPONG"] == 1 and "TMA_STORE" not in m and m["BN"] <= 192 and k.grid[0] == 132
+    assert "take turns" in dict(k.details)["pipeline"]
+    assert wave_cost(vit, dev, m["BN"], pingpong=True) < min(wave_cost(vit, dev, bn) for bn, _ in pp.tile_options(False))
+    assert plan(vit).kernel == k  # (the default)
+    assert "PINGPONG" not in dict(plan(vit, WgmmaTf32(pingpong=False)).kernel.macros)
+    assert "PINGPONG" not in dict(plan(dataclasses.replace(vit, precision="tf32x3"), pp).kernel.macros)
+    # a fused epilogue (a bias): the cooperative form applies it to C staged for the copy engine
+    fused = dict(plan(dataclasses.replace(vit, epilogue=True), pp).kernel.macros)
+    assert "PINGPONG" not in fused and fused["TMA_STORE"] == 1
+    assert dict(plan(Problem.dense(4728, 3072, 768, "tf32"), pp).kernel.macros)["A_MN"] == 1  # row-major B: C^T
+    assert "PINGPONG" not in dict(plan(Problem.dense(4728, 3072, 768, "tf32"), pp).kernel.macros)
+    assert "PINGPONG" not in dict(plan(Problem.dense(2048, 1024, 4096, "tf32", b_t=True), pp).kernel.macros)  # 1 wave
+    # 48 waves at K = 768: taking turns persistent (the cooperative form would not be: measured)
+    lm_head = plan(Problem.dense(4096, 50257, 768, "tf32", b_t=True), pp).kernel
+    assert dict(lm_head.macros)["PINGPONG"] == 1 and lm_head.grid[0] == 132
+    # a short K: the stores would outlast the other consumer's main loop (PINGPONG_MIN_K)
+    for k in (64, 128, 511):
+        assert "PINGPONG" not in dict(plan(Problem.dense(128 * 16, 512, k, "tf32", batch=128, b_t=True), pp).kernel.macros)
+    # a long K where the 256-wide tile's rate outweighs the hidden epilogues: shared tiles
+    assert dict(plan(Problem.dense(2048, 14336, 4096, "tf32", b_t=True), pp).kernel.macros)["BN"] == 256
+    # "always": wherever the kernel allows it, even a block with one tile; a forced width keeps its turns
+    small = plan(Problem.dense(1000, 1000, 128, "tf32", b_t=True), WgmmaTf32(pingpong="always")).kernel
+    assert dict(small.macros)["PINGPONG"] == 1 and small.grid[0] == small.work_items < 132
+    forced = dict(plan(vit, WgmmaTf32(pingpong="always", force_bn=64)).kernel.macros)
+    assert (forced["BN"], forced["PINGPONG"]) == (64, 1)
+    assert "PINGPONG" not in dict(plan(vit, WgmmaTf32(pingpong="always", force_bn=256)).kernel.macros)
+    check_geometry(plan(vit, pp))
 
 
 def test_wgmma_stores_c_through_the_copy_engine_where_a_tensor_map_can_describe_it():
@@ -1476,10 +1518,12 @@ def test_wgmma_stores_c_through_the_copy_engine_where_a_tensor_map_can_describe_
     pitch, an m-contiguous C (a row-major B's C^T), or the 256-wide tile past K = 1024, where the
     lost slot cost more than the overlap gave (NOTES run 23)."""
     dev = DEV["sm_90"]
-    m = lambda p, *v: macros(select(p, dev, variants=v, force="wgmma_tf32"))  # noqa: E731
+    coop = WgmmaTf32(pingpong=False)  # (the consumers sharing tiles; taking turns stores from registers)
+    m = lambda p, v=coop: macros(select(p, dev, variants=(v,), force="wgmma_tf32"))  # noqa: E731
     tma = m(Problem.dense(4728, 3072, 768, "tf32", b_t=True))  # 128 wide
     assert (tma["BN"], tma["TMA_STORE"], tma["C_BOXES"], tma["STAGES"]) == (128, 1, 4, 5)
-    assert "TMA_STORE" not in m(Problem.dense(4728, 3072, 768, "tf32", b_t=True), WgmmaTf32(tma_store=False))
+    assert "TMA_STORE" not in m(Problem.dense(4728, 3072, 768, "tf32", b_t=True), WgmmaTf32(tma_store=False, pingpong=False))
+    assert "TMA_STORE" not in m(Problem.dense(4728, 3072, 768, "tf32", b_t=True), WgmmaTf32())  # taking turns
     assert "TMA_STORE" not in m(Problem.dense(4728, 3070, 768, "tf32", b_t=True))  # row pitch 3070 floats
     assert "TMA_STORE" not in m(Problem.dense(4096, 4096, 4096, "tf32"))  # row-major B: C^T, m-contiguous
     assert "TMA_STORE" not in m(dataclasses.replace(Problem.dense(4728, 3072, 768, "tf32", b_t=True), c_align=8))
@@ -1495,7 +1539,7 @@ def test_wgmma_stores_c_through_the_copy_engine_where_a_tensor_map_can_describe_
     x3 = m(Problem.dense(4096, 4096, 4096, "tf32x3"))  # (copied K-major halves: C as given)
     assert (x3["TMA_STORE"], x3["C_BOXES"], x3["STAGES"]) == (1, 2, 3)
     for p in (Problem.dense(4728, 3072, 768, "tf32", b_t=True), Problem.dense(4096, 4096, 4096, "tf32x3")):
-        check_geometry(select(p, dev, force="wgmma_tf32"))  # (the staging boxes fit beside the ring)
+        check_geometry(select(p, dev, force="wgmma_tf32", variants=(coop,)))  # (the staging boxes fit beside the ring)
 
 
 def test_small_tf32_products_run_on_wgmma_unless_k_is_long_enough_for_a_split_to_win():

@@ -53,6 +53,10 @@ PRODUCTS = (
     ("attn_qkT_512", 128, 512, 512, 64, "wt"), ("attn_pv_512", 128, 512, 64, 512, "rm"),
     ("attn_qkT_2k", 32, 2048, 2048, 128, "wt"), ("attn_pv_2k", 32, 2048, 128, 2048, "rm"),
     ("attn_small", 1024, 128, 128, 64, "wt"),
+    ("decode64_up", 0, 64, 14336, 4096, "wt"), ("decode96", 0, 96, 4096, 4096, "wt"),
+    ("bert_base_ff_up", 0, 4096, 3072, 768, "wt"), ("prefill_512_qo", 0, 512, 4096, 4096, "wt"),
+    ("t5_ff_2k", 0, 2048, 2048, 512, "wt"), ("attn128_qkT", 64, 1024, 1024, 128, "wt"),
+    ("vit_attn_qkT", 768, 197, 197, 64, "wt"), ("vit_attn_pv", 768, 197, 64, 197, "rm"),
 )
 
 
@@ -63,12 +67,18 @@ def operands(batch, M, N, K, layout):
     return a, b
 
 
-def variants_for(x3: bool):
-    out = {"fill": WgmmaTf32(tile_rule="fill", persistent=False, tma_store=False),
-           "fill+p": WgmmaTf32(tile_rule="fill", persistent="always", tma_store=False),
-           "direct": WgmmaTf32(tma_store=False), "c2": WgmmaTf32(c_boxes=2), "c4": WgmmaTf32(c_boxes=4)}
+def variants_for(x3: bool, pingpong: bool = False):
+    coop = {"pingpong": False}  # (the consumers share each tile)
+    out = {"fill": WgmmaTf32(tile_rule="fill", persistent=False, tma_store=False, **coop),
+           "fill+p": WgmmaTf32(tile_rule="fill", persistent="always", tma_store=False, **coop),
+           "direct": WgmmaTf32(tma_store=False, **coop), "c2": WgmmaTf32(c_boxes=2, **coop),
+           "c4": WgmmaTf32(c_boxes=4, **coop)}
     for bn, _ in WgmmaTf32.tile_options(x3):
-        out[f"bn{bn}"] = WgmmaTf32(force_bn=bn)
+        out[f"bn{bn}"] = WgmmaTf32(force_bn=bn, **coop)
+    if pingpong and not x3:  # the consumers taking turns on whole tiles (PINGPONG), each width it takes
+        for bn in (64, 96, 128, 192):
+            out[f"pp{bn}"] = WgmmaTf32(force_bn=bn, pingpong="always")
+    out["coop"] = WgmmaTf32(**coop)  # run 23's planner: the consumers always share tiles
     out["planner"] = WgmmaTf32()
     return out
 
@@ -101,6 +111,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--precisions", default="tf32,tf32x3")
     ap.add_argument("--only", default="")
+    ap.add_argument("--pingpong", action="store_true", help="also each width with the consumers taking turns")
     o = ap.parse_args()
     if not need_gpu("wgmma_waves_probe.py"):
         return 2
@@ -110,14 +121,14 @@ def main() -> int:
     precs = o.precisions.split(",")
     jobs = []
     for prec in precs:
-        for v in variants_for(prec == "tf32x3").values():
+        for v in variants_for(prec == "tf32x3", o.pingpong).values():
             for name, batch, M, N, K, layout in rows:
                 jobs.append((Problem.dense(M, N, K, prec, batch=batch or 1, b_t=layout == "wt"), v))
     precompile(jobs, dev)
     bad = 0
     for prec in precs:
         torch.backends.cuda.matmul.allow_tf32 = prec == "tf32"
-        vs = variants_for(prec == "tf32x3")
+        vs = variants_for(prec == "tf32x3", o.pingpong)
         names = list(vs)
         print(f"\n{prec}: GPU us per call; 'chose' is the planner's width and its us against the best width's "
               "and against run 18's plan ('fill')")

@@ -87,15 +87,17 @@ PERSISTENT_ANY_WAVES_K = 256
 TMA_STORE_256_MAX_K = 1024
 
 
-def wave_cost(p: Problem, dev: DeviceFacts, bn: int) -> float:
+def wave_cost(p: Problem, dev: DeviceFacts, bn: int, pingpong: bool = False) -> float:
     """us the busiest SM needs for ``p``'s tiles of width ``bn``: tiles are dealt to the SMs in
     whole waves, so 288 tiles of 128 x 256 on 132 SMs take 3 tile times where 384 of 128 x 192 take
-    3 of a 25% shorter one (4096 x 2304 x 768: gpt2's qkv). Padding columns cost like real ones."""
+    3 of a 25% shorter one (4096 x 2304 x 768: gpt2's qkv). Padding columns cost like real ones.
+    ``pingpong``: the consumers take turns (PINGPONG), so every tile's epilogue but the last runs
+    under the other consumer's main loop."""
     tiles = tiles_of(p, 128, bn) * p.batch_total
     per_sm = -(-tiles // max(dev.sm_count, 1))
     k = -(-max(p.K, 1) // 32) * 32
-    rate = SM_RATE[p.precision] * BN_RATE[p.precision][bn]
-    return per_sm * (2.0 * 128 * bn * k / rate + TILE_US_PER_COLUMN * bn)
+    rate = SM_RATE[p.precision] * BN_RATE[p.precision][bn] * (PINGPONG_RATE if pingpong else 1.0)
+    return per_sm * 2.0 * 128 * bn * k / rate + (1 if pingpong else per_sm) * TILE_US_PER_COLUMN * bn
 
 
 def _batch_dims(p: Problem, strides: tuple[int, int], extent: int) -> tuple[tuple[int, int], tuple[int, int]]:
@@ -107,6 +109,30 @@ def _batch_dims(p: Problem, strides: tuple[int, int], extent: int) -> tuple[tupl
     inner_n, inner_s = (p.batch_inner, s1 * 4) if s1 and p.batch_inner > 1 else (1, extent)
     outer_n, outer_s = (outer, s0 * 4) if s0 and outer > 1 else (1, extent)
     return (inner_n, outer_n), (inner_s, outer_s)
+
+
+#: PINGPONG holds a whole 128 x BN tile in each consumer warpgroup's registers (BN a thread).
+PINGPONG_MAX_BN = 192
+#: PINGPONG's main-loop rate against the cooperative form's at the same width (one warpgroup
+#: issues both 64-row halves' wgmmas of a k-step).
+PINGPONG_RATE = 1.0
+
+
+#: PINGPONG only where K is at least this: a tile's main loop must outlast the other consumer's
+#: epilogue (128 x BN outputs stored from registers). H200 (`probes/wgmma_waves_probe.py --pingpong`,
+#: NOTES run 24): 1.04-1.08x at K = 768-1024 (4728 x 3072 x 768 74.9 -> 70.9 us, 4096 x 3072 x 1024
+#: 77.7 -> 74.2), even at 48 waves (gpt2's lm_head 1604 -> 1531, where persistent blocks sharing
+#: tiles lost); 0.95x at K = 512 with the 192-wide tile, 0.78-0.83x at K = 64-128 (attention's
+#: Q @ K^T: 128 x 512 x 512 x 64 50.1 -> 61.0 us), where the stores outlast the main loops.
+PINGPONG_MIN_K = 512
+
+
+def pingpong_pays(p: Problem, dev: DeviceFacts, work: int) -> bool:
+    """Whether ``work`` tiles of ``p`` may run with the consumers taking turns (PINGPONG): each
+    block needs two tiles at least for one's epilogue to hide under the other's main loop, and a
+    main loop long enough to hide it (PINGPONG_MIN_K). The blocks are persistent whatever the
+    number of waves (unlike the cooperative form's, see PERSISTENT_MAX_WAVES: measured faster)."""
+    return work >= 2 * dev.sm_count and p.K >= PINGPONG_MIN_K
 
 
 def persistent_pays(p: Problem, dev: DeviceFacts, work: int) -> bool:
@@ -139,6 +165,13 @@ class WgmmaTf32(Family):
     tma_store: bool = True
     #: 32-column boxes of C staged at once (0: the rule in :meth:`configure`): for probes.
     c_boxes: int = 0
+    #: The two consumer warpgroups take turns on whole tiles (PINGPONG in the kernel: one's main
+    #: loop runs while the other stores its tile) where the kernel allows it (tf32, a K-major A, C
+    #: from registers, no fused epilogue, BN <= 192), each block has two tiles at least (:func:`pingpong_pays`) and
+    #: :func:`wave_cost` says taking turns beats sharing tiles (the forced width of ``force_bn``:
+    #: wherever the first two hold); False: never (the cooperative form, both warpgroups on each
+    #: tile), "always": wherever the kernel allows it.
+    pingpong: bool | str = True
 
     name, source, entry = "wgmma_tf32", "wgmma_tf32.cu", "fastmm_wgmma_tf32"
     min_cc = (9, 0)
@@ -209,6 +242,9 @@ class WgmmaTf32(Family):
     def configure(self, p, dev):
         x3 = p.precision == "tf32x3"
         options = self.tile_options(x3)
+        a_mn = not x3 and not self.a_ready(p) and self.a_mn_ready(p)
+        may_pingpong = bool(self.pingpong) and not x3 and not a_mn and not p.epilogue
+        pingpong = False
         if self.force_bn:
             bn, stages = next(o for o in options if o[0] == self.force_bn)
         elif self.tile_rule == "fill":
@@ -218,14 +254,25 @@ class WgmmaTf32(Family):
             bn, stages = pick_tile(p, dev, options, lambda o: (self.bm, o[0]), pad_slack=None)
         else:
             bn, stages = min(options, key=lambda o: wave_cost(p, dev, o[0]))  # (ties: the wider)
+            if may_pingpong:  # the fastest width taking turns, where it beats the fastest sharing tiles
+                turns = [o for o in options if o[0] <= PINGPONG_MAX_BN
+                         and (self.pingpong == "always" or pingpong_pays(p, dev, tiles_of(p, self.bm, o[0]) * p.batch_total))]
+                if turns:
+                    pp = min(turns, key=lambda o: wave_cost(p, dev, o[0], pingpong=True))
+                    if self.pingpong == "always" or wave_cost(p, dev, pp[0], pingpong=True) < wave_cost(p, dev, bn):
+                        (bn, stages), pingpong = pp, True
+        work = tiles_of(p, self.bm, bn) * p.batch_total
+        if self.force_bn or self.tile_rule == "fill":
+            pingpong = (may_pingpong and bn <= PINGPONG_MAX_BN
+                        and (self.pingpong == "always" or pingpong_pays(p, dev, work)))
         # TMA_STORE stages 4 boxes of C at once (2 for tf32x3, whose ring slots are twice as big),
         # taken from the ring where both do not fit (H200: 128 wide, 6 slots -> 5; 256 wide, 4 -> 3;
         # see TMA_STORE_256_MAX_K)
-        tma = self.tma_store and self.c_tma_ready(p) and (bn < 256 or self.c_boxes or p.K <= TMA_STORE_256_MAX_K)
+        tma = (self.tma_store and not pingpong and self.c_tma_ready(p)
+               and (bn < 256 or self.c_boxes or p.K <= TMA_STORE_256_MAX_K))
         c_boxes = (min(self.c_boxes or (2 if x3 else 4), bn // 32)) if tma else 0
         while stages > 2 and self.smem_bytes(bn, stages, x3, c_boxes) > dev.smem_per_block_optin:
             stages -= 1
-        a_mn = not x3 and not self.a_ready(p) and self.a_mn_ready(p)
         sCm, sCn = p.c_strides
         pairs_ok = p.c_align >= 8 and all(s % 2 == 0 for s in p.c_batch_strides)
         # float2 stores: along n (any A), or along m over the adjacent row pairs of A_MN (C^T)
@@ -240,6 +287,8 @@ class WgmmaTf32(Family):
         macros = (("BN", bn), ("STAGES", stages), ("C_VEC", c_vec), ("PRECISION_X3", int(x3)), ("A_MN", int(a_mn)))
         if tma:
             macros += (("TMA_STORE", 1), ("C_BOXES", c_boxes))
+        if pingpong:
+            macros += (("PINGPONG", 1),)
         if x3:  # see X3_SHORT_K
             macros += (("PROMOTE_EVERY", 1 if p.K <= X3_SHORT_K else 2), ("COMPENSATE", 1))
         loads = ("TMA tiles of the big and small halves (K-major, 128-byte swizzle)" if x3 else
@@ -247,15 +296,16 @@ class WgmmaTf32(Family):
                  + ("the kernel's A operand m-contiguous, fed to wgmma from registers (8-byte shared loads), "
                     "its B K-major" if a_mn else "both K-major"))
         details = (("A, B loads", loads),
-                   ("pipeline", f"{stages} stages, 1 producer + 2 consumer warpgroups, mbarriers"),
+                   ("pipeline", f"{stages} stages, 1 producer + 2 consumer warpgroups, mbarriers"
+                                + (": the consumers take turns on whole tiles (one's main loop runs while the "
+                                   "other stores its tile)" if pingpong else "")),
                    ("C stores", f"staged in shared memory {c_boxes} boxes of 128x32 at a time, written by the copy "
                                 "engine (TMA) while the next tile's main loop runs" if tma else
                     ("single floats", "float2 along n", "float2 along m")[c_vec]),
                    ("math", f"3xTF32 wgmma m64n{bn}k8: big*big promoted to fp32 (compensated) every "
                             f"{'k-step' if p.K <= X3_SHORT_K else '2 k-steps'}, small cross terms in their own "
                             "accumulator" if x3 else f"TF32 wgmma m64n{bn}k8, fp32 accumulate"))
-        work = tiles_of(p, self.bm, bn) * p.batch_total
-        persistent = self.persistent == "always" or (self.persistent and persistent_pays(p, dev, work))
+        persistent = pingpong or self.persistent == "always" or (self.persistent and persistent_pays(p, dev, work))
         details += (("schedule", f"persistent: {min(work, dev.sm_count)} blocks (one an SM) walk {work} tiles"
                                  if persistent else f"one block a tile ({work} tiles)"),)
         return KernelConfig(self.name, self.source, self.entry, macros, self.threads, (self.threads, 1, 1),
