@@ -20,7 +20,7 @@
 // its tile, so the tensor core does not wait for epilogues (the cooperative form stores every
 // tile with both warpgroups and the tensor core idle: at K = 768-1024 that is 15-25% of a tile).
 // The main loops are ordered by two named barriers (ORDER_BAR): a warpgroup starts its next item
-// only once the other has finished its main loop. That keeps the ring consumed in the order the
+// only once the other has waited for every slot of its own. That keeps the ring consumed in the order the
 // producer fills it, and it is what makes the full barriers' phase parity safe to wait on: a
 // warpgroup never waits on a slot more than one fill ahead of the last one consumed.
 //

@@ -1260,6 +1260,7 @@ def test_random_problems_keep_every_invariant(p, arch, force):
     except ValueError as exc:
         assert force is not None and force in str(exc)
         return
+    asked = p  # (the family is chosen for the problem asked; p becomes the launch problem below)
     if plan.kernel.family == "wgmma_tf32" and plan.launch_problem is not None:
         # K-major copies for the tensor maps: A as M x K4, B transposed as N x K4
         # (one per matrix of the operand's batch), or one copy and the other operand in place
@@ -1287,10 +1288,10 @@ def test_random_problems_keep_every_invariant(p, arch, force):
         assert cfg.family in ("scalar", "simt_float4", "skinny")
     if p.precision == "ieee":
         assert cfg.family != "tf32_mma"
-    if force is None and is_tiny(p):
+    if force is None and is_tiny(asked):
         assert cfg.family == "scalar"
-    elif force is None and p.M <= SKINNY_MAX_M:  # a skinny family takes every non-tiny problem of at most 32 rows
-        assert cfg.family == skinny_family(p, dev)
+    elif force is None and asked.M <= SKINNY_MAX_M:  # a skinny family takes every non-tiny problem of at most 32 rows
+        assert cfg.family == skinny_family(asked, dev)
     elif force is None:
         assert cfg.family not in ("skinny", "skinny_kmajor")
     assert plan.precision_used == (p.precision if cfg.family in ("tf32_mma", "wgmma_tf32", "kmajor_mma") else "ieee")

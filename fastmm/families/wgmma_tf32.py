@@ -92,11 +92,12 @@ def wave_cost(p: Problem, dev: DeviceFacts, bn: int, pingpong: bool = False) -> 
     whole waves, so 288 tiles of 128 x 256 on 132 SMs take 3 tile times where 384 of 128 x 192 take
     3 of a 25% shorter one (4096 x 2304 x 768: gpt2's qkv). Padding columns cost like real ones.
     ``pingpong``: the consumers take turns (PINGPONG), so every tile's epilogue but the last runs
-    under the other consumer's main loop."""
+    under the other consumer's main loop; its main loops run at the same rate as the cooperative
+    form's at a width (H200: 128 wide 74.8 / 71.9 us, 192 wide 76.5 / 74.2, NOTES run 24)."""
     tiles = tiles_of(p, 128, bn) * p.batch_total
     per_sm = -(-tiles // max(dev.sm_count, 1))
     k = -(-max(p.K, 1) // 32) * 32
-    rate = SM_RATE[p.precision] * BN_RATE[p.precision][bn] * (PINGPONG_RATE if pingpong else 1.0)
+    rate = SM_RATE[p.precision] * BN_RATE[p.precision][bn]
     return per_sm * 2.0 * 128 * bn * k / rate + (1 if pingpong else per_sm) * TILE_US_PER_COLUMN * bn
 
 
@@ -113,9 +114,6 @@ def _batch_dims(p: Problem, strides: tuple[int, int], extent: int) -> tuple[tupl
 
 #: PINGPONG holds a whole 128 x BN tile in each consumer warpgroup's registers (BN a thread).
 PINGPONG_MAX_BN = 192
-#: PINGPONG's main-loop rate against the cooperative form's at the same width (one warpgroup
-#: issues both 64-row halves' wgmmas of a k-step).
-PINGPONG_RATE = 1.0
 
 
 #: PINGPONG only where K is at least this: a tile's main loop must outlast the other consumer's
@@ -244,27 +242,29 @@ class WgmmaTf32(Family):
         options = self.tile_options(x3)
         a_mn = not x3 and not self.a_ready(p) and self.a_mn_ready(p)
         may_pingpong = bool(self.pingpong) and not x3 and not a_mn and not p.epilogue
-        pingpong = False
+
+        def takes_turns(width: int) -> bool:  # PINGPONG allowed (and paying, unless "always") at this width
+            return may_pingpong and width <= PINGPONG_MAX_BN and (
+                self.pingpong == "always" or pingpong_pays(p, dev, tiles_of(p, self.bm, width) * p.batch_total))
+
         if self.force_bn:
             bn, stages = next(o for o in options if o[0] == self.force_bn)
+            pingpong = takes_turns(bn)
         elif self.tile_rule == "fill":
             if p.N <= 128:
                 options = tuple(o for o in options if o[0] == 128)
             options = tuple(o for o in options if o[0] in (256, 128))
             bn, stages = pick_tile(p, dev, options, lambda o: (self.bm, o[0]), pad_slack=None)
+            pingpong = takes_turns(bn)
         else:
             bn, stages = min(options, key=lambda o: wave_cost(p, dev, o[0]))  # (ties: the wider)
-            if may_pingpong:  # the fastest width taking turns, where it beats the fastest sharing tiles
-                turns = [o for o in options if o[0] <= PINGPONG_MAX_BN
-                         and (self.pingpong == "always" or pingpong_pays(p, dev, tiles_of(p, self.bm, o[0]) * p.batch_total))]
-                if turns:
-                    pp = min(turns, key=lambda o: wave_cost(p, dev, o[0], pingpong=True))
-                    if self.pingpong == "always" or wave_cost(p, dev, pp[0], pingpong=True) < wave_cost(p, dev, bn):
-                        (bn, stages), pingpong = pp, True
+            turns = [o for o in options if takes_turns(o[0])]
+            pingpong = False
+            if turns:  # the fastest width taking turns, where it beats the fastest sharing tiles
+                pp = min(turns, key=lambda o: wave_cost(p, dev, o[0], pingpong=True))
+                if self.pingpong == "always" or wave_cost(p, dev, pp[0], pingpong=True) < wave_cost(p, dev, bn):
+                    (bn, stages), pingpong = pp, True
         work = tiles_of(p, self.bm, bn) * p.batch_total
-        if self.force_bn or self.tile_rule == "fill":
-            pingpong = (may_pingpong and bn <= PINGPONG_MAX_BN
-                        and (self.pingpong == "always" or pingpong_pays(p, dev, work)))
         # TMA_STORE stages 4 boxes of C at once (2 for tf32x3, whose ring slots are twice as big),
         # taken from the ring where both do not fit (H200: 128 wide, 6 slots -> 5; 256 wide, 4 -> 3;
         # see TMA_STORE_256_MAX_K)
