@@ -24,6 +24,13 @@
 // producer fills it, and it is what makes the full barriers' phase parity safe to wait on: a
 // warpgroup never waits on a slot more than one fill ahead of the last one consumed.
 //
+// SPLIT = 1 (the cooperative form, C from registers, a batch of 1): K is split over gridDim.y
+// blocks per tile (split_range, common.cuh), for products whose tiles alone leave most SMs idle
+// (decode's x @ W.t() at M = 17-128: a few dozen tiles of a long K). Each block stores its
+// partial tile into its slice of a workspace (row-major M x N slices, sC0 apart); the last of a
+// tile's blocks to arrive sums the slices in slice order into Out through the epilogue (the same
+// bits every run; split_finish below). One launch: no reduce pass.
+//
 // Operands are K-major in shared memory (TF32 wgmma reads nothing else from there): the A map
 // walks (k, m), the B map walks (k, n), i.e. B^T row-major. An n-contiguous B is never read here
 // as such: the host computes C^T = B^T A^T instead, with B^T as an A_MN operand (below). Rows are 32 floats = 128 bytes with the 128-byte swizzle, which the copy engine
@@ -86,6 +93,12 @@
 #endif
 #if PINGPONG && BN > 192
 #error "PINGPONG holds a whole 128 x BN tile a warpgroup: BN must be at most 192"
+#endif
+#ifndef SPLIT
+#define SPLIT 0
+#endif
+#if SPLIT && (PINGPONG || TMA_STORE || C_VEC == 2)
+#error "SPLIT stores its slices from registers into row-major workspace slices, in the cooperative form"
 #endif
 #define ORDER_BAR 2  // PINGPONG: named barriers 2 and 3 (0: __syncthreads, 1: consumer_sync)
 #ifndef C_BOXES
@@ -292,6 +305,88 @@ __device__ __forceinline__ void store_half(const float* d, float* Cb, int row, i
 }
 #endif
 
+#if SPLIT
+#define SPLIT_PARAMS , float* __restrict__ Out, i64 sOm, i64 sOn, unsigned* __restrict__ arrivals
+// The end of a SPLIT block's work item, for the two consumer warpgroups (the producer's threads
+// gave their registers away, so they take no part): count this block's stored slice of the tile
+// (m0, n0) in the tile's arrival counter; the last of its gridDim.y blocks then adds the
+// slices in slice order (0.f + s0 + s1 + ..., as split_sum_slices in common.cuh) into Out with
+// the epilogue, and puts the counter back to 0 for the next launch on the stream. The fences make
+// every block's slice visible before its arrival counts, and the last block's L2 reads (ld.cg)
+// come after it saw the count.
+//
+// The sum walks the tile's rows inside M in units of 4 columns (a float4 of each slice where the
+// workspace rows allow it), a thread taking SUM_UNITS units at a time and loading 4 slices of
+// all of them before adding any: one L2 round trip per 4 slices of 4 units. (One output at a time,
+// 8 slices' loads in flight, cost ~10 us a tile: 300 x 700 x 1100 ran 24.2 us in 2 slices against
+// 14.5 unsplit, probes/wgmma_split_probe.py.)
+#define SUM_UNITS 4
+__device__ __forceinline__ void split_finish(const float* W, i64 sWm, i64 sWn, i64 slice, float* Out, i64 sOm,
+                                             i64 sOn, int M, int N, int m0, int n0, unsigned* counter,
+                                             const Epilogue& epi) {
+    __shared__ unsigned is_last;
+    const int ct = threadIdx.x - 128;  // 0..255 over both consumer warpgroups
+    __threadfence();
+    consumer_sync();
+    if (ct == 0) is_last = atomicAdd(counter, 1u) == gridDim.y - 1;
+    consumer_sync();
+    if (!is_last) return;
+    __threadfence();
+    const int S = gridDim.y;
+    const int rows = min(BM, M - m0), cols = min(BN, N - n0);
+    const bool vec = sWn == 1 && sWm % 4 == 0 && slice % 4 == 0 && n0 % 4 == 0 && ((size_t)W & 15) == 0;
+    constexpr int ROW_UNITS = BN / 4;
+    const int units = rows * ROW_UNITS;
+    for (int u0 = ct; u0 < units; u0 += 256 * SUM_UNITS) {
+        float sum[SUM_UNITS][4];
+#pragma unroll
+        for (int j = 0; j < SUM_UNITS; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) sum[j][e] = 0.f;
+        for (int s0 = 0; s0 < S; s0 += 4) {
+            float v[4][SUM_UNITS][4];
+#pragma unroll
+            for (int q = 0; q < 4; ++q)
+#pragma unroll
+                for (int j = 0; j < SUM_UNITS; ++j) {
+                    const int u = u0 + 256 * j;
+                    const int r = u / ROW_UNITS, c = 4 * (u % ROW_UNITS);
+                    const float* p = W + (i64)(m0 + r) * sWm + (i64)(n0 + c) * sWn + (i64)(s0 + q) * slice;
+                    const bool ok = u < units && s0 + q < S && c < cols;
+                    if (vec) {  // (N % 4 == 0 here: a unit inside N is wholly inside)
+                        const float4 x = ok ? ld_l2_v4_ordered(p) : make_float4(0.f, 0.f, 0.f, 0.f);
+                        v[q][j][0] = x.x; v[q][j][1] = x.y; v[q][j][2] = x.z; v[q][j][3] = x.w;
+                    } else {
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) v[q][j][e] = ok && c + e < cols ? ld_l2_ordered(p + e * sWn) : 0.f;
+                    }
+                }
+#pragma unroll
+            for (int q = 0; q < 4; ++q)
+#pragma unroll
+                for (int j = 0; j < SUM_UNITS; ++j)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e)
+                        if (s0 + q < S) sum[j][e] += v[q][j][e];
+        }
+#pragma unroll
+        for (int j = 0; j < SUM_UNITS; ++j) {
+            const int u = u0 + 256 * j;
+            const int r = u / ROW_UNITS, c = 4 * (u % ROW_UNITS);
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                if (u < units && c + e < cols) {
+                    const int m = m0 + r, n = n0 + c + e;
+                    Out[(i64)m * sOm + (i64)n * sOn] = epi(sum[j][e], m, n);
+                }
+        }
+    }
+    if (ct == 0) *(volatile unsigned*)counter = 0u;
+}
+#else
+#define SPLIT_PARAMS
+#endif
+
 #if TMA_STORE
 #define MAP_C , const __grid_constant__ TensorMap mapC
 #else
@@ -317,7 +412,7 @@ __device__ __forceinline__ void work_item(long long w, int tiles, int tiles_m, i
 extern "C" __global__ void __launch_bounds__(THREADS, 1) fastmm_wgmma_tf32(
     MAP_PARAMS, float* __restrict__ C,
     i64 M_, i64 N_, i64 K_, i64 sCm, i64 sCn, i64 batch_inner_, i64 batch_total_, i64 sC0, i64 sC1, i64 bcast
-    FASTMM_EPILOGUE_PARAMS) {
+    SPLIT_PARAMS FASTMM_EPILOGUE_PARAMS) {
     const int M = (int)M_, N = (int)N_, K = (int)K_;
     const int batch_inner = (int)batch_inner_, batch_total = (int)batch_total_;
     extern __shared__ unsigned char smem_raw[];
@@ -328,7 +423,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fastmm_wgmma_tf32(
     const int wg = threadIdx.x / 128;
     const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN, tiles = tiles_m * tiles_n;
     const long long work = (long long)tiles * batch_total;  // (tile, batch entry) pairs
-    const int k_tiles = (K + BK - 1) / BK;
+#if SPLIT
+    int k_first, k_end;  // this block's k-tiles: slice blockIdx.y of gridDim.y
+    split_range(K, BK, k_first, k_end);
+    const int k_tiles = k_end - k_first;  // (the host makes no empty slice)
+#else
+    const int k_first = 0, k_tiles = (K + BK - 1) / BK;
+#endif
 
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) {
@@ -356,20 +457,21 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fastmm_wgmma_tf32(
                     const unsigned phase = (it / STAGES) & 1;
                     mbar_wait(bars + 8 * (STAGES + s), phase ^ 1);
                     const unsigned full = bars + 8 * s, dst = base + s * STAGE_BYTES;
+                    const int kc = (k_first + kt) * BK;  // the k-step's first k
                     mbar_arrive_expect_tx(full, STAGE_BYTES);
 #if A_MN
 #pragma unroll
                     for (int j = 0; j < BM / 32; ++j)  // box j: tile rows 32j..32j+31, all BK k rows
-                        tma_load_4d(dst + j * (32 * BK * 4), &mapA, full, tm * BM + 32 * j, kt * BK, a2, a3);
+                        tma_load_4d(dst + j * (32 * BK * 4), &mapA, full, tm * BM + 32 * j, kc, a2, a3);
 #else
-                    tma_load_4d(dst, &mapA, full, kt * BK, tm * BM, a2, a3);
+                    tma_load_4d(dst, &mapA, full, kc, tm * BM, a2, a3);
 #endif
 #if PRECISION_X3
-                    tma_load_4d(dst + A_BYTES, &mapA2, full, kt * BK, tm * BM, a2, a3);
-                    tma_load_4d(dst + 2 * A_BYTES, &mapB, full, kt * BK, tn * BN, b2, b3);
-                    tma_load_4d(dst + 2 * A_BYTES + B_BYTES, &mapB2, full, kt * BK, tn * BN, b2, b3);
+                    tma_load_4d(dst + A_BYTES, &mapA2, full, kc, tm * BM, a2, a3);
+                    tma_load_4d(dst + 2 * A_BYTES, &mapB, full, kc, tn * BN, b2, b3);
+                    tma_load_4d(dst + 2 * A_BYTES + B_BYTES, &mapB2, full, kc, tn * BN, b2, b3);
 #else
-                    tma_load_4d(dst + A_BYTES, &mapB, full, kt * BK, tn * BN, b2, b3);
+                    tma_load_4d(dst + A_BYTES, &mapB, full, kc, tn * BN, b2, b3);
 #endif
                 }
             }
@@ -583,6 +685,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fastmm_wgmma_tf32(
             }
 #else
             float* Cb = C + (i64)(z / batch_inner) * sC0 + (i64)(z % batch_inner) * sC1;
+#if SPLIT
+            Cb += (i64)blockIdx.y * sC0;  // this block's workspace slice (a batch of 1)
+#endif
             const int row = tm * BM + tile_row;
             const int col0 = tn * BN + 2 * (lane % 4);
 #if C_VEC == 2
@@ -620,7 +725,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fastmm_wgmma_tf32(
                 }
             }
 #endif  // C_VEC
-#if EPILOGUE
+#if EPILOGUE && !SPLIT  // (SPLIT: applied by the sum of the slices, split_finish)
             // The fused epilogue, in a second sweep over this thread's outputs read back from C (its
             // own stores: program order makes them visible to it), one at a time. Applied in the
             // store loop above, its D addresses and loads took registers next to the 2 x 64
@@ -644,6 +749,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fastmm_wgmma_tf32(
             }
 #endif
 #endif  // TMA_STORE
+#if SPLIT
+            {
+                FASTMM_EPILOGUE
+                split_finish(C, sCm, sCn, sC0, Out, sOm, sOn, M, N, tm * BM, tn * BN, arrivals + w, epi);
+            }
+#endif
         }
 #if TMA_STORE
         if (threadIdx.x == 128) bulk_wait_all();  // (the staging buffer lives until its stores are done)

@@ -21,6 +21,13 @@ The model, per launch of the plan:
 
 time = the larger of compute and memory, plus ``OVERLAP_LOSS`` of the smaller, plus the launches.
 
+Beside the GPU time, the host time to enqueue one call on the steady-state path (``host_us``:
+the call's own cost, each launch, the tensor-map launch of wgmma, each buffer a staging copy or
+split needs). Calls back to back go at the pace of the larger of the two (``per_call_us``), which
+is what the planner compares: a tf32x3 product of 1024 x 700 x 64 ran 40.7 us a call on wgmma,
+its two staging copies and three launches setting the pace, against 13.0 on the fp32 SIMT path
+(H200, RESULTS run 21), where the GPU times alone had the wgmma plan ahead.
+
 It is a first-order model: its job is to order two plans whose times differ by more than its
 error (``explain`` prints the predictions; RESULTS.md holds them against measured times), not to
 replace measuring: a tuned choice (``fastmm.tune``) always wins over it.
@@ -56,6 +63,16 @@ PEAKS = {
 #: measured back to back on the H200 (64^3: 5.2-7.1 us a call, its own work included; RESULTS
 #: run 17).
 LAUNCH_US = 2.5
+#: Host us to enqueue a call on the steady-state path (fastmm.fast_path), on the H200 machine's host
+#: (NOTES runs 10, 16, 19-20): the call itself (its key, the lookup, the result's allocation), each
+#: launch (cuda.core's launch: 6.55 us), the extra of wgmma's launch through ctypes with its tensor
+#: maps (cuLaunchKernel 8.9 us, the maps' lookups), each buffer a call allocates (torch.empty: 3.5
+#: us; staging copies, split workspaces). A plain SIMT call: 17 us (16.7 measured); wgmma without
+#: copies 22 (20-24.7); tf32x3 on wgmma with two copies 44 (40.7).
+HOST_US_CALL = 10.0
+HOST_US_PER_LAUNCH = 7.0
+HOST_US_TENSOR_MAPS = 5.0
+HOST_US_PER_BUFFER = 3.0
 #: The share of the copy bandwidth a kernel's operand traffic gets (fitted: it gets all of it).
 MEMORY_EFFICIENCY = 1.0
 #: GPU time each wave of blocks costs beyond its FLOPs, us: filling the pipeline before the
@@ -124,17 +141,23 @@ def peaks(dev: DeviceFacts) -> ArchPeaks:
 class Prediction:
     """A plan's predicted GPU time and what it is made of (us)."""
 
-    total_us: float
+    total_us: float  # GPU time
     compute_us: float
     memory_us: float
     launches: int
     waves: float
     bound: str  # "compute", "memory" or "launch"
+    host_us: float = 0.0  # host time to enqueue the call (steady state)
+
+    @property
+    def per_call_us(self) -> float:
+        """The pace of calls back to back: the larger of the GPU's time and the host's."""
+        return max(self.total_us, self.host_us)
 
     def describe(self) -> str:
         return (f"{self.total_us:.1f} us predicted ({self.bound}-bound: compute {self.compute_us:.1f}, memory "
                 f"{self.memory_us:.1f}, {self.launches} launch{'es' if self.launches > 1 else ''}, "
-                f"{self.waves:.2f} waves)")
+                f"{self.waves:.2f} waves; host {self.host_us:.0f} us to enqueue)")
 
 
 def efficiency(kernel, p: Problem, cc: tuple[int, int] = (0, 0)) -> float:
@@ -235,7 +258,10 @@ def predict(plan) -> Prediction | None:
     bound = "compute" if compute >= memory else "memory"
     if LAUNCH_US * launches > max(compute, memory):
         bound = "launch"
-    return Prediction(total, compute, memory, launches, waves, bound)
+    buffers = len(plan.staging) + (kernel.split_k > 1 or kernel.stream_k is not None)
+    host = (HOST_US_CALL + HOST_US_PER_LAUNCH * launches + HOST_US_PER_BUFFER * buffers
+            + (HOST_US_TENSOR_MAPS if kernel.family == "wgmma_tf32" else 0.0))
+    return Prediction(total, compute, memory, launches, waves, bound, host)
 
 
 def calibrated(dev: DeviceFacts) -> bool:
@@ -244,8 +270,10 @@ def calibrated(dev: DeviceFacts) -> bool:
 
 
 def faster_by(fast: Prediction, slow: Prediction, margin: float) -> bool:
-    """Whether ``fast`` is predicted faster than ``slow`` by more than ``margin`` (a share of
-    ``slow``'s time) and by more than a launch's cost: the bar for leaving the preference order,
-    which was set by measurement. (Below a launch's cost the two are launch-bound, where the
-    model's differences are its own constants, not the kernels'.)"""
-    return fast.total_us < (1.0 - margin) * slow.total_us and slow.total_us - fast.total_us > LAUNCH_US
+    """Whether ``fast`` is predicted faster than ``slow`` a call (:attr:`Prediction.per_call_us`:
+    GPU or host, whichever sets the pace) by more than ``margin`` (a share of ``slow``'s time) and
+    by more than a launch's cost: the bar for leaving the preference order, which was set by
+    measurement. (Below a launch's cost the two are launch-bound, where the model's differences
+    are its own constants, not the kernels'.)"""
+    f, s = fast.per_call_us, slow.per_call_us
+    return f < (1.0 - margin) * s and s - f > LAUNCH_US

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 
 from . import cost
 from .families import FAMILIES, Family, KernelConfig, second_pass_config
+from .families.wgmma_tf32 import splits_decode
 from .problem import DeviceFacts, Problem
 from .tuned import TunedChoice
 
@@ -141,14 +142,15 @@ def _fp32_if_faster(plan: Plan, dev: DeviceFacts, variants: tuple[Family, ...]) 
     mine, theirs = cost.predict(plan), cost.predict(alt)
     if not cost.faster_by(theirs, mine, COST_MARGIN):
         return plan
-    why = (f"the cost model predicts {theirs.total_us:.1f} us for the full-fp32 {alt.kernel.family} plan against "
-           f"{mine.total_us:.1f} us for this one: the fp32 plan is faster here, and more accurate")
+    why = (f"the cost model predicts {theirs.per_call_us:.1f} us a call for the full-fp32 {alt.kernel.family} plan "
+           f"against {mine.per_call_us:.1f} us for this one (the larger of GPU and host time): the fp32 plan is "
+           "faster here, and more accurate")
     tc = plan.kernel.family  # (the others' reasons as the TF32 plan gave them, the fp32 family now preferred)
     rejected = ((tc, why),) + tuple((name, f"{alt.kernel.family} is preferred" if reason == f"{tc} is preferred" else reason)
                                     for name, reason in plan.rejected if name != alt.kernel.family)
     return replace(alt, problem=p, rejected=rejected,
                    origin=f"heuristic, cost model: ran full fp32 ({alt.kernel.family}), predicted "
-                          f"{theirs.total_us:.1f} us against {mine.total_us:.1f} us for {plan.kernel.family} "
+                          f"{theirs.per_call_us:.1f} us against {mine.per_call_us:.1f} us for {plan.kernel.family} "
                           f"({p.precision}): faster here, and more accurate")
 
 
@@ -163,6 +165,9 @@ def _select_in_order(p: Problem, dev: DeviceFacts, force: str | None, variants: 
     rejected: list[tuple[str, str]] = []
     chosen: KernelConfig | None = None
     order = PREFERENCE[p.precision]
+    if force is None and splits_decode(p, dev, family_of("wgmma_tf32", variants)):
+        # (tf32 from 17 rows, few tiles, long K: wgmma splitting K beats the decode families)
+        order = ("wgmma_tf32",) + tuple(n for n in order if n != "wgmma_tf32")
     if force is not None:
         order = (force,) + tuple(n for n in order if n != force)
     for name in order:

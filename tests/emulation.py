@@ -272,12 +272,19 @@ def emulate_wgmma(cfg, maps, args) -> None:
     macros = dict(cfg.macros)
     x3, a_mn, bn, c_vec = macros["PRECISION_X3"], macros["A_MN"], macros["BN"], macros["C_VEC"]
     args, epilogue = split_epilogue(cfg, tuple(args))
-    assert len(args) == 11 and all(isinstance(x, int) for x in args), args
+    split = cfg.split_k if cfg.split_fused else 1
+    fused = args[11:]  # SPLIT: (C itself, its strides, the arrival counters) after the workspace's
+    args = args[:11]
+    assert len(fused) == (4 if split > 1 else 0) and all(isinstance(x, int) for x in args + fused), (args, fused)
+    assert macros.get("SPLIT", 0) == int(split > 1), cfg.macros
     pc, M, N, K, scm, scn, inner, total, sc0, sc1, bits = args
     assert M > 0 and N > 0 and K > 0 and 1 <= inner <= total and total % inner == 0
-    # a 1-D grid walking (tile, batch entry) pairs: one block each, or fewer (persistent) taking turns
     work = -(-M // 128) * -(-N // bn) * total
-    assert cfg.work_items == work and 1 <= cfg.grid[0] <= work and cfg.grid[1:] == (1, 1), (cfg.grid, args)
+    if split > 1:  # one block a (tile, slice); the workspace: split row-major M x N slices
+        assert total == 1 and cfg.grid == (work, split, 1) and cfg.work_items == work * split, (cfg.grid, args)
+        assert (scm, scn, sc0, sc1) == (N, 1, M * N, 0) and not macros.get("TMA_STORE"), args
+    else:  # a 1-D grid walking (tile, batch entry) pairs: one block each, or fewer (persistent) taking turns
+        assert cfg.work_items == work and 1 <= cfg.grid[0] <= work and cfg.grid[1:] == (1, 1), (cfg.grid, args)
     parts = 2 if x3 else 1
     tma_store = macros.get("TMA_STORE", 0)
     assert len(maps) == 2 * parts + tma_store
@@ -310,6 +317,21 @@ def emulate_wgmma(cfg, maps, args) -> None:
             assert z1 < d2 and z0 < d3, (c_map.spec, z)
             c = floats(pc + 4 * (z1 * s2 + z0 * s3), (d1, d0), (s1, 1))
             assert c.data_ptr() == pc + 4 * (z0 * sc0 + z1 * sc1)  # the same matrix the strides name
+        elif split > 1:
+            # slice y holds k-tiles [y * per, (y + 1) * per) (split_range), none of them empty
+            per = -(-(-(-K // 32)) // split)
+            assert (split - 1) * per * 32 < K, (split, per, K)
+            for y in range(split):
+                k0, k1 = y * per * 32, min(K, (y + 1) * per * 32)
+                floats(pc + 4 * y * sc0, (M, N), (scm, scn)).copy_((a[:, k0:k1] @ bt[:, k0:k1].t()).float())
+            out, som, son, counters = fused
+            count = floats(counters, (work,), (1,), torch.int32)
+            assert cfg.arrival_counters == work and not count.any(), "arrival counters not zero at the launch"
+            sums = torch.zeros(M, N)
+            for y in range(split):  # the last block of each tile: the slices in slice order
+                sums += floats(pc + 4 * y * sc0, (M, N), (scm, scn))
+            floats(out, (M, N), (som, son)).copy_(epilogue(sums))
+            continue
         else:
             c = floats(pc + 4 * (z0 * sc0 + z1 * sc1), (M, N), (scm, scn))
         c.copy_(epilogue((a @ bt.t()).float()))
@@ -338,8 +360,8 @@ class Launch:
     def pointers(self) -> tuple:
         """The data pointers: what differs between two calls of one plan on fresh tensors."""
         d = self.args[-5:-4] if has_epilogue(self.cfg) else ()  # (a fused epilogue's D)
-        if self.maps is not None:
-            return tuple(m.ptr for m in self.maps) + self.args[:1] + d
+        if self.maps is not None:  # (C, or for SPLIT the workspace and C)
+            return tuple(m.ptr for m in self.maps) + self.args[:1] + self.args[11:12] + d
         if self.family == "splitk_reduce":
             return self.args[:2] + d  # (workspace, C)
         if self.cfg.split_fused:
@@ -352,8 +374,8 @@ class Launch:
         args = self.args
         if has_epilogue(self.cfg):  # (without D's pointer)
             args = args[:-5] + args[-4:]
-        if self.maps is not None:
-            return self.cfg, tuple((m.spec, m.tf32) for m in self.maps), args[1:]
+        if self.maps is not None:  # (SPLIT: without C's pointer, with the arrival counters: per stream)
+            return self.cfg, tuple((m.spec, m.tf32) for m in self.maps), args[1:11] + args[12:]
         if self.family == "splitk_reduce":
             return self.cfg, args[2:]
         if self.cfg.split_fused:

@@ -119,6 +119,11 @@ def _wgmma_problems() -> list[Problem]:
              (1409, 2817, 520, {"b_t": True}), (2049, 2305, 520, {"b_t": True}), (4097, 2817, 515, {"b_t": True}),
              (1024, 1022, 1024, {"a_t": True, "b_t": True}), (1024, 1024, 1024, {"a_t": True, "b_t": True})]  # A_MN
     out = [Problem.dense(M, N, K, precision=precision, **kw) for precision in ("tf32", "tf32x3") for M, N, K, kw in dense]
+    # tf32 products whose tiles leave SMs idle: K split over blocks (SPLIT), A K-major or
+    # m-contiguous, N even or odd
+    split = [(48, 4096, 11008, {"b_t": True}), (33, 1001, 8200, {"b_t": True}), (17, 515, 2053, {}),
+             (64, 256, 8192, {"a_t": True, "b_t": True}), (64, 255, 8192, {"a_t": True, "b_t": True})]
+    out += [Problem.dense(M, N, K, precision="tf32", **kw) for M, N, K, kw in split]
     return out + [dataclasses.replace(p, epilogue=True) for p in out]
 
 
@@ -318,6 +323,9 @@ def test_wgmma_configs_cover_both_tiles_and_store_modes():
             assert {m["BN"] for m in macros if m["PRECISION_X3"] == x3 and m.get("TMA_STORE", 0) == tma} >= widths, (x3, tma)
             assert {m.get("EPILOGUE", 0) for m in macros if m["PRECISION_X3"] == x3 and m.get("TMA_STORE", 0) == tma} == {0, 1}
         assert {m["C_VEC"] for m in macros if m["PRECISION_X3"] == x3} == ({0, 1} if x3 else {0, 1, 2}), x3
+    # K split over blocks: A K-major and fed from registers, both store modes, the epilogue
+    assert {(m["A_MN"], m["C_VEC"], m.get("EPILOGUE", 0)) for m in macros if m.get("SPLIT")} >= {
+        (a, c, e) for a in (0, 1) for c in (0, 1) for e in (0, 1)}
     # the consumers taking turns (tf32 only, no fused epilogue) at every width they take
     assert {m["BN"] for m in macros if m.get("PINGPONG")} == {64, 96, 128, 192}
     assert {(m.get("EPILOGUE", 0), m["C_VEC"]) for m in macros if m.get("PINGPONG")} == {(0, 0), (0, 1)}
@@ -547,6 +555,38 @@ def test_wgmma_pingpong_builds_every_width_it_takes_without_spills():
     base = {"BN": 128, "STAGES": 4, "C_VEC": 0, "PRECISION_X3": 0, "A_MN": 0, "PINGPONG": 1}
     for bad in ({"PRECISION_X3": 1}, {"A_MN": 1}, {"TMA_STORE": 1}, {"BN": 256}, {"EPILOGUE": 1}):
         with pytest.raises(CompileError, match="PINGPONG"):
+            compile_cubin("wgmma_tf32.cu", tuple({**base, **bad}.items()), "sm_90a")
+
+
+def test_wgmma_split_builds_every_width_and_form_without_spills():
+    """K split over blocks (SPLIT: slices stored from registers into a workspace, the last block's
+    sum) at every tile width, tf32 with A K-major or fed from registers, tf32x3 (taken when asked
+    for: WgmmaTf32(split=n)), float2 or single-float stores, with and without the fused epilogue:
+    no spills, no stack frame; and what it does not serve stops at the source's own check."""
+    from fastmm.runtime.compiler import nvrtc_unavailable_reason
+
+    if nvrtc_unavailable_reason():
+        pytest.skip(nvrtc_unavailable_reason())
+    dev = DeviceFacts.simulated_device("sm_90")
+    macros = set()
+    for precision, widths in (("tf32", (64, 96, 128, 192, 256)), ("tf32x3", (64, 96, 128))):
+        for bn in widths:
+            for n, kw in ((4096, {"b_t": True}), (4095, {"a_t": True, "b_t": True})):
+                if precision == "tf32x3" and kw.get("a_t"):
+                    kw = {"b_t": True}
+                p = Problem.dense(64, n, 8192, precision, **kw)
+                fam = WgmmaTf32(split=4, force_bn=bn)
+                for epi in (False, True):
+                    plan = select(dataclasses.replace(p, epilogue=epi), dev, force="wgmma_tf32", variants=(fam,))
+                    m = dict(plan.kernel.macros)
+                    assert m["SPLIT"] == 1 and m["BN"] == bn and plan.kernel.grid[1] == 4, m
+                    assert m["C_VEC"] == int(n % 2 == 0) and m.get("EPILOGUE", 0) == int(epi)
+                    macros.add(plan.kernel.macros)
+    assert {(dict(m)["A_MN"], dict(m)["PRECISION_X3"]) for m in macros} == {(0, 0), (1, 0), (0, 1)}
+    _assert_no_spills("wgmma_tf32.cu", "sm_90a", sorted(macros))
+    base = {"BN": 128, "STAGES": 4, "C_VEC": 0, "PRECISION_X3": 0, "A_MN": 0, "SPLIT": 1}
+    for bad in ({"PINGPONG": 1}, {"TMA_STORE": 1}, {"A_MN": 1, "C_VEC": 2}):
+        with pytest.raises(CompileError, match="SPLIT"):
             compile_cubin("wgmma_tf32.cu", tuple({**base, **bad}.items()), "sm_90a")
 
 

@@ -43,7 +43,7 @@ def _entry(a, b, out, precision):
 
 
 SPLIT_SHAPES = [(16, 4096, 4096, "ieee", "skinny"), (16, 4096, 4096, "tf32", "skinny"),
-                (64, 64, 16384, "ieee", "simt_cp_async"), (64, 64, 8192, "tf32", "tf32_mma"),
+                (64, 64, 16384, "ieee", "simt_cp_async"), (64, 64, 8192, "tf32", "wgmma_tf32"),
                 (256, 256, 65536, "ieee", "simt_cp_async")]
 
 
@@ -62,13 +62,13 @@ def test_split_k_plans_take_the_fast_path_with_the_full_paths_launches(emulated_
 
     a, b = torch.randn(M, K), torch.randn(K, N)
     exp = fastmm.explain(a, b, precision=precision)
-    fused = exp.plan.kernel.split_fused  # the skinny kernel sums its own slices (sm_90)
-    assert fused == (family == "skinny")
+    fused = exp.plan.kernel.split_fused  # the skinny and wgmma kernels sum their own slices (sm_90)
+    assert fused == (family in ("skinny", "wgmma_tf32"))
     assert exp.kernel == family and (exp.plan.reduce is None) == fused and exp.plan.kernel.split_k > 1, str(exp)
     out = make_out()
     c = fastmm.matmul(a, b, precision=precision, out=out)
     assert out is None or c is out
-    _check(c, a, b)
+    _check(c, a, b, precision)
     assert gpu.slow_calls == 1
     first = list(gpu.launches)
     assert gpu.families == [family] + ([] if fused else ["splitk_reduce"])
@@ -81,7 +81,7 @@ def test_split_k_plans_take_the_fast_path_with_the_full_paths_launches(emulated_
         c = fastmm.matmul(a, b, precision=precision, out=out)
         assert out is None or c is out
         assert c.shape == (M, N) and (out is not None or c.is_contiguous())
-        _check(c, a, b)
+        _check(c, a, b, precision)
         _same_launches(first, gpu.launches)
     assert gpu.slow_calls == 1  # every later call took the fast path
 

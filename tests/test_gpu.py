@@ -999,6 +999,57 @@ def test_wgmma_pingpong_consumers_compute_every_tile(case, bn, rel_err):
     assert torch.equal(outs[0], outs[1])
 
 
+#: (a, b, precision, forced slices or None for the planner's rule): K split over blocks (SPLIT)
+WGMMA_SPLIT_CASES = {
+    "decode-linear-rule": lambda: (randn(48, 11008), randn(4096, 11008).t(), "tf32", None),  # x @ W.t()
+    "decode-odd-n-rule": lambda: (randn(33, 8200), randn(1001, 8200).t(), "tf32", None),
+    "short-k-forced": lambda: (randn(300, 1100), randn(700, 1100).t(), "tf32", 2),
+    "a_regs-odd-n-uneven-slices": lambda: (randn(8288, 200).t(), randn(333, 8288).t(), "tf32", 5),
+    "swap-row-major-b": lambda: (randn(130, 6000), randn(6000, 300), "tf32", 4),
+    "copied-a": lambda: (randn(64, 8191), randn(8191, 1024), "tf32", 4),  # A's rows copied K-major
+    "tf32x3-forced": lambda: (randn(64, 4096), randn(4096, 256), "tf32x3", 3),
+}
+
+
+@pytest.mark.parametrize("case", sorted(WGMMA_SPLIT_CASES))
+def test_wgmma_split_k_sums_every_tiles_slices_in_order(case, rel_err):
+    """K split over blocks, each tile's last block summing the slices (SPLIT): the planner's
+    split for decode-like products (few tiles, long K) and forced counts (uneven slices, A fed from
+    registers, a swapped product, tf32x3), right into NaN-poisoned contiguous and transposed
+    outputs; a second call into a fresh output gives the same bits (the slices are added in slice
+    order, and the arrival counters are back at zero after each launch)."""
+    needs_sm90()
+    a, b, precision, slices = WGMMA_SPLIT_CASES[case]()
+    variant = WgmmaTf32() if slices is None else WgmmaTf32(split=slices)
+    M, N = a.shape[-2], b.shape[-1]
+    outs = []
+    for out in (torch.full((M, N), NAN, device="cuda"), torch.full((N, M), NAN, device="cuda").t(),
+                torch.full((M, N), NAN, device="cuda")):
+        result, plan, reason = dispatch.matmul_fastmm(a, b, out, precision, force="wgmma_tf32", variants=(variant,))
+        assert reason is None and result is out, reason
+        m = dict(plan.kernel.macros)
+        assert m.get("SPLIT") == 1 and plan.kernel.split_fused and plan.reduce is None, plan.describe()
+        assert plan.kernel.grid[1] == (slices or plan.kernel.grid[1]) > 1
+        check(out, a, b, precision, rel_err)
+        outs.append(out)
+    assert torch.equal(outs[0], outs[2]) and torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("beta", [1.0, 0.0])
+def test_wgmma_split_k_applies_the_epilogue_once_in_the_sum(beta):
+    """A fused bias / addmm input on a split plan: the slices are stored raw and the last block's
+    sum applies alpha * sum + beta * D once (beta = 0: D, all NaN, is not read)."""
+    needs_sm90()
+    a, w = randn(48, 11008), randn(4096, 11008)
+    d = randn(4096) if beta else torch.full((4096,), NAN, device="cuda")
+    result, plan, reason = dispatch.matmul_fused(a, w.t(), d, -1.5, beta, "tf32")
+    assert reason is None and plan.kernel.family == "wgmma_tf32" and plan.kernel.split_fused, plan.describe()
+    assert ("EPILOGUE", 1) in plan.kernel.macros
+    ref = -1.5 * (a.double() @ w.double().t()) + (beta * d.double() if beta else 0)
+    assert not torch.isnan(result).any()
+    assert ((result.double() - ref).norm() / ref.norm()).item() <= TOL["tf32"]
+
+
 WGMMA_IN_PLACE = {  # (a, b) -> the form the planner must pick: no copies
     "swap": lambda: (randn(640, 512), randn(512, 648)[:, :643]),  # row-major B, odd N (M' of C^T)
     "a_regs": lambda: (randn(512, 640).t(), randn(643, 512).t()),  # m-contiguous A, K-major B

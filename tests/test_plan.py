@@ -188,10 +188,18 @@ def check_geometry(plan) -> None:
     if cfg.stream_k is not None:
         check_stream_k(plan, tiles)
         return
+    if cfg.family == "wgmma_tf32" and cfg.split_fused:
+        # SPLIT: one block a (tile, slice), a batch of 1, every slice a run of k-tiles (split_range)
+        k_tiles = -(-p.K // 32)
+        per = -(-k_tiles // gy)
+        assert m["SPLIT"] == 1 and p.batch_total == 1 and gx == tiles and gz == 1 and cfg.work_items == tiles * gy
+        assert 2 <= gy <= 16 and (gy - 1) * per < k_tiles and per * 32 >= 512 and "TMA_STORE" not in m
+        assert "PINGPONG" not in m and plan.reduce is None
+        return
     if cfg.family == "wgmma_tf32":
         # one block per (tile, batch entry), or persistent: one an SM walking them all (wgmma_tf32.cu)
         work = tiles * p.batch_total
-        assert cfg.work_items == work and (gy, gz) == (1, 1)
+        assert cfg.work_items == work and (gy, gz) == (1, 1) and "SPLIT" not in m
         assert gx in (min(work, dev.sm_count), min(work, INT32_MAX))  # (the variant persistent=False: the latter)
         return
     assert cfg.work_items == 0
@@ -1548,18 +1556,56 @@ def test_small_tf32_products_run_on_wgmma_unless_k_is_long_enough_for_a_split_to
     over every SM. Measured on the H200 (probes/small_tf32_probe.py, NOTES run 23): wgmma 14.5 us
     against 27.0 at 300 x 700 x 1100 (33 tiles), 28.1 against 70.6 at 77 x 1531 x 2053 (with its
     copies: K % 4 != 0); tf32_mma 24.7 against 29.1 at 200 x 1000 x 4096 (32 tiles) and 22.8
-    against 53.9 at 100 x 300 x 8192 (5 tiles)."""
+    against 53.9 at 100 x 300 x 8192 (5 tiles). wgmma's own split (SPLIT) is taken up to 64 rows
+    only: above, it was mixed against tf32_mma's (100 x 300 x 8192: 19.1 against 23.0 us; 256 x
+    256 x 65536: 94.1 against 59.4; probes/wgmma_split_probe.py, NOTES run 25).
+    77 x 1531 x 2053 (A and B^T copied K-major) is faster on wgmma's GPU time, but its two copies
+    and three launches make the call host-bound (~42 us to enqueue, cost.HOST_US_*): the fp32
+    SIMT plan (33.3 us GPU, one launch) is faster a call."""
     dev = DEV["sm_90"]
     family = lambda *a, **k: select(Problem.dense(*a, "tf32", **k), dev).kernel.family  # noqa: E731
     assert family(300, 700, 1100, b_t=True) == "wgmma_tf32"
     assert family(512, 512, 512) == "wgmma_tf32"
-    assert family(77, 1531, 2053) == "wgmma_tf32"  # A and B^T copied K-major: 18 FLOP per copied byte
+    issue = select(Problem.dense(77, 1531, 2053, "tf32"), dev)
+    assert issue.kernel.family == "simt_cp_async" and issue.precision_used == "ieee"
+    assert "cost model: ran full fp32" in issue.origin and "host" in dict(issue.rejected)["wgmma_tf32"]
+    assert family(77, 1531, 2056) == "wgmma_tf32"  # (K % 4 == 0: B^T alone copied, one copy)
     assert family(200, 1000, 4096, b_t=True) == "tf32_mma"
     plan = select(Problem.dense(100, 300, 8192, "tf32", b_t=True), dev)
     assert plan.kernel.family == "tf32_mma"
     assert "5 tiles of 128x64 for 132 SMs at K = 8192" in dict(plan.rejected)["wgmma_tf32"]
     # a full wave of tiles: wgmma whatever K
     assert family(1024, 8448, 16384, b_t=True) == "wgmma_tf32"
+
+
+def test_decode_products_up_to_64_rows_split_k_on_wgmma_where_the_tiles_leave_sms_idle():
+    """tf32 x @ W.t() with M <= 64 and K >= 2048: wgmma with K split over blocks, its last blocks
+    summing the slices, at the width (256 or 128, tiles filling at most half the SMs) whose
+    (tile, slice) blocks fill the most SMs, SMs // tiles slices (2 at least, K / 1024 at most):
+    H200 (probes/wgmma_split_probe.py, NOTES run 25): 48 x 4096 x 11008 115.6 -> 63.1 us (256/8),
+    64 x 4096 x 4096 47.3 -> 30.7 (128/4), 64 x 14336 x 4096 82.5 -> 75.3 (256/2). From 17 rows,
+    K >= 8192 and N >= 2048 ahead of kmajor_mma (32 x 3584 x 18944: 81.6 against 116.5); below
+    that kmajor_mma keeps its rows (16 x 4096 x 4096: 24.2 against 29.5)."""
+    dev = DEV["sm_90"]
+    for (M, N, K), (family, tile, split) in (
+            ((48, 4096, 11008), ("wgmma_tf32", 256, 8)), ((32, 3584, 18944), ("wgmma_tf32", 256, 9)),
+            ((32, 4096, 14336), ("wgmma_tf32", 256, 8)), ((64, 4096, 4096), ("wgmma_tf32", 128, 4)),
+            ((17, 4096, 8192), ("wgmma_tf32", 256, 8)), ((64, 1024, 4096), ("wgmma_tf32", 128, 4)),
+            ((64, 14336, 4096), ("wgmma_tf32", 256, 2)), ((64, 512, 8192), ("wgmma_tf32", 128, 8)),
+            ((1, 256, 8192), ("skinny_kmajor", None, None)), ((16, 4096, 4096), ("kmajor_mma", None, None)),
+            ((24, 4096, 4096), ("kmajor_mma", None, None)), ((16, 4096, 14336), ("kmajor_mma", None, None)),
+            ((17, 5, 14336), ("kmajor_mma", None, None)), ((65, 4096, 4096), ("wgmma_tf32", None, 1)),
+            ((64, 4096, 1024), ("wgmma_tf32", None, 1)), ((64, 50257, 4096), ("wgmma_tf32", None, 1))):
+        plan = select(Problem.dense(M, N, K, "tf32", b_t=True), dev)
+        assert plan.kernel.family == family, ((M, N, K), plan.describe())
+        if family == "wgmma_tf32":
+            assert plan.kernel.split_k == split and plan.kernel.split_fused == (split > 1), ((M, N, K), plan.describe())
+            if split > 1:
+                assert plan.kernel.tile[1] == tile and plan.reduce is None
+            check_geometry(plan)
+    # tf32x3 requests never split on wgmma by the rule (tf32x3 copies both operands)
+    x3 = select(Problem.dense(48, 4096, 11008, "tf32x3", b_t=True), dev)
+    assert x3.kernel.family != "wgmma_tf32" or not x3.kernel.split_fused
 
 
 def test_wgmma_copies_an_operand_with_a_zero_row_stride():

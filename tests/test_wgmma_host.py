@@ -114,8 +114,11 @@ def test_m_contiguous_a_with_k_major_b_feeds_a_from_registers(emulated_gpu):
 
 
 def test_m_contiguous_a_with_row_major_b_stages_b_transposed(emulated_gpu):
-    """One operand staged (B^T, K-major) each call, by the fast path's runner after the first."""
-    plan = _calls(emulated_gpu, lambda: (torch.randn(K, M).t(), torch.randn(K, N)))
+    """One operand staged (B^T, K-major) each call, by the fast path's runner after the first.
+    (K = 2068: at K = 68 the copy's launch makes the call host-bound, and the planner runs the
+    fp32 SIMT plan instead, cost.HOST_US_PER_LAUNCH.)"""
+    k = 2068
+    plan = _calls(emulated_gpu, lambda: (torch.randn(k, M).t(), torch.randn(k, N)))
     assert not plan.swap_ab and [w for w, _, _ in plan.staging] == ["bt"]
     assert dict(plan.kernel.macros)["A_MN"] == 1
 

@@ -11,9 +11,10 @@ from .base import Family, KernelConfig, pick_tile, tiles_of
 from .stage_kmajor import kmajor_batch, stage_kmajor_config
 
 
-#: The wgmma family does not split K: each block walks all of K. tf32x3: tf32_mma, slower per SM
-#: but with K split over every SM, is faster when wgmma's 128 x 128 tiles fill less than this
-#: share of the SMs (H200: tf32x3 24-28 vs 115 TFLOP/s).
+#: Where the wgmma family does not split K (:meth:`WgmmaTf32.split_choice` finds no split that
+#: pays), each block walks all of K. tf32x3: tf32_mma, slower per SM but with K split over every
+#: SM, is faster when wgmma's 128 x 128 tiles fill less than this share of the SMs (H200: tf32x3
+#: 24-28 vs 115 TFLOP/s).
 WGMMA_MIN_SM_FRACTION = {"tf32x3": 1 / 4}
 #: tf32, a product of fewer 128 x 64 tiles than SMs: wgmma takes about WGMMA_SOLO_US_PER_K us per
 #: k of one tile; tf32_mma splitting K over the SMs about MMA_SPLIT_US plus MMA_SPLIT_US_PER_K us
@@ -101,6 +102,60 @@ def wave_cost(p: Problem, dev: DeviceFacts, bn: int, pingpong: bool = False) -> 
     return per_sm * 2.0 * 128 * bn * k / rate + (1 if pingpong else per_sm) * TILE_US_PER_COLUMN * bn
 
 
+#: SPLIT (the kernel's K over gridDim.y blocks a tile, each tile's last block summing the
+#: slices). The rule takes it for tf32, a batch of 1, M <= SPLIT_MAX_M (decode's x @ W.t(): one row
+#: of tiles, streaming W) and K >= SPLIT_MIN_K: of the widths SPLIT_WIDTHS whose tiles fill at most
+#: SMs / SPLIT_TILE_SHARE, the one whose (tile, slice) blocks fill the most SMs (ties: the one
+#: computing fewer columns past N, then the wider),
+#: each with as many slices as fill the SMs once (SMs // tiles), 2 at least, at most SPLIT_MAX and
+#: K / SPLIT_SLICE_K. Measured on the H200 (probes/wgmma_split_probe.py, NOTES run 25, GPU us,
+#: unsplit -> the rule's split): 48 x 4096 x 11008 115.6 -> 63.1 (256 wide, 8 slices), 32 x 3584 x
+#: 18944 192 -> 81.6 (256/8; kmajor_mma 116.5), 32 x 4096 x 14336 152 -> 73.0 (256/8; kmajor_mma
+#: 99), 64 x 4096 x 4096 47.3 -> 30.7 (128/4; 256/4 36.7: half the SMs), 64 x 14336 x 4096 82.5 ->
+#: 75.3 (256/2). Slices under 1024 of K lost (64 x 4096 x 4096 at 256/8: 39.6). At M = 96-128 every
+#: split was slower than the unsplit 64-wide tile (the first form of the sum); at M = 100-256 with
+#: few, narrow tiles it was mixed against tf32_mma's split (100 x 300 x 8192: 19.1 against 23.0;
+#: 256 x 256 x 65536: 94.1 against 59.4), so those stay as they were.
+SPLIT_MAX = 16
+SPLIT_MAX_M = 64
+SPLIT_MIN_K = 2048
+SPLIT_SLICE_K = 1024
+SPLIT_TILE_SHARE = 2
+SPLIT_WIDTHS = (256, 128)
+#: A forced number of slices (``WgmmaTf32(split=n)``) is capped so a slice keeps this much of K.
+SPLIT_FORCED_SLICE_K = 512
+
+
+#: From this many rows and this K on, the planner tries wgmma ahead of the decode families
+#: (kmajor_mma, skinny_kmajor, skinny; all take at most 32 rows) for a tf32 product it splits
+#: (:func:`splits_decode`): measured faster at 32 rows and long K (32 x 3584 x 18944: 104 against
+#: kmajor_mma's 116 us; 32 x 4096 x 14336: 85 against 98), slower at 16 rows and K = 4096 (16 x
+#: 4096 x 4096: 34.0 against 24.0); 17-32 rows at K < 8192 were not measured and stay theirs.
+SPLIT_AHEAD_FROM_M = 17
+SPLIT_AHEAD_MIN_K = 8192
+#: ... and N at least this (measured at N = 3584-4096; a narrow W is the decode families' to stream).
+SPLIT_AHEAD_MIN_N = 2048
+
+
+def splits_decode(p: Problem, dev: DeviceFacts, fam: "WgmmaTf32 | None" = None) -> bool:
+    """Whether a tf32 request ``p`` of SPLIT_AHEAD_FROM_M rows or more gets a split plan from the
+    wgmma family ``fam`` (default: the registry's; the rule of SPLIT_MAX_M, on the problem the
+    kernel would see) on ``dev``: the planner then tries wgmma first."""
+    if (p.precision != "tf32" or p.M < SPLIT_AHEAD_FROM_M or p.K < SPLIT_AHEAD_MIN_K or p.N < SPLIT_AHEAD_MIN_N
+            or dev.cc != (9, 0)):
+        return False
+    fam = fam or WgmmaTf32()
+    launch_p, _, _ = fam.staging(p, dev)
+    return fam.split_choice(launch_p, dev, fam.tile_options(False)) is not None
+
+
+def split_slices(p: Problem, split: int) -> int:
+    """The slices ``split`` becomes (``split_range`` in common.cuh: k-tiles of 32 dealt in equal
+    runs, none empty)."""
+    k_tiles = -(-max(p.K, 1) // 32)
+    return -(-k_tiles // -(-k_tiles // split))
+
+
 def _batch_dims(p: Problem, strides: tuple[int, int], extent: int) -> tuple[tuple[int, int], tuple[int, int]]:
     """A tensor map's two batch dims for an operand of ``p`` with batch ``strides`` (s0, s1):
     sizes (batch_inner, batch_outer) and byte strides, a dim the operand does not walk (stride 0,
@@ -170,6 +225,13 @@ class WgmmaTf32(Family):
     #: wherever the first two hold); False: never (the cooperative form, both warpgroups on each
     #: tile), "always": wherever the kernel allows it.
     pingpong: bool | str = True
+    #: K split over blocks (SPLIT in the kernel: each tile's last block sums the slices) where
+    #: the rule of SPLIT_MAX_M says (tf32 decode-like products whose tiles leave most SMs idle);
+    #: False: never; a number: that many slices wherever a batch-1 product may split, tf32x3 too
+    #: (for probes and tests). (tf32x3 is left unsplit by the rule: its copies of both
+    #: operands weigh most on exactly the long-K products a split is for, where the planner sends
+    #: it to the fp32 SIMT path, measured 1.9x faster at 256 x 256 x 65536 in issue 18.)
+    split: bool | int = True
 
     name, source, entry = "wgmma_tf32", "wgmma_tf32.cu", "fastmm_wgmma_tf32"
     min_cc = (9, 0)
@@ -247,7 +309,11 @@ class WgmmaTf32(Family):
             return may_pingpong and width <= PINGPONG_MAX_BN and (
                 self.pingpong == "always" or pingpong_pays(p, dev, tiles_of(p, self.bm, width) * p.batch_total))
 
-        if self.force_bn:
+        split = self.split_choice(p, dev, options)
+        if split is not None:
+            (bn, stages), split = split
+            pingpong = False
+        elif self.force_bn:
             bn, stages = next(o for o in options if o[0] == self.force_bn)
             pingpong = takes_turns(bn)
         elif self.tile_rule == "fill":
@@ -265,6 +331,8 @@ class WgmmaTf32(Family):
                 if self.pingpong == "always" or wave_cost(p, dev, pp[0], pingpong=True) < wave_cost(p, dev, bn):
                     (bn, stages), pingpong = pp, True
         work = tiles_of(p, self.bm, bn) * p.batch_total
+        if split:
+            return self._split_config(p, dev, bn, stages, split, x3, a_mn)
         # TMA_STORE stages 4 boxes of C at once (2 for tf32x3, whose ring slots are twice as big),
         # taken from the ring where both do not fit (H200: 128 wide, 6 slots -> 5; 256 wide, 4 -> 3;
         # see TMA_STORE_256_MAX_K)
@@ -312,6 +380,58 @@ class WgmmaTf32(Family):
                             (max(1, min(work, dev.sm_count if persistent else MAX_GRID_X)), 1, 1),
                             self.smem_bytes(bn, stages, x3, c_boxes), (self.bm, bn, self.bk), details, arch_suffix="a",
                             work_items=work)
+
+    def split_choice(self, p: Problem, dev: DeviceFacts, options) -> tuple[tuple[int, int], int] | None:
+        """((BN, STAGES), slices) of a split plan for ``p``, or None for an unsplit one: the rule
+        of SPLIT_MAX_M and the constants beside it, or a forced number of slices (``split``, with
+        ``force_bn``'s width or the widest) wherever the batch is 1."""
+        if self.split is False or p.batch_total != 1:
+            return None
+        if self.force_bn:
+            options = tuple(o for o in options if o[0] == self.force_bn)
+        if not options:
+            return None
+        if self.split is not True:  # a forced count
+            n = split_slices(p, min(int(self.split), max(p.K // SPLIT_FORCED_SLICE_K, 1)))
+            return (options[0], n) if n > 1 else None
+        if p.precision != "tf32" or p.M > SPLIT_MAX_M or p.K < SPLIT_MIN_K:
+            return None
+        best = None
+        for option in (o for o in options if o[0] in SPLIT_WIDTHS):
+            tiles = tiles_of(p, self.bm, option[0])
+            if tiles > dev.sm_count // SPLIT_TILE_SHARE:
+                continue
+            n = split_slices(p, max(2, min(dev.sm_count // tiles, SPLIT_MAX, p.K // SPLIT_SLICE_K)))
+            padding = -(-p.N // option[0]) * option[0] - p.N  # (columns computed past N)
+            key = (tiles * n, -padding, option[0])
+            if n > 1 and (best is None or key > best[0]):
+                best = (key, option, n)
+        return None if best is None else (best[1], best[2])
+
+    def _split_config(self, p, dev, bn: int, stages: int, split: int, x3: bool, a_mn: bool) -> KernelConfig:
+        """The SPLIT kernel: one block a (tile, slice), slices stored from registers into a
+        row-major workspace (float2 where N is even), the last block's sum into C."""
+        tiles = tiles_of(p, self.bm, bn)
+        while stages > 2 and self.smem_bytes(bn, stages, x3) > dev.smem_per_block_optin:
+            stages -= 1
+        c_vec = int(p.N % 2 == 0)
+        macros = (("BN", bn), ("STAGES", stages), ("C_VEC", c_vec), ("PRECISION_X3", int(x3)), ("A_MN", int(a_mn)),
+                  ("SPLIT", 1))
+        if x3:
+            macros += (("PROMOTE_EVERY", 1 if p.K <= X3_SHORT_K else 2), ("COMPENSATE", 1))
+        per = -(-(-(-max(p.K, 1) // 32)) // split) * 32
+        details = (("A, B loads", "TMA tiles (128-byte swizzle)" + (" of the big and small halves" if x3 else
+                                                                    ", rounded to TF32 by the copy engine")),
+                   ("pipeline", f"{stages} stages, 1 producer + 2 consumer warpgroups sharing each tile, mbarriers"),
+                   ("split-K", f"{split} slices of {per} k, one block a (tile, slice); each stores its partial tile "
+                               "into a workspace slice and the tile's last block sums the slices in slice order "
+                               "(no second launch)"),
+                   ("math", f"3xTF32 wgmma m64n{bn}k8 (big*big promoted to fp32, small cross terms apart)" if x3
+                    else f"TF32 wgmma m64n{bn}k8, fp32 accumulate"),
+                   ("schedule", f"{tiles * split} blocks: {tiles} tiles x {split} slices"))
+        return KernelConfig(self.name, self.source, self.entry, macros, self.threads, (self.threads, 1, 1),
+                            (tiles, split, 1), self.smem_bytes(bn, stages, x3), (self.bm, bn, self.bk), details,
+                            arch_suffix="a", split_fused=True, work_items=tiles * split)
 
     def map_specs(self, p: Problem, cfg: KernelConfig):
         """Tensor-map geometry of A and B for launch problem ``p``: dims (K, rows, batch_inner,
@@ -389,8 +509,13 @@ class WgmmaTf32(Family):
 
     def heuristic_reason(self, p: Problem, dev: DeviceFacts) -> str | None:
         """Why the wgmma family should not take ``p`` although it could (heuristics, not limits):
-        too few tiles for the SMs, or copies that would cost too much next to the product."""
-        if p.precision == "tf32":
+        too few tiles for the SMs (unless a split of K fills them: :meth:`split_choice`), or copies
+        that would cost too much next to the product."""
+        launch_p, staged, _ = self.staging(p, dev)
+        x3 = p.precision == "tf32x3"
+        if self.split_choice(launch_p, dev, self.tile_options(x3)) is not None:
+            pass  # K split over the SMs: the tile count is no reason
+        elif p.precision == "tf32":
             blocks = tiles_of(p, 128, 64) * p.batch_total  # (the narrowest tile the wave rule takes)
             solo = WGMMA_SOLO_US_PER_K * p.K
             split = MMA_SPLIT_US + MMA_SPLIT_US_PER_K * p.K * blocks / dev.sm_count
@@ -401,10 +526,8 @@ class WgmmaTf32(Family):
             blocks = -(-p.M // 128) * -(-p.N // 128) * p.batch_total
             share = WGMMA_MIN_SM_FRACTION[p.precision]
             if blocks < share * dev.sm_count:
-                return (f"{blocks} tiles of 128x128 fill under 1/{round(1 / share)} of the {dev.sm_count} SMs, and this "
-                        "family does not split K")
-        _, staged, _ = self.staging(p, dev)
-        x3 = p.precision == "tf32x3"
+                return (f"{blocks} tiles of 128x128 fill under 1/{round(1 / share)} of the {dev.sm_count} SMs, and "
+                        "splitting K does not pay here")
         per_element = 12 if x3 else 8  # read, write (twice when split)
         moved = sum(per_element * rows * cols * kmajor_batch(p, which)[1] for which, rows, cols in staged)
         # The alternative, tf32_mma, is much slower (H200: TF32 120 vs 350 TFLOP/s; tf32x3 24-28 vs

@@ -167,11 +167,18 @@ def wgmma_runner(plan, loaded, p: Problem, device: torch.device):
     operands at pa, pb and C at pc: first the staging kernels, if any (K-major copies into
     buffers on ``device``; for tf32x3 the big and small halves), then the GEMM, which reads A and
     B through tensor maps. The maps hold the data pointers, so they are looked up (or encoded,
-    ~3 us) per call."""
+    ~3 us) per call. A split plan (SPLIT) writes its slices into a fresh workspace and takes the
+    stream's zeroed arrival counters, as :func:`fused_split_runner` does."""
     x3 = plan.precision_used == "tf32x3"
     spec_a, spec_b, bits = FAMILIES["wgmma_tf32"].map_specs(p, plan.kernel)
     spec_c = FAMILIES["wgmma_tf32"].c_map_spec(p, plan.kernel)  # (None: C stored from registers)
-    tail = (p.M, p.N, p.K, *p.c_strides, p.batch_inner, p.batch_total, *p.c_batch_strides, bits)
+    split = plan.kernel.split_k if plan.kernel.split_fused else 1
+    if split > 1:  # (SPLIT: C is a workspace of row-major M x N slices; then C itself, its strides, counters)
+        tail = (p.M, p.N, p.K, p.N, 1, 1, 1, p.M * p.N, 0, bits)
+        out_strides = tuple(p.c_strides)
+        work_floats, n_counters = split * p.M * p.N, plan.kernel.arrival_counters
+    else:
+        tail = (p.M, p.N, p.K, *p.c_strides, p.batch_inner, p.batch_total, *p.c_batch_strides, bits)
     swap, gemm = plan.swap_ab, launcher.maps_launcher(loaded)
     copies = []  # (copies A?, buffer shape, loaded stager, its arguments after (src, big, small))
     for (which, rows, cols), stager in zip(plan.staging, plan.stagers):
@@ -203,5 +210,11 @@ def wgmma_runner(plan, loaded, p: Problem, device: torch.device):
             maps = (encode(a_parts[0], spec_a, tf32=True), encode(b_parts[0], spec_b, tf32=True))
         if spec_c is not None:  # fp32: the copy engine must not round C to TF32
             maps += (encode(pc, spec_c, tf32=False),)
-        gemm(stream, maps, (pc,) + tail + epi)
+        if split > 1:
+            work = torch.empty(work_floats, dtype=torch.float32, device=device)
+            staged.append(work)
+            count = arrivals.counters(device, stream, n_counters)
+            gemm(stream, maps, (work.data_ptr(),) + tail + (pc,) + out_strides + (count.data_ptr(),) + epi)
+        else:
+            gemm(stream, maps, (pc,) + tail + epi)
     return run
