@@ -468,15 +468,15 @@ def wgmma_cases(dev: DeviceFacts, precision: str, quick: bool) -> list[Case]:
         if not quick:
             add("pingpong", 2049, 2305, 520, b_t=True)
             add("pingpong", 4097, 2817, 515, b_t=True)
-    # K split over blocks, each tile's last block summing the slices (tf32, M <= 64, few tiles,
-    # K >= 2048; planned on the H200: 3x2304x4100 -> 128 wide, 18 tiles x 4 slices; 17x515x2053 (A,
-    # B^T copied) -> 128, 5 x 2; 300x40x6000 (row-major B: C^T, 40 rows) -> 128, 3 x 5; 1x4096x8192 ->
-    # 256 wide, 16 x 8)
+    # K split over blocks, each tile's last block summing the slices (tf32, M <= 64, K >= 2048, few
+    # tiles; planned on the H200, 128 wide: 3x2304x4100 -> 18 tiles x 4 slices; 17x4096x4101 (A,
+    # B^T copied) -> 32 x 4; 2100x40x6000 (row-major B: C^T, 40 rows) -> 17 x 5; 1x4096x8192 -> 256
+    # wide, 16 x 8)
     if precision == "tf32":
         add("split", 3, 2304, 4100, b_t=True)
-        add("split", 17, 515, 2053, c_t=True)
+        add("split", 17, 4096, 4101, b_t=True, c_t=True)
         if not quick:
-            add("split", 300, 40, 6000, offsets=(0, 0, 1))
+            add("split", 2100, 40, 6000, offsets=(0, 0, 1))
             add("split", 1, 4096, 8192, b_t=True)
     # batches: in place where the layout allows (tf32), else copied per matrix (tf32x3 always)
     add("batch", bm - 1, bn + 1, bk + 3, batch=3, b_broadcast=True)  # K % 4 != 0: copies of both

@@ -361,7 +361,7 @@ class Launch:
         """The data pointers: what differs between two calls of one plan on fresh tensors."""
         d = self.args[-5:-4] if has_epilogue(self.cfg) else ()  # (a fused epilogue's D)
         if self.maps is not None:  # (C, or for SPLIT the workspace and C)
-            return tuple(m.ptr for m in self.maps) + self.args[:1] + self.args[11:12] + d
+            return tuple(m.ptr for m in self.maps) + self.args[:1] + (self.args[11:12] if self.cfg.split_fused else ()) + d
         if self.family == "splitk_reduce":
             return self.args[:2] + d  # (workspace, C)
         if self.cfg.split_fused:
@@ -375,7 +375,8 @@ class Launch:
         if has_epilogue(self.cfg):  # (without D's pointer)
             args = args[:-5] + args[-4:]
         if self.maps is not None:  # (SPLIT: without C's pointer, with the arrival counters: per stream)
-            return self.cfg, tuple((m.spec, m.tf32) for m in self.maps), args[1:11] + args[12:]
+            rest = args[1:11] + args[12:] if self.cfg.split_fused else args[1:]
+            return self.cfg, tuple((m.spec, m.tf32) for m in self.maps), rest
         if self.family == "splitk_reduce":
             return self.cfg, args[2:]
         if self.cfg.split_fused:

@@ -121,8 +121,8 @@ def _wgmma_problems() -> list[Problem]:
     out = [Problem.dense(M, N, K, precision=precision, **kw) for precision in ("tf32", "tf32x3") for M, N, K, kw in dense]
     # tf32 products whose tiles leave SMs idle: K split over blocks (SPLIT), A K-major or
     # m-contiguous, N even or odd
-    split = [(48, 4096, 11008, {"b_t": True}), (33, 1001, 8200, {"b_t": True}), (17, 515, 2053, {}),
-             (64, 256, 8192, {"a_t": True, "b_t": True}), (64, 255, 8192, {"a_t": True, "b_t": True})]
+    split = [(48, 4096, 11008, {"b_t": True}), (33, 2001, 8200, {"b_t": True}), (17, 4096, 4101, {"b_t": True}),
+             (64, 4096, 8192, {"a_t": True, "b_t": True}), (64, 4095, 8192, {"a_t": True, "b_t": True})]
     out += [Problem.dense(M, N, K, precision="tf32", **kw) for M, N, K, kw in split]
     return out + [dataclasses.replace(p, epilogue=True) for p in out]
 

@@ -1002,7 +1002,7 @@ def test_wgmma_pingpong_consumers_compute_every_tile(case, bn, rel_err):
 #: (a, b, precision, forced slices or None for the planner's rule): K split over blocks (SPLIT)
 WGMMA_SPLIT_CASES = {
     "decode-linear-rule": lambda: (randn(48, 11008), randn(4096, 11008).t(), "tf32", None),  # x @ W.t()
-    "decode-odd-n-rule": lambda: (randn(33, 8200), randn(1001, 8200).t(), "tf32", None),
+    "decode-odd-n-rule": lambda: (randn(33, 8200), randn(2001, 8200).t(), "tf32", None),
     "short-k-forced": lambda: (randn(300, 1100), randn(700, 1100).t(), "tf32", 2),
     "a_regs-odd-n-uneven-slices": lambda: (randn(8288, 200).t(), randn(333, 8288).t(), "tf32", 5),
     "swap-row-major-b": lambda: (randn(130, 6000), randn(6000, 300), "tf32", 4),

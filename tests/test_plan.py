@@ -1590,8 +1590,10 @@ def test_decode_products_up_to_64_rows_split_k_on_wgmma_where_the_tiles_leave_sm
     for (M, N, K), (family, tile, split) in (
             ((48, 4096, 11008), ("wgmma_tf32", 256, 8)), ((32, 3584, 18944), ("wgmma_tf32", 256, 9)),
             ((32, 4096, 14336), ("wgmma_tf32", 256, 8)), ((64, 4096, 4096), ("wgmma_tf32", 128, 4)),
-            ((17, 4096, 8192), ("wgmma_tf32", 256, 8)), ((64, 1024, 4096), ("wgmma_tf32", 128, 4)),
-            ((64, 14336, 4096), ("wgmma_tf32", 256, 2)), ((64, 512, 8192), ("wgmma_tf32", 128, 8)),
+            ((17, 4096, 8192), ("wgmma_tf32", 256, 8)), ((64, 14336, 4096), ("wgmma_tf32", 256, 2)),
+            # too few (tile, slice) blocks for half the SMs: tf32_mma's split over every SM, as before
+            ((64, 1024, 4096), ("tf32_mma", None, None)), ((64, 512, 8192), ("tf32_mma", None, None)),
+            ((48, 128, 65536), ("tf32_mma", None, None)),
             ((1, 256, 8192), ("skinny_kmajor", None, None)), ((16, 4096, 4096), ("kmajor_mma", None, None)),
             ((24, 4096, 4096), ("kmajor_mma", None, None)), ((16, 4096, 14336), ("kmajor_mma", None, None)),
             ((17, 5, 14336), ("kmajor_mma", None, None)), ((65, 4096, 4096), ("wgmma_tf32", None, 1)),
@@ -1606,6 +1608,12 @@ def test_decode_products_up_to_64_rows_split_k_on_wgmma_where_the_tiles_leave_sm
     # tf32x3 requests never split on wgmma by the rule (tf32x3 copies both operands)
     x3 = select(Problem.dense(48, 4096, 11008, "tf32x3", b_t=True), dev)
     assert x3.kernel.family != "wgmma_tf32" or not x3.kernel.split_fused
+    # a forced count: 0 and 1 mean unsplit; capped by K / 512 and the grid's y limit
+    p = Problem.dense(64, 512, 8192, "tf32", b_t=True)
+    for n, want in ((0, 1), (1, 1), (5, 5), (100, 16)):
+        assert select(p, dev, force="wgmma_tf32", variants=(WgmmaTf32(split=n),)).kernel.split_k == want, n
+    huge = Problem.dense(8, 8, 2**26, "tf32", b_t=True)
+    assert select(huge, dev, force="wgmma_tf32", variants=(WgmmaTf32(split=10**6),)).kernel.split_k <= 65535
 
 
 def test_wgmma_copies_an_operand_with_a_zero_row_stride():

@@ -105,7 +105,7 @@ def wave_cost(p: Problem, dev: DeviceFacts, bn: int, pingpong: bool = False) -> 
 #: SPLIT (the kernel's K over gridDim.y blocks a tile, each tile's last block summing the
 #: slices). The rule takes it for tf32, a batch of 1, M <= SPLIT_MAX_M (decode's x @ W.t(): one row
 #: of tiles, streaming W) and K >= SPLIT_MIN_K: of the widths SPLIT_WIDTHS whose tiles fill at most
-#: SMs / SPLIT_TILE_SHARE, the one whose (tile, slice) blocks fill the most SMs (ties: the one
+#: SMs / SPLIT_TILE_SHARE (and whose blocks fill at least SMs / SPLIT_MIN_FILL), the one whose (tile, slice) blocks fill the most SMs (ties: the one
 #: computing fewer columns past N, then the wider),
 #: each with as many slices as fill the SMs once (SMs // tiles), 2 at least, at most SPLIT_MAX and
 #: K / SPLIT_SLICE_K. Measured on the H200 (probes/wgmma_split_probe.py, NOTES run 25, GPU us,
@@ -122,6 +122,12 @@ SPLIT_MIN_K = 2048
 SPLIT_SLICE_K = 1024
 SPLIT_TILE_SHARE = 2
 SPLIT_WIDTHS = (256, 128)
+#: ... and only where its (tile, slice) blocks fill at least SMs / SPLIT_MIN_FILL (every measured
+#: decode split filled 112-128 of 132): a product of one or two narrow tiles over a very long K
+#: gets at most SPLIT_MAX blocks here, where tf32_mma splits it over every SM.
+SPLIT_MIN_FILL = 2
+#: A launch's grid.y limit (one block row per slice).
+MAX_GRID_Y = 65535
 #: A forced number of slices (``WgmmaTf32(split=n)``) is capped so a slice keeps this much of K.
 SPLIT_FORCED_SLICE_K = 512
 
@@ -138,9 +144,10 @@ SPLIT_AHEAD_MIN_N = 2048
 
 
 def splits_decode(p: Problem, dev: DeviceFacts, fam: "WgmmaTf32 | None" = None) -> bool:
-    """Whether a tf32 request ``p`` of SPLIT_AHEAD_FROM_M rows or more gets a split plan from the
-    wgmma family ``fam`` (default: the registry's; the rule of SPLIT_MAX_M, on the problem the
-    kernel would see) on ``dev``: the planner then tries wgmma first."""
+    """Whether a tf32 request ``p`` of SPLIT_AHEAD_FROM_M rows or more would get a split plan from
+    the wgmma family ``fam`` (default: the registry's; the rule of SPLIT_MAX_M, on the problem the
+    kernel would see) on ``dev``: the planner then tries wgmma first (whose own checks, e.g. the
+    cost of copies, may still decline it)."""
     if (p.precision != "tf32" or p.M < SPLIT_AHEAD_FROM_M or p.K < SPLIT_AHEAD_MIN_K or p.N < SPLIT_AHEAD_MIN_N
             or dev.cc != (9, 0)):
         return False
@@ -385,14 +392,14 @@ class WgmmaTf32(Family):
         """((BN, STAGES), slices) of a split plan for ``p``, or None for an unsplit one: the rule
         of SPLIT_MAX_M and the constants beside it, or a forced number of slices (``split``, with
         ``force_bn``'s width or the widest) wherever the batch is 1."""
-        if self.split is False or p.batch_total != 1:
+        if self.split is False or p.batch_total != 1 or (self.split is not True and int(self.split) <= 1):
             return None
         if self.force_bn:
             options = tuple(o for o in options if o[0] == self.force_bn)
         if not options:
             return None
         if self.split is not True:  # a forced count
-            n = split_slices(p, min(int(self.split), max(p.K // SPLIT_FORCED_SLICE_K, 1)))
+            n = split_slices(p, min(int(self.split), max(p.K // SPLIT_FORCED_SLICE_K, 1), MAX_GRID_Y))
             return (options[0], n) if n > 1 else None
         if p.precision != "tf32" or p.M > SPLIT_MAX_M or p.K < SPLIT_MIN_K:
             return None
@@ -402,6 +409,8 @@ class WgmmaTf32(Family):
             if tiles > dev.sm_count // SPLIT_TILE_SHARE:
                 continue
             n = split_slices(p, max(2, min(dev.sm_count // tiles, SPLIT_MAX, p.K // SPLIT_SLICE_K)))
+            if tiles * n < dev.sm_count // SPLIT_MIN_FILL:  # (too few blocks: tf32_mma's deeper split)
+                continue
             padding = -(-p.N // option[0]) * option[0] - p.N  # (columns computed past N)
             key = (tiles * n, -padding, option[0])
             if n > 1 and (best is None or key > best[0]):
@@ -412,6 +421,9 @@ class WgmmaTf32(Family):
         """The SPLIT kernel: one block a (tile, slice), slices stored from registers into a
         row-major workspace (float2 where N is even), the last block's sum into C."""
         tiles = tiles_of(p, self.bm, bn)
+        k_tiles = -(-max(p.K, 1) // self.bk)
+        # (split_range gives each of the slices a run of k-tiles: the kernel relies on none being empty)
+        assert 1 < split <= MAX_GRID_Y and (split - 1) * -(-k_tiles // split) < k_tiles, (split, p.K)
         while stages > 2 and self.smem_bytes(bn, stages, x3) > dev.smem_per_block_optin:
             stages -= 1
         c_vec = int(p.N % 2 == 0)
