@@ -258,7 +258,7 @@ def predict(plan) -> Prediction | None:
     bound = "compute" if compute >= memory else "memory"
     if LAUNCH_US * launches > max(compute, memory):
         bound = "launch"
-    buffers = len(plan.staging) + (kernel.split_k > 1 or kernel.stream_k is not None)
+    buffers = len(plan.staging) + int(kernel.split_k > 1 or kernel.stream_k is not None)  # (+ a workspace)
     host = (HOST_US_CALL + HOST_US_PER_LAUNCH * launches + HOST_US_PER_BUFFER * buffers
             + (HOST_US_TENSOR_MAPS if kernel.family == "wgmma_tf32" else 0.0))
     return Prediction(total, compute, memory, launches, waves, bound, host)

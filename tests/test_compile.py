@@ -571,9 +571,7 @@ def test_wgmma_split_builds_every_width_and_form_without_spills():
     macros = set()
     for precision, widths in (("tf32", (64, 96, 128, 192, 256)), ("tf32x3", (64, 96, 128))):
         for bn in widths:
-            for n, kw in ((4096, {"b_t": True}), (4095, {"a_t": True, "b_t": True})):
-                if precision == "tf32x3" and kw.get("a_t"):
-                    kw = {"b_t": True}
+            for n, kw in ((4096, {"b_t": True}), (4095, {"a_t": True, "b_t": True})):  # (tf32x3: both copied K-major)
                 p = Problem.dense(64, n, 8192, precision, **kw)
                 fam = WgmmaTf32(split=4, force_bn=bn)
                 for epi in (False, True):

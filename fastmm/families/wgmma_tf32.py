@@ -156,11 +156,16 @@ def splits_decode(p: Problem, dev: DeviceFacts, fam: "WgmmaTf32 | None" = None) 
     return fam.split_choice(launch_p, dev, fam.tile_options(False)) is not None
 
 
+def slice_k_tiles(p: Problem, split: int) -> int:
+    """k-tiles of 32 a slice takes when K is split ``split`` ways (``split_range`` in common.cuh:
+    equal runs, the last one shorter)."""
+    return -(-(-(-max(p.K, 1) // 32)) // split)
+
+
 def split_slices(p: Problem, split: int) -> int:
-    """The slices ``split`` becomes (``split_range`` in common.cuh: k-tiles of 32 dealt in equal
-    runs, none empty)."""
-    k_tiles = -(-max(p.K, 1) // 32)
-    return -(-k_tiles // -(-k_tiles // split))
+    """The slices ``split`` becomes under ``split_range``: as many runs of :func:`slice_k_tiles` as
+    K has, so none is empty."""
+    return -(-(-(-max(p.K, 1) // 32)) // slice_k_tiles(p, split))
 
 
 def _batch_dims(p: Problem, strides: tuple[int, int], extent: int) -> tuple[tuple[int, int], tuple[int, int]]:
@@ -318,9 +323,9 @@ class WgmmaTf32(Family):
 
         split = self.split_choice(p, dev, options)
         if split is not None:
-            (bn, stages), split = split
-            pingpong = False
-        elif self.force_bn:
+            (bn, stages), slices = split
+            return self._split_config(p, dev, bn, stages, slices, x3, a_mn)
+        if self.force_bn:
             bn, stages = next(o for o in options if o[0] == self.force_bn)
             pingpong = takes_turns(bn)
         elif self.tile_rule == "fill":
@@ -338,8 +343,6 @@ class WgmmaTf32(Family):
                 if self.pingpong == "always" or wave_cost(p, dev, pp[0], pingpong=True) < wave_cost(p, dev, bn):
                     (bn, stages), pingpong = pp, True
         work = tiles_of(p, self.bm, bn) * p.batch_total
-        if split:
-            return self._split_config(p, dev, bn, stages, split, x3, a_mn)
         # TMA_STORE stages 4 boxes of C at once (2 for tf32x3, whose ring slots are twice as big),
         # taken from the ring where both do not fit (H200: 128 wide, 6 slots -> 5; 256 wide, 4 -> 3;
         # see TMA_STORE_256_MAX_K)
@@ -421,9 +424,8 @@ class WgmmaTf32(Family):
         """The SPLIT kernel: one block a (tile, slice), slices stored from registers into a
         row-major workspace (float2 where N is even), the last block's sum into C."""
         tiles = tiles_of(p, self.bm, bn)
-        k_tiles = -(-max(p.K, 1) // self.bk)
-        # (split_range gives each of the slices a run of k-tiles: the kernel relies on none being empty)
-        assert 1 < split <= MAX_GRID_Y and (split - 1) * -(-k_tiles // split) < k_tiles, (split, p.K)
+        # (split_range gives each slice a run of k-tiles: the kernel relies on none being empty)
+        assert 1 < split <= MAX_GRID_Y and split_slices(p, split) == split, (split, p.K)
         while stages > 2 and self.smem_bytes(bn, stages, x3) > dev.smem_per_block_optin:
             stages -= 1
         c_vec = int(p.N % 2 == 0)
@@ -431,7 +433,7 @@ class WgmmaTf32(Family):
                   ("SPLIT", 1))
         if x3:
             macros += (("PROMOTE_EVERY", 1 if p.K <= X3_SHORT_K else 2), ("COMPENSATE", 1))
-        per = -(-(-(-max(p.K, 1) // 32)) // split) * 32
+        per = slice_k_tiles(p, split) * self.bk
         details = (("A, B loads", "TMA tiles (128-byte swizzle)" + (" of the big and small halves" if x3 else
                                                                     ", rounded to TF32 by the copy engine")),
                    ("pipeline", f"{stages} stages, 1 producer + 2 consumer warpgroups sharing each tile, mbarriers"),
@@ -525,16 +527,15 @@ class WgmmaTf32(Family):
         that would cost too much next to the product."""
         launch_p, staged, _ = self.staging(p, dev)
         x3 = p.precision == "tf32x3"
-        if self.split_choice(launch_p, dev, self.tile_options(x3)) is not None:
-            pass  # K split over the SMs: the tile count is no reason
-        elif p.precision == "tf32":
+        splits = self.split_choice(launch_p, dev, self.tile_options(x3)) is not None  # (then tiles are no reason)
+        if not splits and p.precision == "tf32":
             blocks = tiles_of(p, 128, 64) * p.batch_total  # (the narrowest tile the wave rule takes)
             solo = WGMMA_SOLO_US_PER_K * p.K
             split = MMA_SPLIT_US + MMA_SPLIT_US_PER_K * p.K * blocks / dev.sm_count
             if blocks < dev.sm_count and solo > split:
                 return (f"{blocks} tiles of 128x64 for {dev.sm_count} SMs at K = {p.K}: walking all of K a tile "
                         f"(~{solo:.0f} us) takes longer than tf32_mma's K split over the SMs (~{split:.0f} us)")
-        else:
+        elif not splits:  # tf32x3
             blocks = -(-p.M // 128) * -(-p.N // 128) * p.batch_total
             share = WGMMA_MIN_SM_FRACTION[p.precision]
             if blocks < share * dev.sm_count:
