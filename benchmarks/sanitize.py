@@ -327,6 +327,13 @@ def family_cases(dev: DeviceFacts, family: str, precision: str, quick: bool) -> 
                 p = Problem.dense(M, N, K, precision, a_t=kw.get("a_t", False), b_t=kw.get("b_t", False))
                 if select(p, dev, family).kernel.split_fused:  # (the layout sets the load modes it needs)
                     add("split_fused", M, N, K, **kw)
+            # the 32-row tiles (THREAD_M 4) of products of at most 32 rows: x @ W.t() (split along
+            # K, summed by splitk_reduce), odd K and N, unaligned rows, a broadcast batch stride of 0
+            add("short", 17, 1531, 1100, b_t=True)
+            add("short", 32, 4096, 8192, b_t=True)
+            add("short", 3, 700, 2053, offsets=(1, 2, 3))
+            add("short", 1, 257, 333, batch=4, b_broadcast=True, b_t=True)
+            add("short", 29, 999, 1030, c_t=True, pad=1)
         if family == "tf32_mma":
             add("staging", 5, 1024, 7)  # A staged
             add("staging", 1030, 1030, 7)  # both
@@ -475,6 +482,10 @@ def wgmma_cases(dev: DeviceFacts, precision: str, quick: bool) -> list[Case]:
     if precision == "tf32":
         add("split", 3, 2304, 4100, b_t=True)
         add("split", 17, 4096, 4101, b_t=True, c_t=True)
+        # more than 64 rows, few 128-wide tiles (130x1536x4100 -> 24 x 4; 700x300x6000, row-major
+        # B: C^T, 18 x 5)
+        add("split", 130, 1536, 4100, b_t=True)
+        add("split", 700, 300, 6000, offsets=(1, 0, 0))
         if not quick:
             add("split", 2100, 40, 6000, offsets=(0, 0, 1))
             add("split", 1, 4096, 8192, b_t=True)

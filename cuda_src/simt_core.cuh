@@ -11,6 +11,8 @@
 //   THREAD_M = 8:  lanes 8 (m) x 4 (n), warp tile 64 x 32; 16 floats read per 64 FFMA.
 //   THREAD_M = 16: lanes 4 (m) x 8 (n), warp tile 64 x 64; 24 floats per 128 FFMA - a third less
 //                  shared-memory traffic per FFMA, which is what limits the 8 x 8 tile on sm90.
+//   THREAD_M = 4:  lanes 4 (m) x 8 (n), warp tile 16 x 64; 12 floats per 32 FFMA. The 32-row tiles
+//                  of products with few rows (decode), where a 64-row tile computes mostly padding.
 #pragma once
 #include "common.cuh"
 

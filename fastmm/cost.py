@@ -91,6 +91,7 @@ OVERLAP_LOSS = 0.3
 EFFICIENCY = {
     ("simt_cp_async", 16): 0.80,  # 16 x 8 outputs a thread (128 x 256, 128 x 128 tiles)
     ("simt_cp_async", 8): 0.68,  # 8 x 8 (128 x 64, 64 x 64)
+    ("simt_cp_async", 4): 0.51,  # 4 x 8 (the 32-row tiles: six decode products, NOTES run 26)
     ("simt_float4", 16): 0.55,
     ("simt_float4", 8): 0.50,
     ("wgmma_tf32", "tf32"): 0.80,
@@ -122,8 +123,9 @@ SIMT_ELEM_K_PENALTY = 0.95
 REGISTER_RESIDENT = {"simt_cp_async": 2, "simt_float4": 2, "wgmma_tf32": 1, "tf32_mma": 2, "kmajor_mma": 2,
                      "skinny": 4, "skinny_kmajor": 4, "scalar": 8}
 #: Registers a thread of the SIMT families takes, by its thread tile's rows (ptxas -v, NOTES run
-#: 20: the 16 x 8 tiles at the 255 cap, the 8 x 8 ones ~168).
-SIMT_REGISTERS = {16: 255, 8: 168}
+#: 20: the 16 x 8 tiles at the 255 cap, the 8 x 8 ones ~168; the 4 x 8 ones 154-160 unbound, sm_90,
+#: run 26), or fewer where the kernel is built for more blocks an SM (CP_MIN_BLOCKS).
+SIMT_REGISTERS = {16: 255, 8: 168, 4: 160}
 REGISTERS_PER_SM = 65536
 SKINNY_FAMILIES = ("skinny", "skinny_kmajor")
 #: The arches whose efficiencies were measured: the planner acts on the model's predictions only
@@ -165,7 +167,7 @@ def efficiency(kernel, p: Problem, cc: tuple[int, int] = (0, 0)) -> float:
     capability ``cc`` (see ``EFFICIENCY``: an entry for the arch wins)."""
     fam, macros = kernel.family, dict(kernel.macros)
     if fam in ("simt_cp_async", "simt_float4"):
-        eff = EFFICIENCY[(fam, 16 if macros.get("THREAD_M") == 16 else 8)]
+        eff = EFFICIENCY.get((fam, macros.get("THREAD_M", 8))) or EFFICIENCY[(fam, 8)]
         for op in ("A_MODE", "B_MODE"):
             if macros.get(op) == LOAD_ELEM_K:
                 eff *= SIMT_ELEM_K_PENALTY
@@ -188,7 +190,10 @@ def resident_blocks(kernel, dev: DeviceFacts) -> int:
     by_smem = max(1, dev.smem_per_sm // (kernel.smem + 1024)) if kernel.smem else 32
     by_regs = REGISTER_RESIDENT.get(kernel.family, 2)
     if kernel.family in ("simt_cp_async", "simt_float4"):
-        regs = SIMT_REGISTERS[16 if dict(kernel.macros).get("THREAD_M") == 16 else 8]
+        macros = dict(kernel.macros)
+        regs = SIMT_REGISTERS.get(macros.get("THREAD_M", 8), SIMT_REGISTERS[8])
+        if "CP_MIN_BLOCKS" in macros:  # (__launch_bounds__: ptxas keeps to this many blocks' registers)
+            regs = min(regs, REGISTERS_PER_SM // (threads * macros["CP_MIN_BLOCKS"]))
         by_regs = max(1, REGISTERS_PER_SM // (threads * regs))
     return max(1, min(by_threads, by_smem, by_regs, 32))
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 
 from . import cost
 from .families import FAMILIES, Family, KernelConfig, second_pass_config
+from .families.simt_cp_async import short_rows_first
 from .families.wgmma_tf32 import splits_decode
 from .problem import DeviceFacts, Problem
 from .tuned import TunedChoice
@@ -168,6 +169,9 @@ def _select_in_order(p: Problem, dev: DeviceFacts, force: str | None, variants: 
     if force is None and splits_decode(p, dev, family_of("wgmma_tf32", variants)):
         # (tf32 from 17 rows, few tiles, long K: wgmma splitting K beats the decode families)
         order = ("wgmma_tf32",) + tuple(n for n in order if n != "wgmma_tf32")
+    elif force is None and short_rows_first(p, family_of("simt_cp_async", variants)):
+        # (fp32 at 17-32 rows on x @ W.t(): the 32-row SIMT tile beats skinny_kmajor's)
+        order = ("simt_cp_async",) + tuple(n for n in order if n != "simt_cp_async")
     if force is not None:
         order = (force,) + tuple(n for n in order if n != force)
     for name in order:

@@ -17,6 +17,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from fastmm.families import FAMILIES, Skinny, WgmmaTf32
+from fastmm.families.simt_core import copies_fit
+from fastmm.families.simt_cp_async import SHORT_TILE_OPTIONS
 from fastmm.plan import select
 from fastmm.problem import DeviceFacts, Problem
 from fastmm.runtime.compiler import CompileError, compile_cubin
@@ -305,10 +307,11 @@ def test_configs_cover_every_family_arch_and_macro_value():
                     values.setdefault(k, set()).add(v)
             for k, want in wanted.items():
                 assert want <= values[k], (arch, family, k, values[k])
-        # every tile option of each tiled family
+        # every tile option of each tiled family (simt_cp_async's 32-row tiles too)
         for family in ("simt_float4", "simt_cp_async"):
             tiles = {tuple(v for k, v in m if k in ("WARPS_M", "WARPS_N", "THREAD_M")) for m in seen[(arch, family)]}
-            assert tiles >= set(FAMILIES[family].tile_options), (arch, family, tiles)
+            want = set(FAMILIES[family].tile_options) | (set(SHORT_TILE_OPTIONS) if family == "simt_cp_async" else set())
+            assert tiles >= want, (arch, family, tiles)
         for x3 in (False, True):
             tiles = {tuple(v for k, v in m if k in ("WARPS_M", "WARPS_N", "WARP_N"))
                      for m in seen[(arch, "tf32_mma")] if dict(m)["PRECISION_X3"] == int(x3)}
@@ -638,6 +641,41 @@ def test_simt_split_entries_that_sum_their_own_slices_build_without_spills(arch)
                                      "OUT_VEC": o, "EPILOGUE": e}.items()))
     assert len(macros) == 4 * 9 - 4 - 2  # (the two 16-row tiles leave out two pairs each, the 8-row ones one)
     _assert_no_spills("simt_cp_async.cu", arch, macros)
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_simt_short_tiles_build_exactly_where_their_copies_fit_and_without_spills(arch):
+    """simt_cp_async's 32-row tiles (THREAD_M 4) in every load-mode pair cp.async has: where
+    ``copies_fit`` (what the planner checks before it offers them) says an operand tile splits
+    evenly over the threads, the kernel builds without spills, with a fused split, cluster pairs
+    (sm_90) or neither, and the epilogue (the 32 x 128 tile at its 4-blocks-an-SM bound); where it says not, the compiler refuses it with
+    simt_core.cuh's static_assert (a 16-byte A: 64 float4 a k-tile over 128-256 threads)."""
+    from fastmm.runtime.compiler import nvrtc_unavailable_reason
+
+    if nvrtc_unavailable_reason():
+        pytest.skip(nvrtc_unavailable_reason())
+    fam = FAMILIES["simt_cp_async"]
+    splits = [(("SPLIT_FUSED", 2), ("OUT_VEC", 1)), (), (("SPLIT_FUSED", 4), ("OUT_VEC", 0))]
+    if arch == "sm_90":
+        splits.append((("SPLIT_PAIR", 1),))
+    fitting, refused, i = [], 0, 0
+    for opt in SHORT_TILE_OPTIONS:
+        for a in (0, 2, 3):
+            for b in (0, 2, 3):
+                macros = (("WARPS_M", opt[0]), ("WARPS_N", opt[1]), ("THREAD_M", opt[2]), ("BK", fam.bk),
+                          ("A_MODE", a), ("B_MODE", b), ("C_VEC", i % 2), ("STAGES", 6),
+                          ("EPILOGUE", (i // 2) % 2)) + splits[i % len(splits)]
+                if fam.tile_of(opt) == (32, 128) and arch == "sm_90":  # (4 blocks an SM, as planned on sm_90)
+                    macros += (("CP_MIN_BLOCKS", fam.short_min_blocks),)
+                i += 1
+                if copies_fit(opt, fam.tile_of(opt), fam.bk, a, b):
+                    fitting.append(macros)
+                    continue
+                with pytest.raises(CompileError, match="split evenly"):
+                    compile_cubin("simt_cp_async.cu", macros, arch)
+                refused += 1
+    assert refused == 2 * 3 and len(fitting) == 2 * 6  # (A as float4 along m: every B mode, both tiles)
+    _assert_no_spills("simt_cp_async.cu", arch, fitting)
 
 
 def test_skinny_kernels_that_sum_their_own_slices_build_without_spills():

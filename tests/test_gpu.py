@@ -250,6 +250,40 @@ def test_simt_fused_split_gives_the_bits_of_the_reduce_pass(M, N, K, layout, out
     assert torch.equal(out, fused[0])
 
 
+#: (a, b, precision): products of a few rows, on simt_cp_async's 32-row tiles
+SHORT_TILE_CASES = {
+    "decode-linear-long-k": lambda: (randn(32, 8192), randn(4096, 8192).t(), "ieee"),  # x @ W.t(), split
+    "rows-17-odd-n-linear": lambda: (randn(17, 1100), randn(1531, 1100).t(), "ieee"),
+    "rows-3-row-major-b": lambda: (randn(3, 2053), randn(2053, 700), "ieee"),
+    "rows-1-batched-odd-k": lambda: (randn(4, 1, 333), randn(4, 333, 257), "ieee"),
+    "rows-29-unaligned-a": lambda: (at_offset((29, 999), 1), randn(999, 1030), "ieee"),
+    "rows-24-unaligned-b": lambda: (randn(24, 517), at_offset((517, 1027), 1), "tf32x3"),  # B in single floats
+    "lm-head-decode": lambda: (randn(20, 768), randn(50257, 768).t(), "tf32x3"),
+}
+
+
+@pytest.mark.parametrize("bn", [256, 128])
+@pytest.mark.parametrize("case", sorted(SHORT_TILE_CASES))
+def test_simt_short_tiles_compute_few_row_products(case, bn, rel_err):
+    """The 32-row SIMT tiles (THREAD_M 4: 4 x 8 outputs a thread) at both widths, with the split
+    the planner gives them (cluster pairs + reduce, fused slices, none): x @ W.t(), row-major and
+    batched B, an unaligned A, odd N and K, into NaN-poisoned contiguous and transposed outputs;
+    the two give the same bits (each output sums its k-steps, and its slices, in the same order)."""
+    a, b, precision = SHORT_TILE_CASES[case]()
+    M, N = a.shape[-2], b.shape[-1]
+    batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    outs = []
+    for out in (torch.full(batch + (M, N), NAN, device="cuda"), torch.full(batch + (N, M), NAN, device="cuda").mT):
+        result, plan = run_forced(a, b, "simt_cp_async", precision, out, variants=(SimtCpAsync(short_bn=bn),))
+        assert result is out and plan.kernel.family == "simt_cp_async"
+        m = dict(plan.kernel.macros)
+        assert m["THREAD_M"] == 4 and plan.kernel.tile[:2] == (32, bn), plan.describe()
+        check(out, a, b, precision, rel_err)
+        outs.append(out)
+    assert torch.equal(outs[0], outs[1])
+    _eager_counters_are_zero()
+
+
 def _chain_reference(x0, ws, steps):
     """The float64 products x0 @ ws[0] @ ws[1] ... after each of ``steps`` steps (ws cycled)."""
     ref, out = x0.double(), []
@@ -1008,6 +1042,8 @@ WGMMA_SPLIT_CASES = {
     "swap-row-major-b": lambda: (randn(130, 6000), randn(6000, 300), "tf32", 4),
     "copied-a": lambda: (randn(64, 8191), randn(8191, 1024), "tf32", 4),  # A's rows copied K-major
     "tf32x3-forced": lambda: (randn(64, 4096), randn(4096, 256), "tf32x3", 3),
+    "tall-linear-rule": lambda: (randn(130, 4100), randn(1536, 4100).t(), "tf32", None),  # > 64 rows, few tiles
+    "tall-swapped-rule": lambda: (randn(700, 6000), randn(6000, 300), "tf32", None),
 }
 
 

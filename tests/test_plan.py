@@ -19,6 +19,7 @@ from fastmm.families import (FAMILIES, LOAD_ELEM_FAST, LOAD_ELEM_K, LOAD_NAMES, 
                              MAX_GRID_Z, MAX_SPLIT, SimtCpAsync, Skinny, WgmmaTf32, second_pass_config, split_cap,
                              split_k_for)
 from fastmm.families.simt_core import FUSED_SPLIT_MAX, STAGE_MIN_FLOP_PER_BYTE
+from fastmm.families.simt_cp_async import short_rows_first
 from fastmm.families.wgmma_tf32 import wave_cost
 from fastmm.families.work_split import MIN_KTILES_PER_SPLIT, split_time
 from fastmm.plan import INT32_MAX, MIN_CC, TINY_K, TINY_OUTPUTS, Plan, select
@@ -69,6 +70,8 @@ def skinny_family(p: Problem, dev: DeviceFacts) -> str:
     if dev.cc >= kmajor.min_cc and p.b_strides[0] == 1 and not (p.b_strides[1] == 1 and p.N > 1):
         if p.precision == "tf32" and 8 <= p.M <= 32:
             return "kmajor_mma"
+        if short_rows_first(p, FAMILIES["simt_cp_async"]):  # fp32 at 17-32 rows, long K: the 32-row SIMT tile
+            return "simt_cp_async"
         if p.batch_total == 1 or p.K <= kmajor.slice_cap(p, dev):
             return "skinny_kmajor"
     return "skinny"
@@ -487,7 +490,9 @@ def test_few_outputs_with_a_long_k_are_not_tiny(arch, mnk):
         p = Problem.dense(M, N, K, b_t=b_t)
         plan = select(p, DEV[arch])
         assert not any("is tiny" in reason for _, reason in plan.rejected), plan.describe()
-        if M <= SKINNY_MAX_M:
+        if arch != "sm_75" and short_rows_first(p, FAMILIES["simt_cp_async"]):  # (the 32-row SIMT tile)
+            assert plan.kernel.family == "simt_cp_async" and macros(plan)["THREAD_M"] == 4
+        elif M <= SKINNY_MAX_M:
             assert plan.kernel.family == ("skinny_kmajor" if b_t and arch != "sm_75" else "skinny")
         else:
             assert plan.kernel.family in SIMT
@@ -935,15 +940,126 @@ def test_simt_takes_its_largest_tile_split_along_k_where_that_fills_a_wave():
 
 
 @pytest.mark.parametrize("M,N,K,tile", [
-    (64, 4096, 4096, (64, 64)),     # M < 96: a 128-row tile would be half padding (not measured)
+    (64, 4096, 4096, (64, 64)),     # M <= 64: a 64-row tile pads nothing, a 128-row one half
     (40, 4096, 4096, (64, 64)),
-    (128, 16384, 4096, (128, 128)),  # already 16x8 outputs per thread: the rule does not apply
-    (128, 2048, 1024, (64, 64)),    # 128 x 256 slices would be shorter than 512
+    (128, 2048, 1024, (64, 64)),    # 128 x 256 slices would be shorter than 384
 ])
 def test_simt_split_rule_leaves_what_it_was_not_measured_on(M, N, K, tile):
     plan = forced(Problem.dense(M, N, K), "sm_90", "simt_cp_async")
     assert plan.kernel.tile[:2] == tile
     check_geometry(plan)
+
+
+@pytest.mark.parametrize("M,N,K,layout,tile,split", [
+    (2048, 1024, 4096, "b_t", (128, 256), 2),  # 128 x 128 tiles fill the wave: 8 warps split 2 ways 7% ahead
+    (4096, 768, 3072, "", (128, 256), 4),  # gpt2's MLP down (row-major W): 11% ahead
+    (77, 9216, 3072, "b_t", (128, 256), 7),  # 77 rows pad to 128 on every tile; 438 k a slice: 8% ahead
+    (768, 2304, 4096, "a_t", (128, 64), 6),  # grad_W, x^T m-contiguous: the 128 x 256 tile ran 4-14% behind
+    (1024, 2816, 1024, "b_t", (128, 128), 3),  # 341 k a slice: the 128 x 128 tile 10% ahead
+])
+def test_simt_splits_its_largest_tile_where_that_was_measured_faster(M, N, K, layout, tile, split):
+    """The largest SIMT tile split along K where its blocks fill a wave, in place of the 128 x 128
+    tile too (not only the 8 x 8 ones), from 65 rows and 384 k a slice, never with an m-contiguous
+    A: each case is a product timed with every candidate on the H200 (NOTES run 26)."""
+    kw = {layout: True} if layout else {}
+    plan = select(Problem.dense(M, N, K, "ieee", **kw), DEV["sm_90"])
+    assert plan.kernel.family == "simt_cp_async", plan.describe()
+    assert plan.kernel.tile[:2] == tile and plan.kernel.split_k == split, plan.describe()
+    check_geometry(plan)
+
+
+@pytest.mark.parametrize("M,N,K,batch,tile", [
+    (512, 512, 64, 128, (128, 128)),  # attention's Q @ K^T, 64-wide heads: 128 x 256 ran 6% behind
+    (2048, 2048, 128, 32, (128, 128)),  # 128-wide heads: 6% behind
+    (1024, 1024, 128, 64, (128, 128)),  # 7% behind
+    (2048, 2048, 256, 32, (128, 256)),  # K = 256: the rule stops at 128
+    (4096, 4096, 64, 1, (128, 256)),  # one matrix: not measured, not taken
+])
+def test_batched_short_k_products_take_no_128x256_simt_tile(M, N, K, batch, tile):
+    plan = select(Problem.dense(M, N, K, "ieee", batch=batch, b_t=True), DEV["sm_90"])
+    assert plan.kernel.family == "simt_cp_async" and plan.kernel.tile[:2] == tile, plan.describe()
+    check_geometry(plan)
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_fp32_products_of_17_to_32_rows_on_w_t_run_the_32_row_simt_tile(arch):
+    """ieee and tf32x3 (which these kernels serve in fp32) at 17-32 rows of x @ W.t(): the 32 x 128
+    SIMT tile (4 x 8 outputs a thread) split along K, ahead of skinny_kmajor, whose rows per
+    thread double past 16 (H200: 1.1-1.5x on six weights, NOTES run 26). 16 rows, a row-major W,
+    a batch, 33 rows and tf32 requests keep their families."""
+    dev = DEV[arch]
+    for M in (17, 24, 32):
+        for precision in ("ieee", "tf32x3"):
+            plan = select(Problem.dense(M, 3584, 18944, precision, b_t=True), dev)
+            m = macros(plan)
+            assert plan.kernel.family == "simt_cp_async" and plan.precision_used == "ieee", plan.describe()
+            assert m["THREAD_M"] == 4 and plan.kernel.tile[:2] == (32, 128) and plan.kernel.split_k > 1
+            assert "4x8 outputs per thread" in plan.describe()
+            check_geometry(plan)
+    assert select(Problem.dense(16, 3584, 18944, "ieee", b_t=True), dev).kernel.family == "skinny_kmajor"
+    assert select(Problem.dense(32, 3584, 18944, "ieee"), dev).kernel.family == "skinny"
+    assert select(Problem.dense(32, 512, 2048, "ieee", batch=3, b_t=True), dev).kernel.family in ("skinny_kmajor", "skinny")
+    over = select(Problem.dense(33, 3584, 18944, "ieee", b_t=True), dev)
+    assert over.kernel.family == "simt_cp_async" and macros(over)["THREAD_M"] != 4
+    assert select(Problem.dense(32, 3584, 512, "ieee", b_t=True), dev).kernel.family == "skinny_kmajor"  # short K
+    assert select(Problem.dense(32, 1001, 8192, "ieee", b_t=True), dev).kernel.family == "skinny_kmajor"  # narrow W
+    assert select(Problem.dense(32, 3584, 18944, "tf32", b_t=True), dev).precision_used == "tf32"
+
+
+@pytest.mark.parametrize("M,N,K,layout,want", [
+    (80, 4096, 4096, "b_t", (128, 4)),  # 39.8 -> 31.6 us on the H200
+    (200, 2048, 16384, "b_t", (128, 4)),  # 112.3 -> 66.0
+    (96, 4096, 4096, "b_t", (128, 4)),  # 33.7 -> 32.5
+    (512, 4096, 4096, "b_t", None),  # 128 tiles of 128 x 128: unsplit 51.4, 2 slices 68.9
+    (333, 4096, 4096, "b_t", None),  # 96 tiles: unsplit 49.0, 256/2 62.9
+    (511, 1536, 8960, "", None),  # swapped: 48 tiles; every split 17-60% slower
+    (1024, 768, 3072, "", None),
+    (768, 2304, 4096, "a_t", None),
+    (256, 256, 65536, "", None),  # 4 tiles x 16 slices: too few blocks, tf32_mma's deeper split
+])
+def test_tf32_products_of_more_than_64_rows_split_k_on_wgmma_only_where_few_tiles_run(M, N, K, layout, want):
+    """Above 64 rows the wgmma split takes the 128-wide tile only, where its tiles fill at most a
+    quarter of the SMs (and the (tile, slice) blocks half): measured faster there, and slower by
+    8-60% on every product whose 48-128 tiles already ran (NOTES run 26)."""
+    kw = {layout: True} if layout else {}
+    plan = select(Problem.dense(M, N, K, "tf32", **kw), DEV["sm_90"])
+    if want is None:
+        assert plan.kernel.split_k == 1 or plan.kernel.family != "wgmma_tf32", plan.describe()
+    else:
+        assert plan.kernel.family == "wgmma_tf32" and (plan.kernel.tile[1], plan.kernel.split_k) == want, plan.describe()
+        assert plan.kernel.split_fused and plan.reduce is None
+    check_geometry(plan)
+
+
+def test_the_32x128_tile_runs_4_blocks_an_sm_where_that_doubles_the_slices_of_few_tiles():
+    """Built for 4 blocks an SM (CP_MIN_BLOCKS 4: 128 registers) and split for them where its tiles
+    leave SMs idle and that doubles the slices (H200: 7-11% faster); elsewhere no bound (the cap
+    cost 3-10% where the slices stayed, and at 393 tiles twice the slices lost 6-10%)."""
+    dev = DEV["sm_90"]
+    for N, K, bound, split in ((3584, 18944, 4, 18), (4096, 4096, 4, 16), (14336, 4096, None, 7), (50257, 768, None, 2)):
+        plan = select(Problem.dense(32, N, K, "ieee", b_t=True), dev)
+        assert plan.kernel.tile[:2] == (32, 128), plan.describe()
+        assert macros(plan).get("CP_MIN_BLOCKS") == bound and plan.kernel.split_k == split, (N, K, plan.describe())
+        check_geometry(plan)
+    assert select(Problem.dense(32, 3584, 18944, "ieee", b_t=True), dev,
+                  variants=(SimtCpAsync(short_min_blocks=0),)).kernel.split_k == 9
+    # measured on the H200 only (and at 128 registers ptxas spills some load modes for sm_86)
+    for arch in ("sm_80", "sm_86", "sm_89"):
+        assert "CP_MIN_BLOCKS" not in macros(select(Problem.dense(32, 3584, 18944, "ieee", b_t=True), DEV[arch]))
+
+
+def test_simt_short_tiles_are_offered_only_where_their_copies_fit():
+    """The 32-row tiles split their operand copies over 128-256 threads: an m-contiguous A read
+    as float4 (64 units a k-tile) cannot be, so neither the heuristic nor the tuner gets them there
+    (tests/test_compile.py checks copies_fit against the compiler); nor above 64 rows."""
+    fam = FAMILIES["simt_cp_async"]
+    x = Problem.dense(24, 4096, 4096, "ieee", b_t=True)
+    assert {(2, 4, 4, 1), (2, 2, 4, 1)} <= set(fam.options(x, DEV["sm_90"]))
+    x_t = Problem.dense(24, 4096, 4096, "ieee", a_t=True)  # A m-contiguous, M % 4 == 0: float4 along m
+    assert fam.load_modes(x_t)[0] == LOAD_VEC_FAST
+    assert not fam.short_tiles(x_t) and fam.short_tile(x_t) is None
+    assert macros(forced(x_t, "sm_90", "simt_cp_async"))["THREAD_M"] == 8
+    assert not fam.short_tiles(Problem.dense(65, 4096, 4096, "ieee", b_t=True))
 
 
 def test_tf32_mma_tiles_fit_each_device_and_a_device_too_small_is_refused_with_the_reason():
@@ -1035,6 +1151,10 @@ def test_m_up_to_32_picks_skinny_on_every_arch_and_precision(arch, precision, M)
         p = Problem.dense(M, N, K, precision=precision, **kw)
         assert M * N > TINY_OUTPUTS
         plan = select(p, DEV[arch])
+        if short_rows_first(p, FAMILIES["simt_cp_async"]) and arch != "sm_75":
+            # (fp32 x @ W.t() at 17-32 rows: the 32-row SIMT tile, its own test below)
+            assert plan.kernel.family == "simt_cp_async" and macros(plan)["THREAD_M"] == 4, (N, K, kw)
+            continue
         # B^T (x @ W.t()) is skinny_kmajor's on sm80+ (kmajor_mma's for tf32 at 8-32 rows); every
         # other layout, and sm75, skinny's
         family = skinny_family(p, DEV[arch])
@@ -1420,10 +1540,10 @@ def test_a_tuned_simt_option_gets_the_copy_its_own_tile_calls_for():
     small = select(p, dev, tuned=TunedChoice("simt_cp_async", (2, 2, 16, 0)))
     assert small.origin.startswith("tuned") and small.kernel.tile[:2] == (128, 128)
     assert small.staging == () and small.launch_problem is None and macros(small)["B_MODE"] == LOAD_ELEM_K
-    p = Problem.dense(768, 4096, 4096, b_t=True)
+    p = Problem.dense(1024, 2816, 1024, b_t=True)
     assert select(p, dev).staging == () and select(p, dev).kernel.tile[:2] == (128, 128)
     big = select(p, dev, tuned=TunedChoice("simt_cp_async", (2, 4, 16, 0)))
-    assert big.kernel.tile[:2] == (128, 256) and big.staging == (("b", 4096, 4096),)
+    assert big.kernel.tile[:2] == (128, 256) and big.staging == (("b", 1024, 2816),)
     assert macros(big)["B_MODE"] == LOAD_VEC_FAST and [k.family for k in big.stagers] == ["stage_kmajor"]
 
 
@@ -1596,7 +1716,7 @@ def test_decode_products_up_to_64_rows_split_k_on_wgmma_where_the_tiles_leave_sm
             ((48, 128, 65536), ("tf32_mma", None, None)),
             ((1, 256, 8192), ("skinny_kmajor", None, None)), ((16, 4096, 4096), ("kmajor_mma", None, None)),
             ((24, 4096, 4096), ("kmajor_mma", None, None)), ((16, 4096, 14336), ("kmajor_mma", None, None)),
-            ((17, 5, 14336), ("kmajor_mma", None, None)), ((65, 4096, 4096), ("wgmma_tf32", None, 1)),
+            ((17, 5, 14336), ("kmajor_mma", None, None)), ((65, 4096, 4096), ("wgmma_tf32", 128, 4)),
             ((64, 4096, 1024), ("wgmma_tf32", None, 1)), ((64, 50257, 4096), ("wgmma_tf32", None, 1))):
         plan = select(Problem.dense(M, N, K, "tf32", b_t=True), dev)
         assert plan.kernel.family == family, ((M, N, K), plan.describe())
@@ -1687,12 +1807,14 @@ def test_staging_only_when_the_copy_is_cheap_and_the_layout_allows(arch):
     assert plan.staging == () and macros(plan)["B_MODE"] == LOAD_ELEM_K
     # only where the in-place plan takes the 128 x 256 tile and no fused split (the smaller tiles
     # gain at most 2% from a row-major B; a fused split's sum would spill with it)
+    bigs = []
     for p in (Problem.dense(m, 4096, 4096, b_t=True), Problem.dense(m, 3072, 1024, b_t=True)):
         in_place = select(p, dev, variants=(SimtCpAsync(transpose_b=False),)).kernel
         big = in_place.tile[:2] == (128, 256) and not in_place.split_fused
         assert select(p, dev).staging == ((("b", p.K, p.N),) if big else ())
-        if arch == "sm_90":  # (768 x 4096 and 768 x 3072 outputs: split 128 x 128 tiles here)
-            assert not big
+        bigs.append(big)
+    if arch == "sm_90":  # (768 x 4096 x 4096: 128 x 256 tiles split in cluster pairs; 768 x 3072 x 1024:
+        assert bigs == [True, False]  # 128 x 128 tiles, as the big tile's slices would be under 384)
     assert select(Problem.dense(2048, 4096, 4096, b_t=True, batch=2), dev).staging == ()
     variant = (SimtCpAsync(transpose_b=False),)
     assert select(Problem.dense(4096, 4096, 4096, b_t=True), dev, variants=variant).staging == ()

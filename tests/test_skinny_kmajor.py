@@ -9,6 +9,7 @@ import torch
 
 import fastmm
 from fastmm.families import FAMILIES, SkinnyKmajor
+from fastmm.families.simt_cp_async import SHORT_ROWS_MIN_K, SHORT_ROWS_MIN_N
 from fastmm.plan import TINY_K, TINY_OUTPUTS, select
 from fastmm.problem import DeviceFacts, Problem
 from conftest import relative_error
@@ -32,6 +33,10 @@ def test_weight_layout_with_m_up_to_32_picks_the_family(arch, precision):
             if precision == "tf32" and 8 <= M <= 32:  # tensor cores where FFMAs fall behind W's bytes
                 assert plan.kernel.family == "kmajor_mma", (M, N, K, plan.describe())
                 assert dict(plan.rejected)[FAMILY] == "kmajor_mma is preferred"
+                continue
+            if 16 < M and K >= SHORT_ROWS_MIN_K and N >= SHORT_ROWS_MIN_N:  # fp32 at 17-32 rows: the 32-row SIMT tile
+                assert plan.kernel.family == "simt_cp_async", (M, N, K, plan.describe())
+                assert dict(plan.rejected)[FAMILY] == "simt_cp_async is preferred"
                 continue
             assert plan.kernel.family == FAMILY, (M, N, K, plan.describe())
             assert plan.precision_used == "ieee"  # fp32 FMA for every request
@@ -179,12 +184,12 @@ def test_a_k_needing_more_slices_than_the_grid_allows_is_refused():
     would take more than 65535 of them (grid.y's limit) goes to the skinny family instead."""
     sm90 = DEV["sm_90"]
     fam = FAMILIES[FAMILY]
-    p = linear(32, 128, 4096)
+    p = linear(16, 128, 4096)
     cap = fam.slice_cap(p, sm90)
-    fits = linear(32, 128, 65535 * cap)
+    fits = linear(16, 128, 65535 * cap)
     assert fam.reject(fits, sm90) is None
     assert select(fits, sm90, force=FAMILY).kernel.grid[1] == 65535
-    over = linear(32, 128, 65535 * cap + 1)
+    over = linear(16, 128, 65535 * cap + 1)
     plan = select(over, sm90)
     assert plan.kernel.family == "skinny"
     assert dict(plan.rejected)[FAMILY] == f"K = {over.K} would need more than 65535 slices of {cap} (the grid's y limit)"

@@ -1,5 +1,5 @@
-"""What the probes beside this file share: the GPU check, the error against float64, and three
-ways to time a call on the GPU. Import it after putting the repo and this folder on sys.path:
+"""What the probes beside this file share: the GPU check, the error against float64, three
+ways to time a call on the GPU, and compiling many plans' kernels at once. Import it after putting the repo and this folder on sys.path:
 
     HERE = Path(__file__).resolve().parent
     sys.path[:0] = [str(HERE.parents[1]), str(HERE)]
@@ -79,3 +79,31 @@ def time_us(fn, inner: int = 10, samples: int = 15, sleep_cycles: int = 5_000_00
     torch.cuda.synchronize()
     t = sorted(s.elapsed_time(e) for s, e in ev)
     return 1000.0 * t[len(t) // 2] / inner
+
+
+def compile_plans(plans, arch: str) -> int:
+    """Compile every kernel of ``plans`` (GEMM, second pass, staging copies) for ``arch`` into
+    fastmm's disk cache with NVRTC on all cores, so that a probe's timing is not held up by the
+    compiler one kernel at a time. Returns how many distinct kernels there were."""
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+
+    from fastmm.runtime import launcher
+    from fastmm.runtime.cache import default_cache
+    from fastmm.runtime.compiler import compile_cubin
+
+    cfgs = {}
+    for plan in plans:
+        for cfg in (plan.kernel, plan.reduce, *plan.stagers):
+            if cfg is not None:
+                cfgs[(cfg.source, cfg.macros, cfg.entry, cfg.target(arch))] = cfg
+    cache = default_cache()
+
+    def build(cfg):
+        target = cfg.target(arch)
+        cache.get_or_compile(cfg.family + "-" + target, launcher.key_for(cfg, arch), target,
+                             lambda: compile_cubin(cfg.source, cfg.macros, target))
+
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 4) as pool:
+        list(pool.map(build, cfgs.values()))
+    return len(cfgs)

@@ -21,9 +21,7 @@ The kernels are compiled first, on every core (into fastmm's disk cache).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -36,7 +34,7 @@ from fastmm.families import WgmmaTf32  # noqa: E402
 from fastmm.families.wgmma_tf32 import wave_cost  # noqa: E402
 from fastmm.plan import select  # noqa: E402
 from fastmm.problem import Problem  # noqa: E402
-from probe_util import need_gpu, rel_err, time_us  # noqa: E402
+from probe_util import compile_plans, need_gpu, rel_err, time_us  # noqa: E402
 
 #: (name, batch, M, N, K, B layout): "wt" = x @ W.t() (B K-contiguous), "rm" = row-major B
 PRODUCTS = (
@@ -85,26 +83,8 @@ def variants_for(x3: bool, pingpong: bool = False):
 
 def precompile(jobs, dev) -> None:
     """Compile the kernels of every (problem, variant) plan on all cores into the disk cache."""
-    from fastmm.runtime import launcher
-    from fastmm.runtime.cache import default_cache
-    from fastmm.runtime.compiler import compile_cubin
-
-    cache = default_cache()
-    cfgs = {}
-    for p, v in jobs:
-        plan = select(p, dev, variants=(v,), force="wgmma_tf32")
-        for cfg in (plan.kernel, plan.reduce, *plan.stagers):
-            if cfg is not None:
-                cfgs[(cfg.source, cfg.macros, cfg.target(dev.arch))] = cfg
-
-    def build(cfg):
-        target = cfg.target(dev.arch)
-        cache.get_or_compile(cfg.family + "-" + target, launcher.key_for(cfg, dev.arch), target,
-                             lambda: compile_cubin(cfg.source, cfg.macros, target))
-
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 4) as pool:
-        list(pool.map(build, cfgs.values()))
-    print(f"compiled {len(cfgs)} kernels", flush=True)
+    n = compile_plans([select(p, dev, variants=(v,), force="wgmma_tf32") for p, v in jobs], dev.arch)
+    print(f"compiled {n} kernels", flush=True)
 
 
 def main() -> int:

@@ -47,6 +47,20 @@ def fused_split_spills(tile: tuple[int, int, int], a: int, b: int, out_vec: bool
     return (wm, wn, tm) == (1, 2, 8) and b == LOAD_ELEM_K and epilogue and not out_vec
 
 
+def copies_fit(opt: tuple[int, int, int], tile: tuple[int, int], bk: int, a_mode: int, b_mode: int) -> bool:
+    """Whether both operand tiles of ``opt`` (BM x BN = ``tile``) split evenly over its threads
+    in these load modes: simt_core.cuh's TileMap static_asserts, so that no plan names a kernel
+    that does not build. The 32-row tiles fail with a 16-byte A (64 float4 along m a k-tile,
+    against 128-256 threads)."""
+    threads = opt[0] * opt[1] * 32
+    for mode, extent in ((a_mode, tile[0]), (b_mode, tile[1])):
+        unit = 4 if mode in (LOAD_VEC_FAST, LOAD_VEC_K) else 1
+        row_units = extent // unit if mode in (LOAD_VEC_FAST, LOAD_ELEM_FAST) else bk // unit
+        if (bk * extent // unit) % threads or threads % row_units:
+            return False
+    return True
+
+
 def padded_copies(p: Problem, copy_a: bool, transpose_b: bool = False):
     """Copy plan for operands that are contiguous along their row but cannot be read with 16-byte
     vectors (N or K not a multiple of 4, odd row pitch or pointer): a zero-padded aligned copy
@@ -100,15 +114,26 @@ class SimtCore(Family):
     can_stream_k = False
     can_fuse_split = False
     pair_split = False
-    #: Least K per slice, and least M, for the largest tile to be split instead of taking a tile
-    #: with 8x8 outputs per thread (the range measured: M 96 .. 256, slices 512 .. 1365).
-    big_tile_min_k_per_split = 512
-    big_tile_min_m = 96
+    #: Least K per slice, and least M, for the largest tile to be split instead of taking a
+    #: smaller tile (the range measured: M 77 .. 4096, slices 438 .. 2048; at 341 a slice,
+    #: 1024 x 2816 x 1024 in 3, the 128 x 128 tile ran 10% ahead). Above 64 rows every tile pads
+    #: M to 128 rows alike (77 x 9216 x 3072 W^T: 128 x 256 in 7 slices 189 us, the 128 x 64
+    #: tile's 205, 64 x 64 212; NOTES run 26).
+    big_tile_min_k_per_split = 384
+    big_tile_min_m = 65
+    #: Batched products with K up to this take no 128 x 256 tile: two blocks an SM hide each
+    #: other's fill and store, which weigh most where a tile's K loop is short (H200, the
+    #: candidates probe, NOTES run 26: Q @ K^T at K = 64 / 128, 128 x 256 6-9% behind the
+    #: 128 x 128 or 128 x 64 tile on 4 of 4 attention products; at 197 tokens a tie).
+    batched_short_k = 128
 
     @staticmethod
     def tile_of(opt):
+        """(BM, BN) of a (WARPS_M, WARPS_N, THREAD_M) option, as simt_core.cuh lays out the lanes:
+        8 x 4 of them for THREAD_M 8 (a 64 x 32 warp tile), else 4 x 8 (16: 64 x 64; 4: 16 x 64)."""
         wm, wn, tm = opt
-        return wm * 64, wn * (32 if tm == 8 else 64)
+        lanes_m = 8 if tm == 8 else 4
+        return wm * lanes_m * tm, wn * (32 // lanes_m) * 8
 
     def load_modes(self, p: Problem):
         sAm, sAk = p.a_strides
@@ -147,24 +172,44 @@ class SimtCore(Family):
     def _big_tile_split_fills(self, p: Problem, dev: DeviceFacts) -> bool:
         """Whether the largest tile, split along K, fills (90% of) a wave with slices of at least
         ``big_tile_min_k_per_split``: its 16x8 thread tiles run ~15% faster than the 8x8 ones of
-        the smaller tiles (8192x4096x6144: 49.7 against 43.2 TFLOP/s, NOTES run 11), which beats
-        the reduction pass when K is long (decode128: 128 x 11008 x 4096 took 128 x 64 tiles
-        and ran at 0.77x cuBLAS, 1.12x so). Below M = 96 most of a 128-row tile would be
-        padding: not measured, so not taken."""
-        if p.M < self.big_tile_min_m:
+        the smaller tiles (8192x4096x6144: 49.7 against 43.2 TFLOP/s, NOTES run 11), and its 8
+        warps split over K beat the 4-warp 128 x 128 tile split less (H200, NOTES run 26:
+        4096 x 768 x 3072 429 against 475 us, 2048 x 1024 x 4096 W^T 377 against 402), which
+        beats the reduction pass when K is long (decode128: 128 x 11008 x 4096 took 128 x 64
+        tiles and ran at 0.77x cuBLAS, 1.12x so). Not with an m-contiguous A (grad_W's x^T):
+        there the 128 x 256 tile ran 2-14% behind the smaller ones on 4 of 4 products (768 x
+        2304 x 4096: 353 us in 7 slices against 310 for 64 x 64 tiles, NOTES run 26)."""
+        if p.M < self.big_tile_min_m or p.a_strides[0] == 1:
             return False
         bm, bn = self.tile_of(self.tile_options[0])
         tiles = tiles_of(p, bm, bn)
         split = split_k_for(p, dev, tiles, self.bk)
         return split > 1 and tiles * split >= 0.9 * dev.sm_count and p.K // split >= self.big_tile_min_k_per_split
 
+    def short_tiles(self, p: Problem) -> tuple[tuple[int, int, int], ...]:
+        """The tiles of fewer rows this family offers ``p`` besides ``tile_options`` (none here:
+        :class:`.simt_cp_async.SimtCpAsync` has 32-row ones)."""
+        return ()
+
+    def short_tile(self, p: Problem):
+        """The heuristic's short tile for ``p``, or None: the ``tile_options`` rules decide."""
+        return None
+
+    def blocks_per_sm(self, opt, p: Problem, dev: DeviceFacts) -> int:
+        """Blocks of tile ``opt`` an SM is planned to hold for ``p`` (the split-K wave model's slots)."""
+        return 2 if opt[0] * opt[1] <= 4 else 1
+
     def options(self, p, dev):
         """Every tile; for a family that splits K, each with split-K allowed or not."""
-        return with_split_flags(self.tile_options) if self.can_split else self.tile_options
+        tiles = self.tile_options + self.short_tiles(p)
+        return with_split_flags(tiles) if self.can_split else tiles
 
     def configure(self, p, dev, option=None):
+        short = self.short_tile(p) if option is None else None
         if option is not None:
             opt, may_split = tuple(option[:3]), self.can_split and bool(option[3])
+        elif short is not None:
+            opt, may_split = short, self.can_split
         elif self.can_split and k_dominant(p):
             # splits supply the parallelism; the largest tile where it pads N no more than the
             # 128x128 one (largeK 256x256x65536 on the H200: 128x256 x 66 splits 184.4 us,
@@ -174,12 +219,15 @@ class SimtCore(Family):
             opt = self.tile_options[0] if -(-p.N // big) * big <= -(-p.N // small) * small else self.tile_options[1]
             may_split = True
         else:
-            opt, may_split = pick_tile(p, dev, self.tile_options, self.tile_of), self.can_split
-            if may_split and opt[2] == 8 and self._big_tile_split_fills(p, dev):
+            options = self.tile_options
+            if p.batch_total > 1 and p.K <= self.batched_short_k:
+                options = options[1:]  # (see batched_short_k)
+            opt, may_split = pick_tile(p, dev, options, self.tile_of), self.can_split
+            if may_split and opt != self.tile_options[0] and self._big_tile_split_fills(p, dev):
                 opt = self.tile_options[0]
         wm, wn, tm = opt
         bm, bn = self.tile_of(opt)
-        per_sm = 2 if wm * wn <= 4 else 1
+        per_sm = self.blocks_per_sm(opt, p, dev)
         split = split_k_for(p, dev, tiles_of(p, bm, bn), self.bk, per_sm) if may_split else 1
         a, b, c_vec = self.load_modes(p)
         # stream-K where the model has it beat split-K as well, for the 8-warp tile (one block

@@ -5,9 +5,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..problem import Problem
-from .base import LOAD_ELEM_K
-from .simt_core import SimtCore, padded_copies, transposes_b
+from .base import LOAD_ELEM_K, tiles_of
+from .simt_core import SimtCore, copies_fit, padded_copies, transposes_b
 from .stage_kmajor import stage_rows_config
+from .work_split import split_k_for
+
+#: The 32-row tiles, (WARPS_M, WARPS_N, THREAD_M): 32 x 256 and 32 x 128, 4 x 8 outputs a thread
+#: (simt_core.cuh: lanes 4 x 8, a warp 16 x 64). For products of at most SHORT_ROWS rows (decode
+#: with a batch of 17-32 sequences), where the smallest 64-row tile computes half its rows or
+#: more on padding.
+SHORT_TILE_OPTIONS = ((2, 4, 4), (2, 2, 4))
+SHORT_ROWS = 32
+#: ... where K and N are at least these (the least measured; below them skinny_kmajor keeps them).
+SHORT_ROWS_MIN_K = 768
+SHORT_ROWS_MIN_N = 1024
 
 
 @dataclass(frozen=True)
@@ -19,6 +30,19 @@ class SimtCpAsync(SimtCore):
 
     transpose_b: bool = True
     transpose_big_tile_only: bool = True
+    #: Products of at most this many rows take a 32-row tile (0: never); ``short_bn`` forces its
+    #: width (None: the rule of :meth:`short_tile`). Variant switches for probes.
+    short_rows: int = SHORT_ROWS
+    short_bn: int | None = None
+    #: Blocks an SM the 32 x 128 tile is built for (__launch_bounds__: CP_MIN_BLOCKS, i.e. at
+    #: most 128 registers at 4) and split for, where that doubles its slices and its tiles leave
+    #: SMs idle (else, and with 0, no bound and split as any 4-warp tile: 2). Measured on the
+    #: H200 (NOTES run 26): with twice the slices 7-11% faster (4096 x 4096, 4096 x 14336,
+    #: 3584 x 18944 weights at 17-32 rows); with the same slices the register cap cost 3%
+    #: (14336 x 4096), and at 393 tiles (50257 x 768) twice the slices lost 6-10%. sm_90 only:
+    #: measured there, and at 128 registers ptxas spills some load-mode pairs for sm_86.
+    short_min_blocks: int = 4
+    short_min_blocks_cc = (9, 0)
 
     name, source, entry = "simt_cp_async", "simt_cp_async.cu", "fastmm_simt_cp_async"
     min_cc = (8, 0)
@@ -45,10 +69,38 @@ class SimtCpAsync(SimtCore):
     def smem_bytes(self, bm, bn, stages):
         return stages * self.bk * ((bm + 4) + (bn + 4)) * 4
 
+    def short_tiles(self, p):
+        """The 32-row tiles, for products of at most 64 rows (the smallest other tile's height:
+        beyond it they cannot save padding), whose copies fit ``p``'s load modes
+        (:func:`.simt_core.copies_fit`: not with an m-contiguous, 16-byte A; decode's x is
+        k-contiguous)."""
+        if p.M > 64:
+            return ()
+        a, b, _ = self.load_modes(p)
+        return tuple(opt for opt in SHORT_TILE_OPTIONS if copies_fit(opt, self.tile_of(opt), self.bk, a, b))
+
+    def short_tile(self, p):
+        """A 32-row tile for products of at most ``short_rows`` rows: 128 wide against a
+        K-contiguous B (x @ W.t(): on the H200 ahead of the 256-wide tile on 5 of 6 weights at
+        M = 17-32, by up to 12%, NOTES run 26), else the 256-wide one where it pads N no more
+        (row-major W: 1-5% ahead)."""
+        if p.M > self.short_rows:
+            return None
+        fits = {self.tile_of(opt)[1]: opt for opt in self.short_tiles(p)}
+        if self.short_bn is not None:
+            return fits.get(self.short_bn)
+        k_contiguous_b = p.b_strides[0] == 1 and p.b_strides[1] != 1
+        if 256 in fits and not (128 in fits and (k_contiguous_b or -(-p.N // 256) * 256 > -(-p.N // 128) * 128)):
+            return fits[256]
+        return fits.get(128)
+
     def extra_macros(self, p, dev, bm, bn, split=1, reserve=0):
         """STAGES: as measured for the tile and plan, fewer where they and ``reserve`` bytes of
         other shared memory (the cluster pairs' exchange region) would not fit."""
         big = (bm, bn) == self.tile_of(self.tile_options[0])
+        bound = ()
+        if (bm, bn) == (32, 128) and p is not None and self.blocks_per_sm(SHORT_TILE_OPTIONS[1], p, dev) > 2:
+            bound = (("CP_MIN_BLOCKS", self.short_min_blocks),)
         stages = self.stages
         if big:
             stages = self.big_tile_stages.get(dev.cc, stages)
@@ -56,7 +108,18 @@ class SimtCpAsync(SimtCore):
                 stages = self.big_tile_split_stages.get(dev.cc, stages)
         while stages > 2 and self.smem_bytes(bm, bn, stages) + reserve > dev.smem_per_block_optin:
             stages -= 1
-        return (("STAGES", stages),)
+        return (("STAGES", stages),) + bound
+
+    def blocks_per_sm(self, opt, p, dev):
+        """The 32 x 128 tile: ``short_min_blocks`` where its tiles leave SMs idle and planning that
+        many blocks doubles the slices (at 393 tiles, 50257 x 768, twice the slices lost 6-10%)."""
+        per_sm = super().blocks_per_sm(opt, p, dev)
+        if self.tile_of(opt) == (32, 128) and self.short_min_blocks > per_sm and dev.cc >= self.short_min_blocks_cc:
+            tiles = tiles_of(p, 32, 128)
+            if tiles < dev.sm_count and (split_k_for(p, dev, tiles, self.bk, self.short_min_blocks)
+                                         >= 2 * split_k_for(p, dev, tiles, self.bk, per_sm)):
+                return self.short_min_blocks
+        return per_sm
 
     def staging(self, p, dev, option=None):
         """B copied first where it is unaligned (:func:`.simt_core.padded_copies`), or, with
@@ -83,3 +146,17 @@ class SimtCpAsync(SimtCore):
                     "buffer (stage_kmajor), so the tile loads it with 16-byte cp.async along N, not single floats "
                     "along K")
         return super().describe_staging(p, which, rows, cols) + " (stage_kmajor)"
+
+
+def short_rows_first(p: Problem, fam: SimtCpAsync) -> bool:
+    """Whether the planner tries simt_cp_async's 32-row tile ahead of skinny_kmajor: a full-fp32
+    request (ieee, or tf32x3, which skinny_kmajor serves in fp32 too) of 17-32 rows against a
+    K-contiguous B, one matrix, K >= SHORT_ROWS_MIN_K and N >= SHORT_ROWS_MIN_N. There
+    skinny_kmajor's 32-row form takes twice its 16-row time (its rows per thread double), and the
+    tile ran 1.1-1.5x faster on all six weights measured (H200, probes/short_rows_probe.py, NOTES
+    run 26: 32 x 3584 x 18944 250 -> 168 us, 24 x 14336 x 4096 208 -> 145). Against a row-major W
+    the skinny family stays ahead to 24 rows and ties at 32: it keeps them."""
+    sBk, sBn = p.b_strides
+    return (p.precision in ("ieee", "tf32x3") and 16 < p.M <= fam.short_rows and p.batch_total == 1
+            and p.K >= SHORT_ROWS_MIN_K and p.N >= SHORT_ROWS_MIN_N and sBk == 1 and sBn != 1
+            and fam.short_tile(p) is not None)

@@ -126,6 +126,15 @@ SPLIT_WIDTHS = (256, 128)
 #: decode split filled 112-128 of 132): a product of one or two narrow tiles over a very long K
 #: gets at most SPLIT_MAX blocks here, where tf32_mma splits it over every SM.
 SPLIT_MIN_FILL = 2
+#: Above SPLIT_MAX_M rows the rule splits only the 128-wide tile, and only where its tiles fill
+#: at most SMs / SPLIT_TALL_TILE_SHARE (the same slices and fill bound): measured on the H200
+#: (probes/wgmma_split_probe.py, NOTES run 26, GPU us, unsplit at the wave rule's width -> split):
+#: 80 x 4096 x 4096 39.8 -> 31.6 (128/4), 200 x 2048 x 16384 112.3 -> 66.0 (128/4), 96 x 4096 x
+#: 4096 33.7 -> 32.5; where 48-128 tiles of 128 x 128 already run (512 x 4096 x 4096, 333 x 4096 x
+#: 4096, 1024 x 1024 x 2816, 511 x 1536 x 8960, 1024 x 768 x 3072, 768 x 2304 x 4096) every split
+#: was slower, by 8-60%.
+SPLIT_TALL_WIDTH = 128
+SPLIT_TALL_TILE_SHARE = 4
 #: A launch's grid.y limit (one block row per slice).
 MAX_GRID_Y = 65535
 #: A forced number of slices (``WgmmaTf32(split=n)``) is capped so a slice keeps this much of K.
@@ -404,12 +413,14 @@ class WgmmaTf32(Family):
         if self.split is not True:  # a forced count
             n = split_slices(p, min(int(self.split), max(p.K // SPLIT_FORCED_SLICE_K, 1), MAX_GRID_Y))
             return (options[0], n) if n > 1 else None
-        if p.precision != "tf32" or p.M > SPLIT_MAX_M or p.K < SPLIT_MIN_K:
+        if p.precision != "tf32" or p.K < SPLIT_MIN_K:
             return None
+        tall = p.M > SPLIT_MAX_M
+        widths, share = ((SPLIT_TALL_WIDTH,), SPLIT_TALL_TILE_SHARE) if tall else (SPLIT_WIDTHS, SPLIT_TILE_SHARE)
         best = None
-        for option in (o for o in options if o[0] in SPLIT_WIDTHS):
+        for option in (o for o in options if o[0] in widths):
             tiles = tiles_of(p, self.bm, option[0])
-            if tiles > dev.sm_count // SPLIT_TILE_SHARE:
+            if tiles > dev.sm_count // share:
                 continue
             n = split_slices(p, max(2, min(dev.sm_count // tiles, SPLIT_MAX, p.K // SPLIT_SLICE_K)))
             if tiles * n < dev.sm_count // SPLIT_MIN_FILL:  # (too few blocks: tf32_mma's deeper split)
