@@ -648,7 +648,8 @@ def test_simt_short_tiles_build_exactly_where_their_copies_fit_and_without_spill
     """simt_cp_async's 32-row tiles (THREAD_M 4) in every load-mode pair cp.async has: where
     ``copies_fit`` (what the planner checks before it offers them) says an operand tile splits
     evenly over the threads, the kernel builds without spills, with a fused split, cluster pairs
-    (sm_90) or neither, and the epilogue (the 32 x 128 tile at its 4-blocks-an-SM bound); where it says not, the compiler refuses it with
+    (sm_90) or neither, and the epilogue (on sm_90 the 32 x 128 tile's split builds also at its
+    4-blocks-an-SM bound); where it says not, the compiler refuses it with
     simt_core.cuh's static_assert (a 16-byte A: 64 float4 a k-tile over 128-256 threads)."""
     from fastmm.runtime.compiler import nvrtc_unavailable_reason
 
@@ -662,19 +663,25 @@ def test_simt_short_tiles_build_exactly_where_their_copies_fit_and_without_spill
     for opt in SHORT_TILE_OPTIONS:
         for a in (0, 2, 3):
             for b in (0, 2, 3):
-                macros = (("WARPS_M", opt[0]), ("WARPS_N", opt[1]), ("THREAD_M", opt[2]), ("BK", fam.bk),
-                          ("A_MODE", a), ("B_MODE", b), ("C_VEC", i % 2), ("STAGES", 6),
-                          ("EPILOGUE", (i // 2) % 2)) + splits[i % len(splits)]
-                if fam.tile_of(opt) == (32, 128) and arch == "sm_90":  # (4 blocks an SM, as planned on sm_90)
-                    macros += (("CP_MIN_BLOCKS", fam.short_min_blocks),)
+                base = (("WARPS_M", opt[0]), ("WARPS_N", opt[1]), ("THREAD_M", opt[2]), ("BK", fam.bk),
+                        ("A_MODE", a), ("B_MODE", b), ("C_VEC", i % 2), ("STAGES", 6))
+                macros = base + (("EPILOGUE", (i // 2) % 2),) + splits[i % len(splits)]
                 i += 1
                 if copies_fit(opt, fam.tile_of(opt), fam.bk, a, b):
                     fitting.append(macros)
+                    if fam.tile_of(opt) == (32, 128) and arch == "sm_90":
+                        # built for 4 blocks an SM where planned so (sm_90, split plans only): slices
+                        # summed by the last block (with the epilogue or not), or by splitk_reduce
+                        bound = (("CP_MIN_BLOCKS", fam.short_min_blocks),)
+                        fitting += [base + bound + (("EPILOGUE", e), ("SPLIT_FUSED", 2 + 2 * e), ("OUT_VEC", e))
+                                    for e in (0, 1)]
+                        fitting.append(base + bound)
                     continue
                 with pytest.raises(CompileError, match="split evenly"):
                     compile_cubin("simt_cp_async.cu", macros, arch)
                 refused += 1
-    assert refused == 2 * 3 and len(fitting) == 2 * 6  # (A as float4 along m: every B mode, both tiles)
+    assert refused == 2 * 3  # (A as float4 along m: every B mode, both tiles)
+    assert len(fitting) == 2 * 6 + (3 * 6 if arch == "sm_90" else 0)
     _assert_no_spills("simt_cp_async.cu", arch, fitting)
 
 

@@ -1033,8 +1033,9 @@ def test_tf32_products_of_more_than_64_rows_split_k_on_wgmma_only_where_few_tile
 
 def test_the_32x128_tile_runs_4_blocks_an_sm_where_that_doubles_the_slices_of_few_tiles():
     """Built for 4 blocks an SM (CP_MIN_BLOCKS 4: 128 registers) and split for them where its tiles
-    leave SMs idle and that doubles the slices (H200: 7-11% faster); elsewhere no bound (the cap
-    cost 3-10% where the slices stayed, and at 393 tiles twice the slices lost 6-10%)."""
+    leave SMs idle and that doubles the slices (H200: 5-11% faster); elsewhere no bound (the cap
+    cost 3% where the slices stayed, and at 393 tiles twice the slices lost 6-10%), nor for an
+    unsplit (tuned) plan."""
     dev = DEV["sm_90"]
     for N, K, bound, split in ((3584, 18944, 4, 18), (4096, 4096, 4, 16), (14336, 4096, None, 7), (50257, 768, None, 2)):
         plan = select(Problem.dense(32, N, K, "ieee", b_t=True), dev)
@@ -1043,6 +1044,8 @@ def test_the_32x128_tile_runs_4_blocks_an_sm_where_that_doubles_the_slices_of_fe
         check_geometry(plan)
     assert select(Problem.dense(32, 3584, 18944, "ieee", b_t=True), dev,
                   variants=(SimtCpAsync(short_min_blocks=0),)).kernel.split_k == 9
+    unsplit = select(Problem.dense(32, 3584, 18944, "ieee", b_t=True), dev, tuned=TunedChoice("simt_cp_async", (2, 2, 4, 0)))
+    assert unsplit.kernel.split_k == 1 and "CP_MIN_BLOCKS" not in macros(unsplit)
     # measured on the H200 only (and at 128 registers ptxas spills some load modes for sm_86)
     for arch in ("sm_80", "sm_86", "sm_89"):
         assert "CP_MIN_BLOCKS" not in macros(select(Problem.dense(32, 3584, 18944, "ieee", b_t=True), DEV[arch]))

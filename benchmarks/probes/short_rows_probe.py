@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Full-fp32 products of 8-64 rows (decode with a batch of sequences, on x @ W.t() or a row-major
+"""Full-fp32 products of 8-48 rows (decode with a batch of sequences, on x @ W.t() or a row-major
 W): the skinny families against simt_cp_async's 32-row tiles (THREAD_M 4: 32 x 256, 32 x 128)
 and its usual tiles, beside torch in fp32. Which is fastest from how many rows, and which width?
 Does the 32 x 128 tile gain from 4 blocks an SM (at most 128 registers, twice the slices)?

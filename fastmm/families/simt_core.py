@@ -224,7 +224,10 @@ class SimtCore(Family):
                 options = options[1:]  # (see batched_short_k)
             opt, may_split = pick_tile(p, dev, options, self.tile_of), self.can_split
             if may_split and opt != self.tile_options[0] and self._big_tile_split_fills(p, dev):
-                opt = self.tile_options[0]
+                big, small = self.tile_of(self.tile_options[0])[1], self.tile_of(opt)[1]
+                # (over a 128 x 128 choice only where the wider tile pads N no more: so measured)
+                if opt[2] == 8 or -(-p.N // big) * big <= -(-p.N // small) * small:
+                    opt = self.tile_options[0]
         wm, wn, tm = opt
         bm, bn = self.tile_of(opt)
         per_sm = self.blocks_per_sm(opt, p, dev)

@@ -37,7 +37,7 @@ class SimtCpAsync(SimtCore):
     #: Blocks an SM the 32 x 128 tile is built for (__launch_bounds__: CP_MIN_BLOCKS, i.e. at
     #: most 128 registers at 4) and split for, where that doubles its slices and its tiles leave
     #: SMs idle (else, and with 0, no bound and split as any 4-warp tile: 2). Measured on the
-    #: H200 (NOTES run 26): with twice the slices 7-11% faster (4096 x 4096, 4096 x 14336,
+    #: H200 (NOTES run 26): with twice the slices 5-11% faster (4096 x 4096, 4096 x 14336,
     #: 3584 x 18944 weights at 17-32 rows); with the same slices the register cap cost 3%
     #: (14336 x 4096), and at 393 tiles (50257 x 768) twice the slices lost 6-10%. sm_90 only:
     #: measured there, and at 128 registers ptxas spills some load-mode pairs for sm_86.
@@ -98,8 +98,8 @@ class SimtCpAsync(SimtCore):
         """STAGES: as measured for the tile and plan, fewer where they and ``reserve`` bytes of
         other shared memory (the cluster pairs' exchange region) would not fit."""
         big = (bm, bn) == self.tile_of(self.tile_options[0])
-        bound = ()
-        if (bm, bn) == (32, 128) and p is not None and self.blocks_per_sm(SHORT_TILE_OPTIONS[1], p, dev) > 2:
+        bound = ()  # (only for a split planned for 4 blocks: elsewhere the cap costs, and can spill)
+        if (bm, bn) == (32, 128) and split > 1 and p is not None and self.blocks_per_sm(SHORT_TILE_OPTIONS[1], p, dev) > 2:
             bound = (("CP_MIN_BLOCKS", self.short_min_blocks),)
         stages = self.stages
         if big:
@@ -154,7 +154,7 @@ def short_rows_first(p: Problem, fam: SimtCpAsync) -> bool:
     K-contiguous B, one matrix, K >= SHORT_ROWS_MIN_K and N >= SHORT_ROWS_MIN_N. There
     skinny_kmajor's 32-row form takes twice its 16-row time (its rows per thread double), and the
     tile ran 1.1-1.5x faster on all six weights measured (H200, probes/short_rows_probe.py, NOTES
-    run 26: 32 x 3584 x 18944 250 -> 168 us, 24 x 14336 x 4096 208 -> 145). Against a row-major W
+    run 26: 32 x 3584 x 18944 240 -> 182 us, 162 at 4 blocks an SM; 24 x 14336 x 4096 208 -> 148). Against a row-major W
     the skinny family stays ahead to 24 rows and ties at 32: it keeps them."""
     sBk, sBn = p.b_strides
     return (p.precision in ("ieee", "tf32x3") and 16 < p.M <= fam.short_rows and p.batch_total == 1

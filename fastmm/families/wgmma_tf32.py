@@ -104,7 +104,7 @@ def wave_cost(p: Problem, dev: DeviceFacts, bn: int, pingpong: bool = False) -> 
 
 #: SPLIT (the kernel's K over gridDim.y blocks a tile, each tile's last block summing the
 #: slices). The rule takes it for tf32, a batch of 1, M <= SPLIT_MAX_M (decode's x @ W.t(): one row
-#: of tiles, streaming W) and K >= SPLIT_MIN_K: of the widths SPLIT_WIDTHS whose tiles fill at most
+#: of tiles, streaming W; above it see SPLIT_TALL_*) and K >= SPLIT_MIN_K: of the widths SPLIT_WIDTHS whose tiles fill at most
 #: SMs / SPLIT_TILE_SHARE (and whose blocks fill at least SMs / SPLIT_MIN_FILL), the one whose (tile, slice) blocks fill the most SMs (ties: the one
 #: computing fewer columns past N, then the wider),
 #: each with as many slices as fill the SMs once (SMs // tiles), 2 at least, at most SPLIT_MAX and
@@ -112,10 +112,11 @@ def wave_cost(p: Problem, dev: DeviceFacts, bn: int, pingpong: bool = False) -> 
 #: unsplit -> the rule's split): 48 x 4096 x 11008 115.6 -> 63.1 (256 wide, 8 slices), 32 x 3584 x
 #: 18944 192 -> 81.6 (256/8; kmajor_mma 116.5), 32 x 4096 x 14336 152 -> 73.0 (256/8; kmajor_mma
 #: 99), 64 x 4096 x 4096 47.3 -> 30.7 (128/4; 256/4 36.7: half the SMs), 64 x 14336 x 4096 82.5 ->
-#: 75.3 (256/2). Slices under 1024 of K lost (64 x 4096 x 4096 at 256/8: 39.6). At M = 96-128 every
-#: split was slower than the unsplit 64-wide tile (the first form of the sum); at M = 100-256 with
-#: few, narrow tiles it was mixed against tf32_mma's split (100 x 300 x 8192: 19.1 against 23.0;
-#: 256 x 256 x 65536: 94.1 against 59.4), so those stay as they were.
+#: 75.3 (256/2). Slices under 1024 of K lost (64 x 4096 x 4096 at 256/8: 39.6). (Run 25 had every
+#: split slower than the unsplit 64-wide tile at M = 96-128 with the first form of the sum, and
+#: mixed against tf32_mma's split at M = 100-256 with few, narrow tiles: 100 x 300 x 8192 19.1
+#: against 23.0, 256 x 256 x 65536 94.1 against 59.4; run 26's measurements above 64 rows set
+#: SPLIT_TALL_*, whose fill bound leaves those two to tf32_mma.)
 SPLIT_MAX = 16
 SPLIT_MAX_M = 64
 SPLIT_MIN_K = 2048
