@@ -1016,15 +1016,19 @@ def test_fp32_products_of_17_to_32_rows_on_w_t_run_the_32_row_simt_tile(arch):
     (1024, 768, 3072, "", None),
     (768, 2304, 4096, "a_t", None),
     (256, 256, 65536, "", None),  # 4 tiles x 16 slices: too few blocks, tf32_mma's deeper split
+    (32, 4096, 16384, "", None),  # row-major W at 32 rows: C^T is 4096 x 32, decode: the skinny family's
 ])
 def test_tf32_products_of_more_than_64_rows_split_k_on_wgmma_only_where_few_tiles_run(M, N, K, layout, want):
     """Above 64 rows the wgmma split takes the 128-wide tile only, where its tiles fill at most a
-    quarter of the SMs (and the (tile, slice) blocks half): measured faster there, and slower by
-    8-60% on every product whose 48-128 tiles already ran (NOTES run 26)."""
+    quarter of the SMs (and the (tile, slice) blocks half), and N >= M, N >= 128 in the kernel's
+    terms: measured faster there, and slower by 8-60% on every product whose 48-128 tiles already
+    ran (NOTES run 26); a row-major W's decode product (tall and narrow as C^T) stays skinny's."""
     kw = {layout: True} if layout else {}
     plan = select(Problem.dense(M, N, K, "tf32", **kw), DEV["sm_90"])
     if want is None:
         assert plan.kernel.split_k == 1 or plan.kernel.family != "wgmma_tf32", plan.describe()
+        if M <= 32:
+            assert plan.kernel.family == "skinny", plan.describe()
     else:
         assert plan.kernel.family == "wgmma_tf32" and (plan.kernel.tile[1], plan.kernel.split_k) == want, plan.describe()
         assert plan.kernel.split_fused and plan.reduce is None

@@ -127,8 +127,11 @@ SPLIT_WIDTHS = (256, 128)
 #: decode split filled 112-128 of 132): a product of one or two narrow tiles over a very long K
 #: gets at most SPLIT_MAX blocks here, where tf32_mma splits it over every SM.
 SPLIT_MIN_FILL = 2
-#: Above SPLIT_MAX_M rows the rule splits only the 128-wide tile, and only where its tiles fill
-#: at most SMs / SPLIT_TALL_TILE_SHARE (the same slices and fill bound): measured on the H200
+#: Above SPLIT_MAX_M rows the rule splits only the 128-wide tile, only where N >= 128 and N >= M in
+#: the kernel's terms (the products measured; a row-major B's product of a few rows, computed as
+#: C^T = B^T A^T, is tall and narrow there: decode, which stays the skinny family's; the first GPU
+#: run of this rule failed a test on exactly that), and where its tiles fill at most
+#: SMs / SPLIT_TALL_TILE_SHARE (the same slices and fill bound): measured on the H200
 #: (probes/wgmma_split_probe.py, NOTES run 26, GPU us, unsplit at the wave rule's width -> split):
 #: 80 x 4096 x 4096 39.8 -> 31.6 (128/4), 200 x 2048 x 16384 112.3 -> 66.0 (128/4), 96 x 4096 x
 #: 4096 33.7 -> 32.5; where 48-128 tiles of 128 x 128 already run (512 x 4096 x 4096, 333 x 4096 x
@@ -417,6 +420,8 @@ class WgmmaTf32(Family):
         if p.precision != "tf32" or p.K < SPLIT_MIN_K:
             return None
         tall = p.M > SPLIT_MAX_M
+        if tall and (p.N < SPLIT_TALL_WIDTH or p.N < p.M):  # (see SPLIT_TALL_WIDTH)
+            return None
         widths, share = ((SPLIT_TALL_WIDTH,), SPLIT_TALL_TILE_SHARE) if tall else (SPLIT_WIDTHS, SPLIT_TILE_SHARE)
         best = None
         for option in (o for o in options if o[0] in widths):
