@@ -47,6 +47,12 @@ def fused_split_spills(tile: tuple[int, int, int], a: int, b: int, out_vec: bool
     return (wm, wn, tm) == (1, 2, 8) and b == LOAD_ELEM_K and epilogue and not out_vec
 
 
+def pads_no_more(n: int, wide: int, narrow: int) -> bool:
+    """Whether tiles ``wide`` columns wide cover ``n`` columns with no more padding than tiles
+    ``narrow`` wide do (the wider tile computes no extra columns past N)."""
+    return -(-n // wide) * wide <= -(-n // narrow) * narrow
+
+
 def copies_fit(opt: tuple[int, int, int], tile: tuple[int, int], bk: int, a_mode: int, b_mode: int) -> bool:
     """Whether both operand tiles of ``opt`` (BM x BN = ``tile``) split evenly over its threads
     in these load modes: simt_core.cuh's TileMap static_asserts, so that no plan names a kernel
@@ -195,9 +201,16 @@ class SimtCore(Family):
         """The heuristic's short tile for ``p``, or None: the ``tile_options`` rules decide."""
         return None
 
-    def blocks_per_sm(self, opt, p: Problem, dev: DeviceFacts) -> int:
-        """Blocks of tile ``opt`` an SM is planned to hold for ``p`` (the split-K wave model's slots)."""
+    @staticmethod
+    def default_blocks_per_sm(opt) -> int:
+        """Blocks of tile ``opt`` an SM holds as its kernel is built by default."""
         return 2 if opt[0] * opt[1] <= 4 else 1
+
+    def blocks_per_sm(self, opt, p: Problem, dev: DeviceFacts) -> int:
+        """Blocks of tile ``opt`` an SM is planned to hold for ``p`` (the split-K wave model's
+        slots); a split plan planned for more than the default is built for that many
+        (CP_MIN_BLOCKS: __launch_bounds__ keeps the registers of that many blocks)."""
+        return self.default_blocks_per_sm(opt)
 
     def options(self, p, dev):
         """Every tile; for a family that splits K, each with split-K allowed or not."""
@@ -216,7 +229,7 @@ class SimtCore(Family):
             # 128x128 x 66 186.9, NOTES run 12), else 128x128 (N = 64: a 256-wide tile would do
             # twice the FFMAs)
             big, small = self.tile_of(self.tile_options[0])[1], self.tile_of(self.tile_options[1])[1]
-            opt = self.tile_options[0] if -(-p.N // big) * big <= -(-p.N // small) * small else self.tile_options[1]
+            opt = self.tile_options[0] if pads_no_more(p.N, big, small) else self.tile_options[1]
             may_split = True
         else:
             options = self.tile_options
@@ -224,9 +237,8 @@ class SimtCore(Family):
                 options = options[1:]  # (see batched_short_k)
             opt, may_split = pick_tile(p, dev, options, self.tile_of), self.can_split
             if may_split and opt != self.tile_options[0] and self._big_tile_split_fills(p, dev):
-                big, small = self.tile_of(self.tile_options[0])[1], self.tile_of(opt)[1]
                 # (over a 128 x 128 choice only where the wider tile pads N no more: so measured)
-                if opt[2] == 8 or -(-p.N // big) * big <= -(-p.N // small) * small:
+                if opt[2] == 8 or pads_no_more(p.N, self.tile_of(self.tile_options[0])[1], self.tile_of(opt)[1]):
                     opt = self.tile_options[0]
         wm, wn, tm = opt
         bm, bn = self.tile_of(opt)
@@ -253,6 +265,8 @@ class SimtCore(Family):
         threads = wm * wn * 32
         region = self.pair_region_bytes(threads, tm) if pair else 0
         extra = self.extra_macros(p, dev, bm, bn, split, region) + ((("SPLIT_PAIR", 1),) if pair else ())
+        if split > 1 and per_sm > self.default_blocks_per_sm(opt):  # (see blocks_per_sm)
+            extra += (("CP_MIN_BLOCKS", per_sm),)
         if fused:  # (OUT_VEC: C itself, where C_VEC describes the workspace)
             extra += (("SPLIT_FUSED", split), ("OUT_VEC", int(out_vec)))
         macros = (("WARPS_M", wm), ("WARPS_N", wn), ("THREAD_M", tm), ("BK", self.bk), ("A_MODE", a),

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from ..problem import Problem
 from .base import LOAD_ELEM_K, tiles_of
-from .simt_core import SimtCore, copies_fit, padded_copies, transposes_b
+from .simt_core import SimtCore, copies_fit, padded_copies, pads_no_more, transposes_b
 from .stage_kmajor import stage_rows_config
 from .work_split import split_k_for
 
@@ -90,7 +90,7 @@ class SimtCpAsync(SimtCore):
         if self.short_bn is not None:
             return fits.get(self.short_bn)
         k_contiguous_b = p.b_strides[0] == 1 and p.b_strides[1] != 1
-        if 256 in fits and not (128 in fits and (k_contiguous_b or -(-p.N // 256) * 256 > -(-p.N // 128) * 128)):
+        if 256 in fits and not (128 in fits and (k_contiguous_b or not pads_no_more(p.N, 256, 128))):
             return fits[256]
         return fits.get(128)
 
@@ -98,9 +98,6 @@ class SimtCpAsync(SimtCore):
         """STAGES: as measured for the tile and plan, fewer where they and ``reserve`` bytes of
         other shared memory (the cluster pairs' exchange region) would not fit."""
         big = (bm, bn) == self.tile_of(self.tile_options[0])
-        bound = ()  # (only for a split planned for 4 blocks: elsewhere the cap costs, and can spill)
-        if (bm, bn) == (32, 128) and split > 1 and p is not None and self.blocks_per_sm(SHORT_TILE_OPTIONS[1], p, dev) > 2:
-            bound = (("CP_MIN_BLOCKS", self.short_min_blocks),)
         stages = self.stages
         if big:
             stages = self.big_tile_stages.get(dev.cc, stages)
@@ -108,11 +105,13 @@ class SimtCpAsync(SimtCore):
                 stages = self.big_tile_split_stages.get(dev.cc, stages)
         while stages > 2 and self.smem_bytes(bm, bn, stages) + reserve > dev.smem_per_block_optin:
             stages -= 1
-        return (("STAGES", stages),) + bound
+        return (("STAGES", stages),)
 
     def blocks_per_sm(self, opt, p, dev):
         """The 32 x 128 tile: ``short_min_blocks`` where its tiles leave SMs idle and planning that
-        many blocks doubles the slices (at 393 tiles, 50257 x 768, twice the slices lost 6-10%)."""
+        many blocks doubles the slices (at 393 tiles, 50257 x 768, twice the slices lost 6-10%);
+        only a split plan is built for them (an unsplit one pays the register cap for nothing,
+        and one such build spilled)."""
         per_sm = super().blocks_per_sm(opt, p, dev)
         if self.tile_of(opt) == (32, 128) and self.short_min_blocks > per_sm and dev.cc >= self.short_min_blocks_cc:
             tiles = tiles_of(p, 32, 128)
@@ -154,8 +153,9 @@ def short_rows_first(p: Problem, fam: SimtCpAsync) -> bool:
     K-contiguous B, one matrix, K >= SHORT_ROWS_MIN_K and N >= SHORT_ROWS_MIN_N. There
     skinny_kmajor's 32-row form takes twice its 16-row time (its rows per thread double), and the
     tile ran 1.1-1.5x faster on all six weights measured (H200, probes/short_rows_probe.py, NOTES
-    run 26: 32 x 3584 x 18944 240 -> 182 us, 162 at 4 blocks an SM; 24 x 14336 x 4096 208 -> 148). Against a row-major W
-    the skinny family stays ahead to 24 rows and ties at 32: it keeps them."""
+    run 26: 32 x 3584 x 18944 240 -> 182 us, 162 at 4 blocks an SM; 24 x 14336 x 4096 208 ->
+    148). Against a row-major W the skinny family stays ahead to 24 rows and ties at 32: it keeps
+    them."""
     sBk, sBn = p.b_strides
     return (p.precision in ("ieee", "tf32x3") and 16 < p.M <= fam.short_rows and p.batch_total == 1
             and p.K >= SHORT_ROWS_MIN_K and p.N >= SHORT_ROWS_MIN_N and sBk == 1 and sBn != 1
