@@ -658,18 +658,28 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fastmm_wgmma_tf32(
                     const int boxes = (BN / 32 - b0) < C_BOXES ? (BN / 32 - b0) : C_BOXES;
 #if EPILOGUE
                     // The fused epilogue on the staged values: a thread per column of a box row, so
-                    // the D loads are coalesced along n.
+                    // the D loads are coalesced along n. A thread's 16 rows of a box are all read
+                    // before any is written back: the staging loads and stores are asm volatile with a
+                    // memory clobber, so a row at a time waited out every D load's latency in turn
+                    // (x @ W^T + bias at 0.52-0.59x of cuBLAS's fused bias, NOTES run 27).
                     consumer_sync();
                     {
                         FASTMM_EPILOGUE
+                        const int c = ct % 32, r0 = ct / 32;
 #pragma unroll 1
-                        for (int e = ct; e < boxes * BM * 32; e += 256) {
-                            const int bx = e / (BM * 32), r = (e / 32) % BM, c = e % 32;
-                            const int m = tm * BM + r, n = tn * BN + 32 * (b0 + bx) + c;
-                            if (m < M && n < N) {
-                                const unsigned addr = c_stage + bx * C_BOX_BYTES + c_box_offset(r, c);
-                                sts_f32(addr, epi(lds_f32(addr), m, n));
+                        for (int bx = 0; bx < boxes; ++bx) {
+                            const int n = tn * BN + 32 * (b0 + bx) + c;
+                            const unsigned box = c_stage + bx * C_BOX_BYTES;
+                            float v[BM / 8];
+#pragma unroll
+                            for (int i = 0; i < BM / 8; ++i) v[i] = lds_f32(box + c_box_offset(r0 + 8 * i, c));
+#pragma unroll
+                            for (int i = 0; i < BM / 8; ++i) {
+                                const int m = tm * BM + r0 + 8 * i;
+                                if (m < M && n < N) v[i] = epi(v[i], m, n);
                             }
+#pragma unroll
+                            for (int i = 0; i < BM / 8; ++i) sts_f32(box + c_box_offset(r0 + 8 * i, c), v[i]);  // (outside M, N: unchanged, and clipped by the copy engine)
                         }
                     }
 #endif
@@ -727,25 +737,38 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fastmm_wgmma_tf32(
 #endif  // C_VEC
 #if EPILOGUE && !SPLIT  // (SPLIT: applied by the sum of the slices, split_finish)
             // The fused epilogue, in a second sweep over this thread's outputs read back from C (its
-            // own stores: program order makes them visible to it), one at a time. Applied in the
-            // store loop above, its D addresses and loads took registers next to the 2 x 64
-            // tf32x3 accumulators (BN 128) or the 128 of BN 256 and spilled 416-1480 bytes under
-            // NVRTC 13.0 (benchmarks/NOTES.md). The tile is in L1/L2: this costs what a separate
-            // add would in memory traffic, and saves its launch.
+            // own stores: program order makes them visible to it). Applied in the store loop above,
+            // its D addresses and loads took registers next to the 2 x 64 tf32x3 accumulators (BN
+            // 128) or the 128 of BN 256 and spilled 416-1480 bytes under NVRTC 13.0 (benchmarks/NOTES.md);
+            // here the accumulators are dead. The tile is in L2: this costs what a separate add would
+            // in memory traffic, and saves its launch. 16 outputs at a time, all read (C, then D)
+            // before any is written: one at a time, each waited out two L2 round trips in turn
+            // (Conv1D's row-major W + bias at 0.48-0.53x of cuBLAS, NOTES run 27).
             {
                 FASTMM_EPILOGUE
+#define EPI_GROUPS 4  // 8-column groups a batch (BN / 8 is a multiple of 4 at every width)
 #pragma unroll 1
-                for (int j = 0; j < BN / 8; ++j)
-#pragma unroll 1
-                    for (int q = 0; q < 4; ++q) {
-                        // the rows and columns the store loop wrote: rows row and row + (A_MN ? 1 : 8),
-                        // columns col0 + 8 j and the next
-                        const int r = row + (q >> 1) * (A_MN ? 1 : 8), col = col0 + 8 * j + (q & 1);
-                        if (r < M && col < N) {
-                            float* p = Cb + (i64)r * sCm + (i64)col * sCn;
-                            *p = epi(*p, r, col);
-                        }
+                for (int j0 = 0; j0 < BN / 8; j0 += EPI_GROUPS) {
+                    float v[4 * EPI_GROUPS];
+                    // the rows and columns the store loop wrote: rows row and row + (A_MN ? 1 : 8),
+                    // columns col0 + 8 j and the next
+#pragma unroll
+                    for (int e = 0; e < 4 * EPI_GROUPS; ++e) {
+                        const int r = row + ((e & 3) >> 1) * (A_MN ? 1 : 8), col = col0 + 8 * (j0 + e / 4) + (e & 1);
+                        v[e] = (r < M && col < N) ? Cb[(i64)r * sCm + (i64)col * sCn] : 0.f;
                     }
+#pragma unroll
+                    for (int e = 0; e < 4 * EPI_GROUPS; ++e) {
+                        const int r = row + ((e & 3) >> 1) * (A_MN ? 1 : 8), col = col0 + 8 * (j0 + e / 4) + (e & 1);
+                        if (r < M && col < N) v[e] = epi(v[e], r, col);
+                    }
+#pragma unroll
+                    for (int e = 0; e < 4 * EPI_GROUPS; ++e) {
+                        const int r = row + ((e & 3) >> 1) * (A_MN ? 1 : 8), col = col0 + 8 * (j0 + e / 4) + (e & 1);
+                        if (r < M && col < N) Cb[(i64)r * sCm + (i64)col * sCn] = v[e];
+                    }
+                }
+#undef EPI_GROUPS
             }
 #endif
 #endif  // TMA_STORE

@@ -348,11 +348,12 @@ def fused_reason(s: Shapes, d: torch.Tensor, alpha) -> str | None:
 
 
 def matmul_fused(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, alpha, beta, precision: str,
-                 force: str | None = None) -> tuple[torch.Tensor | None, Plan | None, str | None]:
+                 force: str | None = None, variants: tuple[Family, ...] = ()
+                 ) -> tuple[torch.Tensor | None, Plan | None, str | None]:
     """``alpha * (a @ b) + beta * d`` (``d`` broadcastable to the product; beta = 0 ignores it)
     in one fused launch, for operands torch's type rules already accepted. Returns (result, plan,
     None), or (None, plan or None, why not) where the caller must compute it another way (the
-    product, then the epilogue). ``force`` names a family, as for :func:`matmul_fastmm`."""
+    product, then the epilogue). ``force`` and ``variants`` as for :func:`matmul_fastmm`."""
     reason = not_served_reason(a, b)
     if reason is not None:
         return None, None, reason
@@ -365,7 +366,7 @@ def matmul_fused(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, alpha, beta,
     except RuntimeError:  # (the caller's unfused add raises torch's own error)
         return None, None, "the added tensor does not broadcast to the product's shape"
     c = result_matrix((s.M, s.N), a.device)
-    plan = run(s.materialized(a), c, precision, force, epilogue=Epilogue(d2, alpha, beta))
+    plan = run(s.materialized(a), c, precision, force, variants, epilogue=Epilogue(d2, alpha, beta))
     if plan.kernel is None:
         return None, plan, plan.fallback
     return c.view(s.out_shape), plan, None

@@ -158,6 +158,18 @@ def test_a_launch_the_driver_refuses_falls_back_to_torch_with_a_warning():
     assert rel(good, a.double() @ b.double()) <= tol("ieee", 384)
 
 
+def _fill_free_blocks() -> list[torch.Tensor]:
+    """Tensors that take every free block of the caching allocator's large pool (where a
+    workspace of 1 MiB or more comes from): ``empty_cache`` releases only whole free segments,
+    and a block of 1-10 MiB comes out of a 20 MiB segment that a tensor kept alive by an earlier
+    test may share. Each filler asks for a free block's exact size, which the allocator's best
+    fit serves from that block. (Free blocks of the small pool's 2 MiB segments are left alone:
+    a filler of their size would come from the large pool, in a new segment with room to spare.)"""
+    sizes = [blk["size"] for seg in torch.cuda.memory_snapshot() if seg["segment_type"] == "large"
+             for blk in seg["blocks"] if blk["state"] == "inactive"]
+    return [torch.empty(size, dtype=torch.uint8, device="cuda") for size in sorted(sizes)]
+
+
 def test_a_workspace_that_does_not_fit_raises_torchs_oom_and_the_next_call_works():
     torch.cuda.empty_cache()
     a, b = randn(256, 65536), randn(65536, 256)
@@ -167,8 +179,12 @@ def test_a_workspace_that_does_not_fit_raises_torchs_oom_and_the_next_call_works
     out = torch.empty(256, 256, device="cuda")
     total = torch.cuda.get_device_properties(0).total_memory
     torch.cuda.synchronize()
-    torch.cuda.empty_cache()  # no cached free block the workspace could reuse
-    allowed = torch.cuda.memory_reserved() + (1 << 20)  # 1 MiB more than held now: no 16 MiB workspace
+    torch.cuda.empty_cache()  # no cached free block the workspace could reuse ...
+    fillers = _fill_free_blocks()  # ... nor one left in a segment that earlier tests still use
+    free = [blk["size"] for seg in torch.cuda.memory_snapshot() if seg["segment_type"] == "large"
+            for blk in seg["blocks"] if blk["state"] == "inactive"]
+    assert not free, f"free large-pool blocks the workspace could take: {sorted(free)[-4:]}"
+    allowed = torch.cuda.memory_reserved() + (1 << 20)  # 1 MiB more than held now: no 8 MiB workspace
     torch.cuda.set_per_process_memory_fraction(allowed / total)
     try:
         with pytest.raises(torch.OutOfMemoryError):
@@ -176,6 +192,7 @@ def test_a_workspace_that_does_not_fit_raises_torchs_oom_and_the_next_call_works
             torch.cuda.synchronize()
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0)
+    del fillers
     prepared = [h for h in dispatch.PLANS.prepared.values() if h.plan.problem.K == 65536]
     assert prepared and all(h.plan.kernel is not None and h.kernel is not None for h in prepared)
     out.fill_(NAN)

@@ -3,7 +3,7 @@
 bound by the host (enqueueing) or by the GPU, and, on the host, which code takes the time.
 
     PYTHONPATH=. python benchmarks/probes/model_step.py [--models llama,bert] [--precisions tf32]
-        [--steps 10] [--top 25] [--pieces]
+        [--steps 10] [--top 25] [--pieces] [--kernels 20] [--tokens 8192]
 
 Per model and precision, for each side: the step time (CUDA events, as ``models.py``), the host
 time to enqueue one step with the GPU kept busy ahead (a sleep kernel queued first: a step that
@@ -176,6 +176,7 @@ def main(argv=None) -> int:
     ap.add_argument("--kernels", type=int, default=0, help="list the step's top N kernels of each side")
     ap.add_argument("--trace", help="with --kernels: write each side's chrome trace of one step here")
     ap.add_argument("--no-cprofile", action="store_true")
+    ap.add_argument("--tokens", type=int, default=1024, help="tokens a training step (models.py's --tokens)")
     o = ap.parse_args(argv)
     if not need_gpu(ap.prog):
         return 2
@@ -188,7 +189,7 @@ def main(argv=None) -> int:
         print("pieces of one patched Linear call (host us, GPU busy ahead):")
         pieces()
     for name in o.models.split(","):
-        model, batch, loss_fn, _ = models.build(name)
+        model, batch, loss_fn, _ = models.build(name, tokens=o.tokens)
         model = model.cuda().train()
         batch = {k: v.cuda() for k, v in batch.items()}
         patched = fastmm.patch(copy.deepcopy(model))
