@@ -747,24 +747,29 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fastmm_wgmma_tf32(
             {
                 FASTMM_EPILOGUE
 #define EPI_GROUPS 4  // 8-column groups a batch (BN / 8 is a multiple of 4 at every width)
+                // Output e of batch j0: the rows and columns the store loop wrote: rows row and row +
+                // (A_MN ? 1 : 8), columns col0 + 8 j and the next.
+                const auto output = [&](int j0, int e, int& r, int& col) {
+                    r = row + ((e & 3) >> 1) * (A_MN ? 1 : 8);
+                    col = col0 + 8 * (j0 + e / 4) + (e & 1);
+                };
 #pragma unroll 1
                 for (int j0 = 0; j0 < BN / 8; j0 += EPI_GROUPS) {
                     float v[4 * EPI_GROUPS];
-                    // the rows and columns the store loop wrote: rows row and row + (A_MN ? 1 : 8),
-                    // columns col0 + 8 j and the next
+                    int r, col;
 #pragma unroll
                     for (int e = 0; e < 4 * EPI_GROUPS; ++e) {
-                        const int r = row + ((e & 3) >> 1) * (A_MN ? 1 : 8), col = col0 + 8 * (j0 + e / 4) + (e & 1);
+                        output(j0, e, r, col);
                         v[e] = (r < M && col < N) ? Cb[(i64)r * sCm + (i64)col * sCn] : 0.f;
                     }
 #pragma unroll
                     for (int e = 0; e < 4 * EPI_GROUPS; ++e) {
-                        const int r = row + ((e & 3) >> 1) * (A_MN ? 1 : 8), col = col0 + 8 * (j0 + e / 4) + (e & 1);
+                        output(j0, e, r, col);
                         if (r < M && col < N) v[e] = epi(v[e], r, col);
                     }
 #pragma unroll
                     for (int e = 0; e < 4 * EPI_GROUPS; ++e) {
-                        const int r = row + ((e & 3) >> 1) * (A_MN ? 1 : 8), col = col0 + 8 * (j0 + e / 4) + (e & 1);
+                        output(j0, e, r, col);
                         if (r < M && col < N) Cb[(i64)r * sCm + (i64)col * sCn] = v[e];
                     }
                 }

@@ -12,6 +12,7 @@ import torch
 
 import fastmm
 from fastmm import dispatch
+from fastmm.families import WgmmaTf32
 from fastmm.plan import EPILOGUE_MACRO
 
 pytestmark = pytest.mark.cuda
@@ -121,8 +122,6 @@ def test_wgmma_applies_the_epilogue_at_every_width_and_store_form(case, bn, prec
     bits both ways (each output is alpha * the same sum + beta * D)."""
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("wgmma needs sm_90")
-    from fastmm.families import WgmmaTf32
-
     if bn not in {w for w, _ in WgmmaTf32.tile_options(precision == "tf32x3")}:
         pytest.skip(f"no {bn}-wide tile for {precision}")
     make_ab, make_d = WGMMA_EPILOGUE_CASES[case]

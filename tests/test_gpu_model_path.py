@@ -158,16 +158,21 @@ def test_a_launch_the_driver_refuses_falls_back_to_torch_with_a_warning():
     assert rel(good, a.double() @ b.double()) <= tol("ieee", 384)
 
 
+def _free_large_blocks() -> list[int]:
+    """Sizes of the free blocks the caching allocator holds in its large pool, where a workspace
+    of 1 MiB or more comes from."""
+    return [blk["size"] for seg in torch.cuda.memory_snapshot() if seg["segment_type"] == "large"
+            for blk in seg["blocks"] if blk["state"] == "inactive"]
+
+
 def _fill_free_blocks() -> list[torch.Tensor]:
-    """Tensors that take every free block of the caching allocator's large pool (where a
-    workspace of 1 MiB or more comes from): ``empty_cache`` releases only whole free segments,
-    and a block of 1-10 MiB comes out of a 20 MiB segment that a tensor kept alive by an earlier
-    test may share. Each filler asks for a free block's exact size, which the allocator's best
-    fit serves from that block. (Free blocks of the small pool's 2 MiB segments are left alone:
-    a filler of their size would come from the large pool, in a new segment with room to spare.)"""
-    sizes = [blk["size"] for seg in torch.cuda.memory_snapshot() if seg["segment_type"] == "large"
-             for blk in seg["blocks"] if blk["state"] == "inactive"]
-    return [torch.empty(size, dtype=torch.uint8, device="cuda") for size in sorted(sizes)]
+    """Tensors that take every free block of the large pool: ``empty_cache`` releases only whole
+    free segments, and a block of 1-10 MiB comes out of a 20 MiB segment that a tensor kept alive
+    by an earlier test may share. Each filler asks for a free block's exact size, which the
+    allocator's best fit serves from that block. (Free blocks of the small pool's 2 MiB segments
+    are left alone: a filler of their size would come from the large pool, in a new segment with
+    room to spare.)"""
+    return [torch.empty(size, dtype=torch.uint8, device="cuda") for size in sorted(_free_large_blocks())]
 
 
 def test_a_workspace_that_does_not_fit_raises_torchs_oom_and_the_next_call_works():
@@ -181,8 +186,7 @@ def test_a_workspace_that_does_not_fit_raises_torchs_oom_and_the_next_call_works
     torch.cuda.synchronize()
     torch.cuda.empty_cache()  # no cached free block the workspace could reuse ...
     fillers = _fill_free_blocks()  # ... nor one left in a segment that earlier tests still use
-    free = [blk["size"] for seg in torch.cuda.memory_snapshot() if seg["segment_type"] == "large"
-            for blk in seg["blocks"] if blk["state"] == "inactive"]
+    free = _free_large_blocks()
     assert not free, f"free large-pool blocks the workspace could take: {sorted(free)[-4:]}"
     allowed = torch.cuda.memory_reserved() + (1 << 20)  # 1 MiB more than held now: no 8 MiB workspace
     torch.cuda.set_per_process_memory_fraction(allowed / total)
