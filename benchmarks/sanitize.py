@@ -564,18 +564,26 @@ def torch_stand_in(a, b, out, precision, force):
     return (torch.matmul(a, b, out=out) if out is not None else torch.matmul(a, b)), None, None
 
 
-def epilogue_operand(case: Case, gen) -> Operand:
-    """D for --epilogue: (M, N), transposed like C, small integers, no slack after it."""
-    return make_operand(0, case.M, case.N, case.c_t, 0, 0, gen, case.values)
+#: --epilogue's forms of D: all of (M, N) read per output; a bias over C's columns (1, N) and one
+#: over its rows (M, 1), which wgmma adds to its accumulators as it stores them (EPILOGUE_VECTOR)
+EPILOGUE_FORMS = ("d", "row", "column")
 
 
-def run_epilogue_case(case: Case, device: torch.device, seed: int) -> Result:
-    """``2 * A @ B + D`` in one fused plan (``dispatch.matmul_fused``), checked exactly."""
+def epilogue_operand(case: Case, gen, form: str = "d") -> Operand:
+    """D for --epilogue: (M, N) transposed like C, or the bias ``form`` (EPILOGUE_FORMS); small
+    integers, no slack after it (a read past its end is memcheck's to find)."""
+    rows, cols = {"d": (case.M, case.N), "row": (1, case.N), "column": (case.M, 1)}[form]
+    return make_operand(0, rows, cols, case.c_t and form == "d", 0, 0, gen, case.values)
+
+
+def run_epilogue_case(case: Case, device: torch.device, seed: int, form: str = "d") -> Result:
+    """``2 * A @ B + D`` in one fused plan (``dispatch.matmul_fused``), checked exactly; D of
+    ``form`` (EPILOGUE_FORMS)."""
     res = Result(case)
     gen = torch.Generator().manual_seed(seed)
     a_op = make_operand(0, case.M, case.K, case.a_t, case.pad, case.offsets[0], gen, case.values)
     b_op = make_operand(0, case.K, case.N, case.b_t, case.pad, case.offsets[1], gen, case.values)
-    d_op = epilogue_operand(case, gen)
+    d_op = epilogue_operand(case, gen, form)
     a_cpu, b_cpu, d_cpu = a_op.view(a_op.base), b_op.view(b_op.base), d_op.view(d_op.base)
     ref = 2 * reference(a_cpu, b_cpu) + d_cpu.double()
     bases = [op.base.to(device, copy=True) for op in (a_op, b_op, d_op)]
@@ -597,11 +605,11 @@ def run_epilogue_case(case: Case, device: torch.device, seed: int) -> Result:
     got = result.cpu()
     if case.values == "int":
         res.error = None if torch.equal(got.double(), ref) else (
-            f"{int((got.double() != ref).sum())} of {ref.numel()} elements differ from 2 * A @ B + D")
+            f"D {form}: {int((got.double() != ref).sum())} of {ref.numel()} elements differ from 2 * A @ B + D")
     else:
         scale = (2 * torch.matmul(a_cpu.double().abs(), b_cpu.double().abs()) + d_cpu.double().abs()).norm().item()
         err = (got.double() - ref).norm().item() / scale
-        res.error = None if err <= TOL[case.precision] else f"error {err:.2e} > {TOL[case.precision]:.0e}"
+        res.error = None if err <= TOL[case.precision] else f"D {form}: error {err:.2e} > {TOL[case.precision]:.0e}"
     return res
 
 
@@ -705,7 +713,9 @@ def main(argv=None) -> int:
     results, wrong = [], []
     for i, case in enumerate(cases):
         try:
-            r = run_epilogue_case(case, device, i) if args.epilogue else run_case(case, device, facts, seed=i, mm=mm)
+            # (--epilogue: D's forms in turn, one a case)
+            r = (run_epilogue_case(case, device, i, EPILOGUE_FORMS[i % len(EPILOGUE_FORMS)]) if args.epilogue
+                 else run_case(case, device, facts, seed=i, mm=mm))
         except Exception as exc:  # a crash is a finding too; keep going
             r = Result(case, error=f"{type(exc).__name__}: {exc}")
         results.append(r)

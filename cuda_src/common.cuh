@@ -40,9 +40,16 @@ struct Epilogue {
     const float* D;
     i64 sDm, sDn;
     float alpha, beta;
-    __device__ __forceinline__ float operator()(float acc, int m, int n) const {
+    // D at output (m, n): read only where beta != 0 (beta = 0 never reads D, NaN included).
+    __device__ __forceinline__ float d_at(int m, int n) const { return D[(i64)m * sDm + (i64)n * sDn]; }
+    // The output from its product ``acc`` and D's value ``d`` there (unused where beta = 0): for a
+    // kernel that loads D ahead of the store (wgmma's EPILOGUE_VECTOR).
+    __device__ __forceinline__ float apply(float acc, float d) const {
         const float v = alpha * acc;  // (exact for alpha = 1: a bias is acc + D, as an add after would be)
-        return beta != 0.f ? fmaf(beta, D[(i64)m * sDm + (i64)n * sDn], v) : v;
+        return beta != 0.f ? fmaf(beta, d, v) : v;
+    }
+    __device__ __forceinline__ float operator()(float acc, int m, int n) const {
+        return apply(acc, beta != 0.f ? d_at(m, n) : 0.f);
     }
 #else
     __device__ __forceinline__ float operator()(float acc, int, int) const { return acc; }

@@ -13,7 +13,12 @@
 // TMA_STORE = 1: the consumers stage C in shared memory and the copy engine writes it (see the
 // epilogue); else they store it from registers.
 //
-// PINGPONG = 1 (tf32, K-major A, C from registers, no fused epilogue): the two consumer warpgroups take turns
+// EPILOGUE_VECTOR = 1 or 2 (with EPILOGUE, not SPLIT): D is one vector, the same for every row (1:
+// F.linear's bias, D[n]) or for every column (2: D[m], the same bias of a product computed as
+// C^T). The epilogue is then applied to the accumulators as they are stored or staged, one or two
+// D values a thread loaded ahead, instead of a sweep over C after (a D of any strides).
+//
+// PINGPONG = 1 (tf32, K-major A, C from registers, no fused epilogue but a vector one): the two consumer warpgroups take turns
 // instead of sharing each tile. Each owns whole 128-row tiles (two m64nBNk8 accumulator sets,
 // BN fp32 registers a thread) and the block's work items alternate between them: 0, 2, 4, ... to
 // warpgroup 1, 1, 3, 5, ... to warpgroup 2. One warpgroup's main loop runs while the other stores
@@ -85,11 +90,17 @@
 #ifndef PINGPONG
 #define PINGPONG 0
 #endif
-#if PINGPONG && (PRECISION_X3 || A_MN || TMA_STORE || EPILOGUE)
-// (a fused epilogue: applied in the store loop it spills at BN 128-192 with two accumulator sets,
-// and a second sweep over C read back would outlast the other consumer's main loop; the
-// cooperative form applies it to C staged for the copy engine)
-#error "PINGPONG is built for tf32 with a K-major A and C stored from registers, without a fused epilogue"
+#ifndef EPILOGUE_VECTOR
+#define EPILOGUE_VECTOR 0
+#endif
+#if EPILOGUE_VECTOR && (!EPILOGUE || SPLIT)
+#error "EPILOGUE_VECTOR applies a fused epilogue in the stores of C (SPLIT applies it in split_finish)"
+#endif
+#if PINGPONG && (PRECISION_X3 || A_MN || TMA_STORE || (EPILOGUE && !EPILOGUE_VECTOR))
+// (a D of any strides: applied in the store loop, its loads and addresses spill at BN 128-192
+// with two accumulator sets, and a second sweep over C read back would outlast the other
+// consumer's main loop; the cooperative form applies it to C staged for the copy engine)
+#error "PINGPONG is built for tf32 with a K-major A and C stored from registers, without a fused epilogue but a vector one"
 #endif
 #if PINGPONG && BN > 192
 #error "PINGPONG holds a whole 128 x BN tile a warpgroup: BN must be at most 192"
@@ -286,6 +297,20 @@ __device__ __forceinline__ void store_pair(float* Cb, int r, int col, int N, i64
 #endif
 }
 
+#if EPILOGUE_VECTOR
+// EPILOGUE_VECTOR's D for outputs in row m or column n: entry n of the vector (1) or entry m (2);
+// 0 past the product's edge along the vector, and where beta = 0 (D is then never read). The
+// stores load the row values and the column values ahead and pick one set (D_PICK, decided at
+// compile time: the other set's loads are dead code).
+__device__ __forceinline__ float d_row_value(const Epilogue& epi, int m, int M) {
+    return EPILOGUE_VECTOR == 2 && epi.beta != 0.f && m < M ? epi.d_at(m, 0) : 0.f;
+}
+__device__ __forceinline__ float d_column_value(const Epilogue& epi, int n, int N) {
+    return EPILOGUE_VECTOR == 1 && epi.beta != 0.f && n < N ? epi.d_at(0, n) : 0.f;
+}
+#define D_PICK(row_value, column_value) (EPILOGUE_VECTOR == 1 ? (column_value) : (row_value))
+#endif
+
 #if PINGPONG
 // Wait until the slot of ring position ``it`` is full; its shared-memory address.
 __device__ __forceinline__ unsigned wait_full_slot(unsigned base, unsigned bars, int it) {
@@ -295,13 +320,29 @@ __device__ __forceinline__ unsigned wait_full_slot(unsigned base, unsigned bars,
 }
 
 // PINGPONG's register stores of one 64-row half of a tile (accumulators ``d``): thread (warp, lane)
-// holds rows ``row`` and ``row`` + 8, columns col0 + 8 j and the next.
-__device__ __forceinline__ void store_half(const float* d, float* Cb, int row, int col0, int M, int N, i64 sCm, i64 sCn) {
+// holds rows ``row`` and ``row`` + 8, columns col0 + 8 j and the next. A vector epilogue is
+// applied on the way (D's values for this thread's two rows, or for a column pair at a time).
+__device__ __forceinline__ void store_half(const float* d, float* Cb, int row, int col0, int M, int N, i64 sCm, i64 sCn,
+                                           const Epilogue& epi) {
+#if EPILOGUE_VECTOR
+    const float dm[2] = {d_row_value(epi, row, M), d_row_value(epi, row + 8, M)};
+#endif
 #pragma unroll
-    for (int j = 0; j < BN / 8; ++j)
+    for (int j = 0; j < BN / 8; ++j) {
+#if EPILOGUE_VECTOR
+        const float dn[2] = {d_column_value(epi, col0 + 8 * j, N), d_column_value(epi, col0 + 8 * j + 1, N)};
+#endif
 #pragma unroll
-        for (int h = 0; h < 2; ++h)
-            if (row + 8 * h < M) store_pair(Cb, row + 8 * h, col0 + 8 * j, N, sCm, sCn, d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
+        for (int h = 0; h < 2; ++h) {
+            if (row + 8 * h >= M) continue;
+            float v0 = d[4 * j + 2 * h], v1 = d[4 * j + 2 * h + 1];
+#if EPILOGUE_VECTOR
+            v0 = epi.apply(v0, D_PICK(dm[h], dn[0]));
+            v1 = epi.apply(v1, D_PICK(dm[h], dn[1]));
+#endif
+            store_pair(Cb, row + 8 * h, col0 + 8 * j, N, sCm, sCn, v0, v1);
+        }
+    }
 }
 #endif
 
@@ -520,8 +561,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fastmm_wgmma_tf32(
             float* Cb = C + (i64)(z / batch_inner) * sC0 + (i64)(z % batch_inner) * sC1;
             const int row = tm * BM + warp * 16 + lane / 4;
             const int col0 = tn * BN + 2 * (lane % 4);
-            store_half(d, Cb, row, col0, M, N, sCm, sCn);
-            store_half(d2, Cb, row + 64, col0, M, N, sCm, sCn);
+            FASTMM_EPILOGUE
+            store_half(d, Cb, row, col0, M, N, sCm, sCn, epi);
+            store_half(d2, Cb, row + 64, col0, M, N, sCm, sCn, epi);
         }
 #else
         const int cw = wg - 1;  // which 64 rows of the tile
@@ -636,8 +678,23 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fastmm_wgmma_tf32(
             {
                 const int ct = threadIdx.x - 128;  // 0..255 over both consumer warpgroups
                 const int z0 = z / batch_inner, z1 = z % batch_inner;
+#if EPILOGUE_VECTOR
+                // D for this thread's two rows (form 2), or its columns box group by box group (1),
+                // loaded before the wait for the staging buffer: their latency hides under it.
+                FASTMM_EPILOGUE
+                const int row_m = tm * BM + tile_row, col_n = tn * BN + 2 * (lane % 4);
+                const float dm[2] = {d_row_value(epi, row_m, M), d_row_value(epi, row_m + row_step, M)};
+#endif
 #pragma unroll
                 for (int b0 = 0; b0 < BN / 32; b0 += C_BOXES) {
+#if EPILOGUE_VECTOR
+                    float dn[4 * C_BOXES][2];  // columns col_n + 8 j (+ 1), j = 4 b0 ...
+#pragma unroll
+                    for (int j = 0; j < 4 * C_BOXES; ++j)
+#pragma unroll
+                        for (int e = 0; e < 2; ++e)
+                            dn[j][e] = 4 * b0 + j < BN / 8 ? d_column_value(epi, col_n + 8 * (4 * b0 + j) + e, N) : 0.f;
+#endif
                     if (ct == 0) bulk_wait_read_all();
                     consumer_sync();
 #pragma unroll
@@ -651,12 +708,16 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fastmm_wgmma_tf32(
                             v0 = isfinite(v0) ? v0 + small[4 * j + 2 * h] : v0;
                             v1 = isfinite(v1) ? v1 + small[4 * j + 2 * h + 1] : v1;
 #endif
+#if EPILOGUE_VECTOR
+                            v0 = epi.apply(v0, D_PICK(dm[h], dn[j - 4 * b0][0]));
+                            v1 = epi.apply(v1, D_PICK(dm[h], dn[j - 4 * b0][1]));
+#endif
                             sts_v2(c_stage + (j / 4 - b0) * C_BOX_BYTES
                                        + c_box_offset(tile_row + row_step * h, 8 * (j % 4) + 2 * (lane % 4)), v0, v1);
                         }
                     }
                     const int boxes = (BN / 32 - b0) < C_BOXES ? (BN / 32 - b0) : C_BOXES;
-#if EPILOGUE
+#if EPILOGUE && !EPILOGUE_VECTOR
                     // The fused epilogue on the staged values: a thread per column of a box row, so
                     // the D loads are coalesced along n. A thread's 16 rows of a box are all read
                     // before any is written back: the staging loads and stores are asm volatile with a
@@ -700,6 +761,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fastmm_wgmma_tf32(
 #endif
             const int row = tm * BM + tile_row;
             const int col0 = tn * BN + 2 * (lane % 4);
+#if EPILOGUE_VECTOR
+            FASTMM_EPILOGUE
+            const float dm[2] = {d_row_value(epi, row, M), d_row_value(epi, row + row_step, M)};  // (form 2)
+#endif
 #if C_VEC == 2
 #if !A_MN
 #error "C_VEC = 2 stores the adjacent row pairs of A_MN"
@@ -711,7 +776,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fastmm_wgmma_tf32(
                 for (int e = 0; e < 2; ++e) {
                     const int col = col0 + 8 * j + e;
                     if (col >= N || row >= M) continue;
+#if EPILOGUE_VECTOR
+                    const float dn = d_column_value(epi, col, N);
+                    const float v0 = epi.apply(d[4 * j + e], D_PICK(dm[0], dn)), v1 = epi.apply(d[4 * j + 2 + e], D_PICK(dm[1], dn));
+#else
                     const float v0 = d[4 * j + e], v1 = d[4 * j + 2 + e];
+#endif
                     float* p = Cb + (i64)row * sCm + (i64)col * sCn;
                     if (row + 1 < M) *(float2*)p = make_float2(v0, v1);
                     else p[0] = v0;
@@ -721,6 +791,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fastmm_wgmma_tf32(
 #pragma unroll
             for (int j = 0; j < BN / 8; ++j) {
                 const int col = col0 + 8 * j;
+#if EPILOGUE_VECTOR
+                const float dn[2] = {d_column_value(epi, col, N), d_column_value(epi, col + 1, N)};
+#endif
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     const int r = row + (A_MN ? 1 : 8) * h;
@@ -731,11 +804,15 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fastmm_wgmma_tf32(
                     v0 = isfinite(v0) ? v0 + small[4 * j + 2 * h] : v0;
                     v1 = isfinite(v1) ? v1 + small[4 * j + 2 * h + 1] : v1;
 #endif
+#if EPILOGUE_VECTOR
+                    v0 = epi.apply(v0, D_PICK(dm[h], dn[0]));
+                    v1 = epi.apply(v1, D_PICK(dm[h], dn[1]));
+#endif
                     store_pair(Cb, r, col, N, sCm, sCn, v0, v1);
                 }
             }
 #endif  // C_VEC
-#if EPILOGUE && !SPLIT  // (SPLIT: applied by the sum of the slices, split_finish)
+#if EPILOGUE && !SPLIT && !EPILOGUE_VECTOR  // (SPLIT: applied by the sum of the slices, split_finish)
             // The fused epilogue, in a second sweep over this thread's outputs read back from C (its
             // own stores: program order makes them visible to it). Applied in the store loop above,
             // its D addresses and loads took registers next to the 2 x 64 tf32x3 accumulators (BN

@@ -22,7 +22,7 @@ from .errors import warn_once
 from .families import Family, KernelConfig
 from .plan import Plan, select
 from .precision import autocast_half_active, torch_precision
-from .problem import DeviceFacts, Problem
+from .problem import EPILOGUE_NONE, DeviceFacts, Problem, epilogue_form
 from .runtime import launcher, runners
 from .runtime.launcher import LaunchError
 from .runtime.compiler import CompileError, nvrtc_unavailable_reason
@@ -167,7 +167,7 @@ def _prepare(key: tuple, s: Shapes, c: torch.Tensor, problem: Problem, force, va
     dev_index = key[0]
     if first_use_tuner is not None and key[2] is None and not variants and config.tune_on_first_use():
         # (the tuner times the product alone: its choice is per shape, whatever the epilogue)
-        first_use_tuner(s, c, dataclasses.replace(problem, epilogue=False), dev_index)
+        first_use_tuner(s, c, dataclasses.replace(problem, epilogue=EPILOGUE_NONE), dev_index)
     plan = plan_for(problem, dev_index, force, variants)
     if plan.kernel is None:
         return Prepared(plan)
@@ -233,7 +233,7 @@ def run(s: Shapes, c: torch.Tensor, precision: str, force: str | None = None,
     dev_index = c.device.index if c.device.index is not None else torch.cuda.current_device()
     problem, offsets = build_problem(s, c, precision)
     if epilogue is not None:
-        problem = dataclasses.replace(problem, epilogue=True)
+        problem = dataclasses.replace(problem, epilogue=epilogue.form)
     key = (dev_index, problem, force or config.forced_kernel(), variants)
     hit = PLANS.prepared.get(key)
     if hit is None:
@@ -328,6 +328,11 @@ class Epilogue:
     d: torch.Tensor
     alpha: float
     beta: float
+
+    @property
+    def form(self) -> str:
+        """The problem's epilogue form (fastmm.problem.EPILOGUE_*), from D's strides."""
+        return epilogue_form(self.d.stride())
 
     def args(self, swap_ab: bool) -> tuple:
         return (self.d.data_ptr(),) + runners.epilogue_tail(self.d.stride(), self.alpha, self.beta, swap_ab)

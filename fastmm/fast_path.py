@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from . import config, dispatch
+from .problem import epilogue_form
 from .runtime import launcher, runners
 from .runtime.launcher import LaunchError
 from .runtime.tensor_map import TensorMapError
@@ -94,7 +95,7 @@ def remember(key: tuple, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | N
             return
     problem, offsets = build_problem(s, c, precision)
     if epilogue is not None:
-        problem = replace(problem, epilogue=True)
+        problem = replace(problem, epilogue=epilogue_form(epilogue[0].expand(s.M, s.N).stride()))
     index = a.device.index if a.device.index is not None else torch.cuda.current_device()
     hit = dispatch.PLANS.prepared.get((index, problem, config.forced_kernel(), ()))
     if hit is None:

@@ -6,6 +6,25 @@ from dataclasses import dataclass, replace
 
 PRECISIONS = ("ieee", "tf32", "tf32x3")
 
+# A fused epilogue (C = alpha * A @ B + beta * D) by the shape of D in the product's (M, N)
+# coordinates. A kernel may apply a D that is one vector (F.linear's bias) to its accumulators as
+# it stores them, with a value or two a thread; a D of any strides is read per output.
+EPILOGUE_NONE = ""
+EPILOGUE_D = "d"  # D of any strides
+EPILOGUE_BIAS_N = "bias_n"  # D the same for every row (stride 0 along M): a bias over C's columns
+EPILOGUE_BIAS_M = "bias_m"  # D the same for every column (stride 0 along N): a bias over C's rows
+
+
+def epilogue_form(d_strides: tuple[int, int]) -> str:
+    """The epilogue form of D with element strides (along M, along N) after broadcasting to
+    (M, N). A D with both strides 0 (one value) counts as a bias over the columns."""
+    sm, sn = d_strides
+    if sm == 0:
+        return EPILOGUE_BIAS_N
+    if sn == 0:
+        return EPILOGUE_BIAS_M
+    return EPILOGUE_D
+
 
 @dataclass(frozen=True)
 class DeviceFacts:
@@ -69,8 +88,9 @@ class Problem:
     a_padded: bool = False
     b_padded: bool = False
     # The kernel finishes each output as alpha * product + beta * D (cuda_src/common.cuh, the
-    # fused epilogue): D, alpha and beta are per-call arguments, like the operands' pointers.
-    epilogue: bool = False
+    # fused epilogue): D, alpha and beta are per-call arguments, like the operands' pointers;
+    # the form says what D's strides are (EPILOGUE_*; "": no epilogue).
+    epilogue: str = EPILOGUE_NONE
 
     @classmethod
     def dense(cls, M: int, N: int, K: int, precision: str = "ieee", batch: int = 1,
@@ -94,4 +114,9 @@ def transposed(p: Problem) -> Problem:
     """The problem C^T = B^T A^T: the same memory, with the roles of A and B exchanged."""
     return replace(p, M=p.N, N=p.M, a_strides=p.b_strides[::-1], b_strides=p.a_strides[::-1],
                    c_strides=p.c_strides[::-1], a_batch_strides=p.b_batch_strides, b_batch_strides=p.a_batch_strides,
-                   a_align=p.b_align, b_align=p.a_align, a_padded=p.b_padded, b_padded=p.a_padded)
+                   a_align=p.b_align, b_align=p.a_align, a_padded=p.b_padded, b_padded=p.a_padded,
+                   epilogue=TRANSPOSED_EPILOGUE.get(p.epilogue, p.epilogue))
+
+
+#: The form of D^T, for the problem computed transposed (a bias over columns becomes one over rows).
+TRANSPOSED_EPILOGUE = {EPILOGUE_BIAS_N: EPILOGUE_BIAS_M, EPILOGUE_BIAS_M: EPILOGUE_BIAS_N}

@@ -176,6 +176,12 @@ def split_epilogue(cfg, args) -> tuple[tuple, object]:
         return args, lambda values, m0=0, n0=0: values
     pd, sdm, sdn, alpha_bits, beta_bits = args[-5:]
     alpha, beta = (struct.unpack("<f", struct.pack("<I", x))[0] for x in (alpha_bits, beta_bits))
+    # wgmma's EPILOGUE_VECTOR reads D as one vector: D[n * sDn] (1) or D[m * sDm] (2), whatever
+    # the other stride; it is built only for a D whose other stride is 0
+    vector = dict(cfg.macros).get("EPILOGUE_VECTOR", 0)
+    if vector:
+        assert (sdm if vector == 1 else sdn) == 0, f"EPILOGUE_VECTOR={vector} launched with D strides {(sdm, sdn)}"
+        sdm, sdn = (0, sdn) if vector == 1 else (sdm, 0)
 
     def epilogue(values, m0=0, n0=0):
         out = alpha * values.double()

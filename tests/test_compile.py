@@ -20,7 +20,7 @@ from fastmm.families import FAMILIES, Skinny, WgmmaTf32
 from fastmm.families.simt_core import copies_fit
 from fastmm.families.simt_cp_async import SHORT_TILE_OPTIONS
 from fastmm.plan import select
-from fastmm.problem import DeviceFacts, Problem
+from fastmm.problem import EPILOGUE_BIAS_M, EPILOGUE_BIAS_N, EPILOGUE_D, EPILOGUE_NONE, DeviceFacts, Problem
 from fastmm.runtime.compiler import CompileError, compile_cubin
 from fastmm.runtime.sources import kernel_sources, source_dir
 
@@ -94,7 +94,7 @@ def _kmajor_mma_problems() -> list[Problem]:
              (32, 3584, 18944, {}), (17, 1001, 4099, {})]  # four fragments: float4 and single floats
     out = [Problem.dense(M, N, K, precision=precision, b_t=True, **kw)
            for precision in ("tf32", "tf32x3") for M, N, K, kw in dense]
-    return out + [dataclasses.replace(p, epilogue=True) for p in out[:3] + out[9:12] + [out[7], out[16]]]
+    return out + [dataclasses.replace(p, epilogue=EPILOGUE_D) for p in out[:3] + out[9:12] + [out[7], out[16]]]
 
 
 def _fused_split_problems() -> list[Problem]:
@@ -106,7 +106,7 @@ def _fused_split_problems() -> list[Problem]:
              (1000, 1000, 1024, {"c_t": True})]
     out = [Problem.dense(M, N, K, **{k: v for k, v in kw.items() if k != "c_t"}) for M, N, K, kw in dense]
     out[-1] = dataclasses.replace(out[-1], c_strides=(1, 1000))  # C column-major: single-float stores
-    return out + [dataclasses.replace(p, epilogue=True) for p in out[::2]]
+    return out + [dataclasses.replace(p, epilogue=EPILOGUE_D) for p in out[::2]]
 
 
 def _wgmma_problems() -> list[Problem]:
@@ -126,7 +126,13 @@ def _wgmma_problems() -> list[Problem]:
     split = [(48, 4096, 11008, {"b_t": True}), (33, 2001, 8200, {"b_t": True}), (17, 4096, 4101, {"b_t": True}),
              (64, 4096, 8192, {"a_t": True, "b_t": True}), (64, 4095, 8192, {"a_t": True, "b_t": True})]
     out += [Problem.dense(M, N, K, precision="tf32", **kw) for M, N, K, kw in split]
-    return out + [dataclasses.replace(p, epilogue=True) for p in out]
+    # a bias added as C is stored (EPILOGUE_VECTOR): over C's columns, over its rows (a row-major
+    # B: C^T computed, so the bias runs along the kernel's rows)
+    swapped = [Problem.dense(M, N, K, precision="tf32") for M, N, K in ((4096, 4096, 1024), (1025, 1023, 520))]
+    biased = [dataclasses.replace(p, epilogue=EPILOGUE_BIAS_N) for p in out[:2 * len(dense)] + swapped]
+    along_m = [0, 6, 8, 9, 12, len(dense), len(dense) + 6]  # (tf32 and tf32x3; C staged, or odd N: from registers)
+    biased += [dataclasses.replace(out[i], epilogue=EPILOGUE_BIAS_M) for i in along_m]
+    return out + [dataclasses.replace(p, epilogue=EPILOGUE_D) for p in out] + biased
 
 
 def _epilogue_problems() -> list[Problem]:
@@ -134,9 +140,9 @@ def _epilogue_problems() -> list[Problem]:
     a split's reduce, a fused split's last block, stream-K's whole tiles and fixup."""
     dense = [(1024, 1024, 1024, {}), (1024, 1024, 1024, {"b_t": True}), (256, 256, 65536, {}),
              (8192, 8192, 4096, {}), (16, 4096, 4096, {}), (3, 5, 4, {})]
-    out = [dataclasses.replace(Problem.dense(M, N, K, precision=precision, **kw), epilogue=True)
+    out = [dataclasses.replace(Problem.dense(M, N, K, precision=precision, **kw), epilogue=EPILOGUE_D)
            for precision in ("ieee", "tf32", "tf32x3") for M, N, K, kw in dense]
-    return out + [dataclasses.replace(p, epilogue=True) for p in _kmajor_problems()[:2]]
+    return out + [dataclasses.replace(p, epilogue=EPILOGUE_D) for p in _kmajor_problems()[:2]]
 
 
 def _configs():
@@ -329,9 +335,17 @@ def test_wgmma_configs_cover_both_tiles_and_store_modes():
     # K split over blocks: A K-major and fed from registers, both store modes, the epilogue
     assert {(m["A_MN"], m["C_VEC"], m.get("EPILOGUE", 0)) for m in macros if m.get("SPLIT")} >= {
         (a, c, e) for a in (0, 1) for c in (0, 1) for e in (0, 1)}
-    # the consumers taking turns (tf32 only, no fused epilogue) at every width they take
+    # the consumers taking turns (tf32 only, no fused epilogue but a bias) at every width they take
     assert {m["BN"] for m in macros if m.get("PINGPONG")} == {64, 96, 128, 192}
-    assert {(m.get("EPILOGUE", 0), m["C_VEC"]) for m in macros if m.get("PINGPONG")} == {(0, 0), (0, 1)}
+    taking_turns = {(m.get("EPILOGUE", 0), m.get("EPILOGUE_VECTOR", 0), m["C_VEC"]) for m in macros if m.get("PINGPONG")}
+    assert taking_turns >= {(0, 0, 0), (0, 0, 1), (1, 1, 0), (1, 1, 1), (1, 2, 0)}
+    assert all(vector for epilogue, vector, _ in taking_turns if epilogue), taking_turns  # (never a D read per output)
+    # a bias added as C is stored, along n and along m: staged for the copy engine and from registers
+    # (tf32, tf32x3), fed from registers (float2 along n or along m), taking turns
+    vectors = {(m["EPILOGUE_VECTOR"], m.get("TMA_STORE", 0), m["A_MN"], m["C_VEC"], m.get("PINGPONG", 0), m["PRECISION_X3"])
+               for m in macros if m.get("EPILOGUE_VECTOR")}
+    assert {(v, tma, x3) for v, tma, _, _, _, x3 in vectors} == {(v, t, x) for v in (1, 2) for t in (0, 1) for x in (0, 1)}
+    assert {(1, 0, 1, 1, 0, 0), (1, 1, 1, 0, 0, 0), (2, 0, 1, 2, 0, 0), (1, 0, 0, 1, 1, 0)} <= vectors
     # A fed from registers (an m-contiguous A, or B^T of a row-major B) with each store mode it takes
     assert {(m["A_MN"], m["C_VEC"]) for m in macros if m["PRECISION_X3"] == 0} >= {(0, 0), (0, 1), (1, 1), (1, 2)}
     assert {(m["A_MN"], m.get("EPILOGUE", 0)) for m in macros if m.get("TMA_STORE")} == {(0, 0), (0, 1), (1, 0), (1, 1)}
@@ -550,13 +564,20 @@ def test_wgmma_pingpong_builds_every_width_it_takes_without_spills():
             m = dict(plan.kernel.macros)
             assert m["PINGPONG"] == 1 and m["BN"] == bn and "TMA_STORE" not in m, m
             macros.add(plan.kernel.macros)
-            fused = select(dataclasses.replace(p, epilogue=True), dev, force="wgmma_tf32",
+            fused = select(dataclasses.replace(p, epilogue=EPILOGUE_D), dev, force="wgmma_tf32",
                            variants=(dataclasses.replace(fam, force_bn=bn),))
             assert "PINGPONG" not in dict(fused.kernel.macros)
-    assert len(macros) == 8
+            for form, vector in ((EPILOGUE_BIAS_N, 1), (EPILOGUE_BIAS_M, 2)):  # a bias: added as C is stored
+                biased = select(dataclasses.replace(p, epilogue=form), dev, force="wgmma_tf32",
+                                variants=(dataclasses.replace(fam, force_bn=bn),))
+                m = dict(biased.kernel.macros)
+                assert m["PINGPONG"] == 1 and m["EPILOGUE"] == 1 and m["EPILOGUE_VECTOR"] == vector, m
+                macros.add(biased.kernel.macros)
+    assert len(macros) == 24
     _assert_no_spills("wgmma_tf32.cu", "sm_90a", sorted(macros))
     base = {"BN": 128, "STAGES": 4, "C_VEC": 0, "PRECISION_X3": 0, "A_MN": 0, "PINGPONG": 1}
-    for bad in ({"PRECISION_X3": 1}, {"A_MN": 1}, {"TMA_STORE": 1}, {"BN": 256}, {"EPILOGUE": 1}):
+    for bad in ({"PRECISION_X3": 1}, {"A_MN": 1}, {"TMA_STORE": 1}, {"BN": 256}, {"EPILOGUE": 1},
+                {"EPILOGUE": 1, "EPILOGUE_VECTOR": 1, "A_MN": 1}):
         with pytest.raises(CompileError, match="PINGPONG"):
             compile_cubin("wgmma_tf32.cu", tuple({**base, **bad}.items()), "sm_90a")
 
@@ -577,16 +598,17 @@ def test_wgmma_split_builds_every_width_and_form_without_spills():
             for n, kw in ((4096, {"b_t": True}), (4095, {"a_t": True, "b_t": True})):  # (tf32x3: both copied K-major)
                 p = Problem.dense(64, n, 8192, precision, **kw)
                 fam = WgmmaTf32(split=4, force_bn=bn)
-                for epi in (False, True):
+                for epi in (EPILOGUE_NONE, EPILOGUE_BIAS_N):  # (a bias too through split_finish's general epilogue)
                     plan = select(dataclasses.replace(p, epilogue=epi), dev, force="wgmma_tf32", variants=(fam,))
                     m = dict(plan.kernel.macros)
                     assert m["SPLIT"] == 1 and m["BN"] == bn and plan.kernel.grid[1] == 4, m
-                    assert m["C_VEC"] == int(n % 2 == 0) and m.get("EPILOGUE", 0) == int(epi)
+                    assert m["C_VEC"] == int(n % 2 == 0) and m.get("EPILOGUE", 0) == int(bool(epi))
+                    assert "EPILOGUE_VECTOR" not in m
                     macros.add(plan.kernel.macros)
     assert {(dict(m)["A_MN"], dict(m)["PRECISION_X3"]) for m in macros} == {(0, 0), (1, 0), (0, 1)}
     _assert_no_spills("wgmma_tf32.cu", "sm_90a", sorted(macros))
     base = {"BN": 128, "STAGES": 4, "C_VEC": 0, "PRECISION_X3": 0, "A_MN": 0, "SPLIT": 1}
-    for bad in ({"PINGPONG": 1}, {"TMA_STORE": 1}, {"A_MN": 1, "C_VEC": 2}):
+    for bad in ({"PINGPONG": 1}, {"TMA_STORE": 1}, {"A_MN": 1, "C_VEC": 2}, {"EPILOGUE": 1, "EPILOGUE_VECTOR": 1}):
         with pytest.raises(CompileError, match="SPLIT"):
             compile_cubin("wgmma_tf32.cu", tuple({**base, **bad}.items()), "sm_90a")
 

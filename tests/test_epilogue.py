@@ -19,7 +19,7 @@ import torch.nn.functional as F
 import fastmm
 from fastmm.families import FAMILIES
 from fastmm.plan import EPILOGUE_MACRO, select
-from fastmm.problem import DeviceFacts, Problem
+from fastmm.problem import EPILOGUE_BIAS_M, EPILOGUE_BIAS_N, EPILOGUE_D, DeviceFacts, Problem, epilogue_form, transposed
 
 NAN = float("nan")
 H200 = DeviceFacts.simulated_device("sm_90")
@@ -36,8 +36,8 @@ def rel(got: torch.Tensor, ref: torch.Tensor) -> float:
 
 # --- where the planner puts it ----------------------------------------------------------------
 
-def plan_of(M, N, K, precision="ieee", family=None, dev=H200, **kw):
-    p = dataclasses.replace(Problem.dense(M, N, K, precision, **kw), epilogue=True)
+def plan_of(M, N, K, precision="ieee", family=None, dev=H200, form=EPILOGUE_D, **kw):
+    p = dataclasses.replace(Problem.dense(M, N, K, precision, **kw), epilogue=form)
     return select(p, dev, family)
 
 
@@ -81,6 +81,51 @@ def test_wgmma_applies_it_in_its_store_and_its_stagers_never():
     plan = plan_of(2048, 2048, 2048, "tf32", a_t=True)
     assert plan.kernel.family == "wgmma_tf32" and fused(plan.kernel)
     assert not any(fused(s) for s in plan.stagers)
+
+
+@pytest.mark.parametrize("d_shape,form", [((1024,), EPILOGUE_BIAS_N), ((), EPILOGUE_BIAS_N), ((1, 1024), EPILOGUE_BIAS_N),
+                                          ((512, 1), EPILOGUE_BIAS_M), ((512, 1024), EPILOGUE_D),
+                                          ((1024, 512), EPILOGUE_D)])
+def test_the_epilogue_form_is_what_d_broadcasts_along(d_shape, form):
+    """A bias (one row for every row of C), a column, or a D read per output, from the strides D
+    has once broadcast to C's 512 x 1024 (a transposed D is read through its strides)."""
+    d = torch.zeros(d_shape)
+    d = d.t() if d_shape == (1024, 512) else d
+    assert epilogue_form(d.expand(512, 1024).stride()) == form
+    p = dataclasses.replace(Problem.dense(512, 1024, 64), epilogue=form)
+    back = {EPILOGUE_BIAS_N: EPILOGUE_BIAS_M, EPILOGUE_BIAS_M: EPILOGUE_BIAS_N}.get(form, form)
+    assert transposed(p).epilogue == back and transposed(transposed(p)).epilogue == form
+
+
+def test_wgmma_adds_a_bias_to_its_accumulators_and_keeps_the_plain_products_plan():
+    """A bias needs no sweep over C: the plan of the product without one (here the persistent
+    PINGPONG of a 32000-wide head), plus EPILOGUE_VECTOR. A D read per output keeps the
+    cooperative form (PINGPONG cannot apply it)."""
+    plain = select(Problem.dense(8192, 32000, 1024, "tf32", b_t=True), H200)
+    bias = plan_of(8192, 32000, 1024, "tf32", form=EPILOGUE_BIAS_N, b_t=True)
+    full = plan_of(8192, 32000, 1024, "tf32", form=EPILOGUE_D, b_t=True)
+    pm, bm, fm = (dict(x.kernel.macros) for x in (plain, bias, full))
+    assert pm.get("PINGPONG") == 1, plain.describe()
+    assert bm.pop("EPILOGUE_VECTOR") == 1 and bm.pop("EPILOGUE") == 1 and bm == pm
+    assert bias.kernel.grid == plain.kernel.grid and bias.kernel.tile == plain.kernel.tile
+    assert "EPILOGUE_VECTOR" not in fm and "PINGPONG" not in fm and fm["EPILOGUE"] == 1
+
+
+def test_a_bias_of_a_product_computed_transposed_runs_along_the_kernels_rows():
+    """tf32 with a row-major B (GPT-2's Conv1D): wgmma computes C^T = B^T A^T, so the bias over
+    C's columns is one over the kernel's rows (EPILOGUE_VECTOR 2), and a column of D the other way."""
+    plan = plan_of(8192, 4096, 1024, "tf32", form=EPILOGUE_BIAS_N)
+    assert plan.swap_ab and plan.kernel.family == "wgmma_tf32", plan.describe()
+    assert dict(plan.kernel.macros)["EPILOGUE_VECTOR"] == 2
+    assert dict(plan_of(8192, 4096, 1024, "tf32", form=EPILOGUE_BIAS_M).kernel.macros)["EPILOGUE_VECTOR"] == 1
+
+
+def test_a_wgmma_split_sums_its_slices_through_the_general_epilogue():
+    """SPLIT applies the epilogue where the last block sums the slices: no EPILOGUE_VECTOR."""
+    plan = plan_of(48, 11008, 4096, "tf32", form=EPILOGUE_BIAS_N, b_t=True)
+    macros = dict(plan.kernel.macros)
+    assert plan.kernel.family == "wgmma_tf32" and macros.get("SPLIT") == 1, plan.describe()
+    assert macros["EPILOGUE"] == 1 and "EPILOGUE_VECTOR" not in macros
 
 
 # --- whole calls on the emulated GPU ----------------------------------------------------------
@@ -139,6 +184,12 @@ def test_addmm_applies_beta_c_and_alpha_in_the_store(emulated_gpu, monkeypatch, 
     assert fused(emulated_gpu.launches[-1].cfg)
     if (family, precision) == ("wgmma_tf32", "tf32"):
         assert fastmm.explain(a, b, precision=precision).plan.swap_ab  # (the case this covers)
+    if family == "wgmma_tf32":  # a row or a column of C: added to the accumulators (the kernel's rows if swapped)
+        along_n = len(c_shape) < 2 or c_shape[0] == 1
+        along_m = not along_n and c_shape[1] == 1
+        swapped = precision == "tf32"
+        vector = 0 if not (along_n or along_m) else (1 if along_n != swapped else 2)
+        assert dict(emulated_gpu.launches[-1].cfg.macros).get("EPILOGUE_VECTOR", 0) == vector
 
 
 def test_a_transposed_c_is_read_through_its_strides(emulated_gpu):

@@ -102,14 +102,22 @@ def test_a_row_major_b_on_wgmma_reads_d_transposed():
     assert rel(result, 2.0 * (a.double() @ b.double()) + 0.5 * c.double()) <= TOL["tf32"]
 
 
-#: (name, a, b, D as a function of (M, N)): x @ W^T with N % 4 == 0 (C through the copy engine's
-#: staging, or from registers), odd N (registers: C's rows allow no tensor map), a row-major B
-#: (C^T from registers, float2 along m); M past a tile, several tiles a persistent block.
+#: name -> (a and b, D as a function of (M, N), alpha, beta, D a vector along: 1 n, 2 m, 0 neither):
+#: x @ W^T with N % 4 == 0 (C through the copy engine's staging, or from registers), odd N
+#: (registers: C's rows allow no tensor map), a row-major B (C^T from registers, float2 along m: a
+#: bias over C's columns is one over the kernel's rows; with odd N, B^T is copied instead); M past
+#: a tile, several tiles a persistent block. A bias is added to the accumulators as they are
+#: stored (EPILOGUE_VECTOR); a D of any strides in a sweep after the store.
 WGMMA_EPILOGUE_CASES = {
-    "linear-staged": (lambda: (randn(333, 200), randn(1540, 200).t()), lambda m, n: randn(n)),
-    "linear-odd-n": (lambda: (randn(333, 200), randn(1537, 200).t()), lambda m, n: randn(n)),
-    "swap-full-d": (lambda: (randn(1100, 136), randn(136, 901)), lambda m, n: randn(n, m).t()),
-    "column-beta0": (lambda: (randn(2100, 72), randn(520, 72).t()), lambda m, n: torch.full((m, 1), NAN, device="cuda")),
+    "linear-staged": (lambda: (randn(333, 200), randn(1540, 200).t()), lambda m, n: randn(n), 1.0, 1.0, 1),
+    "linear-odd-n": (lambda: (randn(333, 200), randn(1537, 200).t()), lambda m, n: randn(n), 1.0, 1.0, 1),
+    "row-scaled": (lambda: (randn(333, 200), randn(1540, 200).t()), lambda m, n: randn(1, n), 0.5, -2.0, 1),
+    "swap-bias": (lambda: (randn(1100, 136), randn(136, 904)), lambda m, n: randn(n), 1.0, 1.0, 1),
+    "swap-bias-odd-n": (lambda: (randn(1100, 136), randn(136, 901)), lambda m, n: randn(n), 1.0, 1.0, 1),
+    "swap-full-d": (lambda: (randn(1100, 136), randn(136, 901)), lambda m, n: randn(n, m).t(), 0.5, -2.0, 0),
+    "column-beta0": (lambda: (randn(2100, 72), randn(520, 72).t()), lambda m, n: torch.full((m, 1), NAN, device="cuda"),
+                     3.0, 0.0, 2),
+    "column-scaled": (lambda: (randn(2100, 72), randn(521, 72).t()), lambda m, n: randn(m, 1), -1.5, 0.75, 2),
 }
 
 
@@ -117,32 +125,38 @@ WGMMA_EPILOGUE_CASES = {
 @pytest.mark.parametrize("bn", [64, 96, 128, 192, 256])
 @pytest.mark.parametrize("case", sorted(WGMMA_EPILOGUE_CASES))
 def test_wgmma_applies_the_epilogue_at_every_width_and_store_form(case, bn, precision):
-    """wgmma's epilogue on C staged for the copy engine (every box of every width) and in the
-    sweep over C stored from registers: right against float64 into NaN-free results, and the same
-    bits both ways (each output is alpha * the same sum + beta * D)."""
+    """wgmma's epilogue on C staged for the copy engine (every box of every width), stored from
+    registers, and (a bias, tf32, up to 192 wide) with the consumers taking turns: right against
+    float64 into NaN-free results, and the same bits every way (each output is alpha * the same
+    sum + beta * D)."""
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("wgmma needs sm_90")
     if bn not in {w for w, _ in WgmmaTf32.tile_options(precision == "tf32x3")}:
         pytest.skip(f"no {bn}-wide tile for {precision}")
-    make_ab, make_d = WGMMA_EPILOGUE_CASES[case]
+    make_ab, make_d, alpha, beta, vector = WGMMA_EPILOGUE_CASES[case]
     a, b = make_ab()
     m, n = a.shape[0], b.shape[1]
     d = make_d(m, n)
-    alpha, beta = (1.0, 1.0) if case.startswith("linear") else ((0.5, -2.0) if case == "swap-full-d" else (3.0, 0.0))
     ref = alpha * (a.double() @ b.double()) + (beta * d.double() if beta else 0)
+    variants = [WgmmaTf32(force_bn=bn, tma_store=tma_store, pingpong=False, split=False) for tma_store in (True, False)]
+    if precision == "tf32" and vector and bn <= 192:  # (PINGPONG takes a bias, not with A fed from registers)
+        variants.append(WgmmaTf32(force_bn=bn, pingpong="always", split=False))
     results = []
-    for tma_store in (True, False):
-        variant = WgmmaTf32(force_bn=bn, tma_store=tma_store, pingpong=False, split=False)
+    for variant in variants:
         result, plan, reason = dispatch.matmul_fused(a, b, d, alpha, beta, precision, force="wgmma_tf32",
                                                      variants=(variant,))
         assert reason is None and plan.kernel.family == "wgmma_tf32", reason
         macros = dict(plan.kernel.macros)
         assert EPILOGUE_MACRO in plan.kernel.macros and plan.kernel.tile[1] == bn
-        assert bool(macros.get("TMA_STORE")) == (tma_store and n % 4 == 0 and not plan.swap_ab), plan.describe()
+        # computed as C^T (a row-major B read in place): the bias runs along the kernel's other dim
+        assert macros.get("EPILOGUE_VECTOR", 0) == ({1: 2, 2: 1}.get(vector, 0) if plan.swap_ab else vector), plan.describe()
+        assert macros.get("PINGPONG", 0) == (variant.pingpong == "always" and not macros["A_MN"]), plan.describe()
+        if variant.pingpong != "always":
+            assert bool(macros.get("TMA_STORE")) == (variant.tma_store and n % 4 == 0 and not plan.swap_ab), plan.describe()
         assert not torch.isnan(result).any()
         assert rel(result, ref) <= TOL[precision], (plan.describe(), rel(result, ref))
         results.append(result)
-    assert torch.equal(results[0], results[1])
+    assert all(torch.equal(results[0], r) for r in results[1:])
 
 
 @pytest.mark.parametrize("precision", ["ieee", "tf32", "tf32x3"])

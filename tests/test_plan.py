@@ -23,7 +23,7 @@ from fastmm.families.simt_cp_async import short_rows_first
 from fastmm.families.wgmma_tf32 import wave_cost
 from fastmm.families.work_split import MIN_KTILES_PER_SPLIT, split_time
 from fastmm.plan import INT32_MAX, MIN_CC, TINY_K, TINY_OUTPUTS, Plan, select
-from fastmm.problem import DeviceFacts, Problem
+from fastmm.problem import EPILOGUE_D, DeviceFacts, Problem
 from fastmm.tuned import TunedChoice
 from test_skinny_v2 import check_v2 as check_skinny_v2
 from test_skinny_v2 import stage_floats as v2_stage_floats
@@ -1626,7 +1626,7 @@ def test_wgmma_consumers_take_turns_only_where_the_kernel_allows_and_each_block_
     assert "PINGPONG" not in dict(plan(vit, WgmmaTf32(pingpong=False)).kernel.macros)
     assert "PINGPONG" not in dict(plan(dataclasses.replace(vit, precision="tf32x3"), pp).kernel.macros)
     # a fused epilogue (a bias): the cooperative form applies it to C staged for the copy engine
-    fused = dict(plan(dataclasses.replace(vit, epilogue=True), pp).kernel.macros)
+    fused = dict(plan(dataclasses.replace(vit, epilogue=EPILOGUE_D), pp).kernel.macros)
     assert "PINGPONG" not in fused and fused["TMA_STORE"] == 1
     assert dict(plan(Problem.dense(4728, 3072, 768, "tf32"), pp).kernel.macros)["A_MN"] == 1  # row-major B: C^T
     assert "PINGPONG" not in dict(plan(Problem.dense(4728, 3072, 768, "tf32"), pp).kernel.macros)

@@ -261,7 +261,7 @@ class SimtCore(Family):
         # the load modes that spill (12 bytes there, with single-float C stores)
         pair = split > 1 and split % 2 == 0 and self.pair_split and per_sm == 1 and dev.cc >= (9, 0) and not spills
         fused = (1 < split <= FUSED_SPLIT_MAX and not pair and self.can_fuse_split and self.fuse_split
-                 and not fused_split_spills(opt, a, b, out_vec, p.epilogue))
+                 and not fused_split_spills(opt, a, b, out_vec, bool(p.epilogue)))
         threads = wm * wn * 32
         region = self.pair_region_bytes(threads, tm) if pair else 0
         extra = self.extra_macros(p, dev, bm, bn, split, region) + ((("SPLIT_PAIR", 1),) if pair else ())

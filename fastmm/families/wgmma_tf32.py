@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ..problem import DeviceFacts, Problem, transposed
+from ..problem import EPILOGUE_BIAS_M, EPILOGUE_BIAS_N, DeviceFacts, Problem, transposed
 from .base import Family, KernelConfig, pick_tile, tiles_of
 from .stage_kmajor import kmajor_batch, stage_kmajor_config
 
@@ -192,6 +192,13 @@ def _batch_dims(p: Problem, strides: tuple[int, int], extent: int) -> tuple[tupl
     return (inner_n, outer_n), (inner_s, outer_s)
 
 
+#: The kernel's EPILOGUE_VECTOR for an epilogue whose D is one vector (a bias): added to the
+#: accumulators as they are stored or staged, with a value or two a thread loaded ahead, instead
+#: of a sweep over C after the store (a D of any strides). 8192 x 1024 x 1024 x @ W^T + bias on the
+#: H200: NOTES run 28.
+EPILOGUE_VECTOR = {EPILOGUE_BIAS_N: 1, EPILOGUE_BIAS_M: 2}
+
+
 #: PINGPONG holds a whole 128 x BN tile in each consumer warpgroup's registers (BN a thread).
 PINGPONG_MAX_BN = 192
 
@@ -245,7 +252,7 @@ class WgmmaTf32(Family):
     c_boxes: int = 0
     #: The two consumer warpgroups take turns on whole tiles (PINGPONG in the kernel: one's main
     #: loop runs while the other stores its tile) where the kernel allows it (tf32, a K-major A, C
-    #: from registers, no fused epilogue, BN <= 192), each block has two tiles at least (:func:`pingpong_pays`) and
+    #: from registers, no fused epilogue but a bias, BN <= 192), each block has two tiles at least (:func:`pingpong_pays`) and
     #: :func:`wave_cost` says taking turns beats sharing tiles (the forced width of ``force_bn``:
     #: wherever the first two hold); False: never (the cooperative form, both warpgroups on each
     #: tile), "always": wherever the kernel allows it.
@@ -328,7 +335,8 @@ class WgmmaTf32(Family):
         x3 = p.precision == "tf32x3"
         options = self.tile_options(x3)
         a_mn = not x3 and not self.a_ready(p) and self.a_mn_ready(p)
-        may_pingpong = bool(self.pingpong) and not x3 and not a_mn and not p.epilogue
+        vector = EPILOGUE_VECTOR.get(p.epilogue, 0)  # a bias: applied as C is stored, PINGPONG allowed
+        may_pingpong = bool(self.pingpong) and not x3 and not a_mn and (not p.epilogue or vector)
 
         def takes_turns(width: int) -> bool:  # PINGPONG allowed (and paying, unless "always") at this width
             return may_pingpong and width <= PINGPONG_MAX_BN and (
@@ -380,6 +388,8 @@ class WgmmaTf32(Family):
             macros += (("TMA_STORE", 1), ("C_BOXES", c_boxes))
         if pingpong:
             macros += (("PINGPONG", 1),)
+        if vector:
+            macros += (("EPILOGUE_VECTOR", vector),)
         if x3:  # see X3_SHORT_K
             macros += (("PROMOTE_EVERY", 1 if p.K <= X3_SHORT_K else 2), ("COMPENSATE", 1))
         loads = ("TMA tiles of the big and small halves (K-major, 128-byte swizzle)" if x3 else
@@ -396,6 +406,9 @@ class WgmmaTf32(Family):
                    ("math", f"3xTF32 wgmma m64n{bn}k8: big*big promoted to fp32 (compensated) every "
                             f"{'k-step' if p.K <= X3_SHORT_K else '2 k-steps'}, small cross terms in their own "
                             "accumulator" if x3 else f"TF32 wgmma m64n{bn}k8, fp32 accumulate"))
+        if vector:
+            details += (("bias", "added to the accumulators as they are stored (D is one "
+                                 + ("row: a value a column" if vector == 1 else "column: a value a row") + ")"),)
         persistent = pingpong or self.persistent == "always" or (self.persistent and persistent_pays(p, dev, work))
         details += (("schedule", f"persistent: {min(work, dev.sm_count)} blocks (one an SM) walk {work} tiles"
                                  if persistent else f"one block a tile ({work} tiles)"),)
