@@ -21,9 +21,11 @@ MIN_CC = (7, 5)  # NVRTC 13 builds nothing older than sm_75
 #: most of its threads idle, and the call is launch-bound anyway.
 TINY_OUTPUTS = 1024
 #: ... and at most this K: beyond it one thread per output runs a long serial sum, while the
-#: skinny kernels spread K over a warp and over blocks (a 1 x 1024 x 4096 decode product is tiny
-#: in outputs but reads 16 MiB of weights).
-TINY_K = 1024
+#: skinny kernels spread K over a warp and over blocks. H200 (`probes/model_products.py --decode`,
+#: NOTES run 28): at K = 1024 the scalar kernel took 33.0 us for a decode step's 1 x 1024 x 1024
+#: x @ W^T and 32.6 for 1 x 256 x 1024 (cuBLAS 3.9 and 3.2; skinny_kmajor 6.1 for 1 x 2816 x
+#: 1024): ~30 ns a k step, so it keeps the launch-bound few-us calls only up to K = 128.
+TINY_K = 128
 
 PREFERENCE = {
     "tf32": ("kmajor_mma", "skinny_kmajor", "skinny", "wgmma_tf32", "tf32_mma", "simt_cp_async", "simt_float4", "scalar"),

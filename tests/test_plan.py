@@ -459,9 +459,25 @@ def test_tf32_requests_get_tensor_cores_for_every_non_tiny_shape(arch, precision
             assert rejected(plan)["tf32_mma"] == not_chosen_reason("tf32_mma", p, DEV[arch], family)
 
 
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("mnk,b_t", [((1, 1024, 1024), True), ((1, 256, 1024), True), ((1, 1024, 1024), False),
+                                     ((8, 8, TINY_K + 1), False), ((32, 32, 4096), True)])
+def test_few_outputs_over_a_long_k_are_not_tiny(precision, mnk, b_t):
+    """A decode step's K/V projection (1 x 256 x 1024 x @ W^T) has few outputs but reads all of W:
+    one thread an output summing K = 1024 terms in turn took 33 us on the H200 against 6 for a
+    skinny kernel spreading K (NOTES run 28). Past TINY_K the skinny kernels take it."""
+    M, N, K = mnk
+    plan = select(Problem.dense(M, N, K, precision=precision, b_t=b_t), DEV["sm_90"])
+    # W's rows along K (x @ W^T): streamed by skinny_kmajor (kmajor_mma's tensor cores from 8 rows
+    # in tf32); a row-major B by skinny
+    wanted = ("skinny_kmajor", "kmajor_mma") if b_t else ("skinny",)
+    assert K > TINY_K and plan.kernel.family in wanted, plan.describe()
+    assert not any("is tiny" in reason for _, reason in plan.rejected)
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("precision", PRECISIONS)
-@pytest.mark.parametrize("mnk", [(1, 1, 1), (3, 5, 4), (17, 19, 23), (32, 32, TINY_K), (8, 8, 1000), (1, 1024, 7)])
+@pytest.mark.parametrize("mnk", [(1, 1, 1), (3, 5, 4), (17, 19, 23), (32, 32, TINY_K), (8, 8, 100), (1, 1024, 7)])
 def test_tiny_problems_pick_scalar(arch, precision, mnk):
     plan = select(Problem.dense(*mnk, precision=precision), DEV[arch])
     assert plan.kernel.family == "scalar"

@@ -15,6 +15,11 @@ on each side, and the difference, next to the step's own times (from ``model_ste
 ``models.py``) that is the part of a step's gap the products explain. Products inside
 ``F.scaled_dot_product_attention`` (the attention core, left to torch) are not counted.
 Models come from ``benchmarks/models.py`` (needs ``transformers``).
+
+``--decode`` (the decoders: llama, gpt2): the products of one greedy decode step instead (batch 1,
+one new token after a 32-token prompt, KV cache, no grad), each group with its host time per call
+as well (enqueue time, the GPU kept busy ahead): a decode step is paced by whichever of the two is
+longer, call after call.
 """
 from __future__ import annotations
 
@@ -34,7 +39,7 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 import fastmm  # noqa: E402
 from fastmm.precision import torch_precision  # noqa: E402
-from probe_util import need_gpu, time_us  # noqa: E402
+from probe_util import enqueue_us, need_gpu, time_us  # noqa: E402
 
 _PRODUCTS = {"mm", "addmm", "bmm", "baddbmm"}
 
@@ -91,7 +96,7 @@ def _layout(name, operands) -> str:
     return form + bias
 
 
-def _time_group(sig, precision: str):
+def _time_group(sig, precision: str, host: bool = False):
     name, metas, (beta, alpha) = sig
     ops = [_operand(s, st) for s, st in metas]
     aten = getattr(torch.ops.aten, name)
@@ -112,6 +117,12 @@ def _time_group(sig, precision: str):
     f_us = time_us(fastmm_fn, inner=5, samples=11)
     kernel = explained.kernel or f"torch ({explained.fallback})"
     shapes = " ".join("x".join(map(str, s)) for s, _ in metas)
+    if host:  # (no grad, as in decoding; 200 calls of a decode-sized product stay far inside the sleep)
+        with torch.no_grad():
+            with torch_precision(precision):
+                t_host = enqueue_us(torch_fn, 200)
+            f_host = enqueue_us(fastmm_fn, 200)
+        return name, shapes, _layout(name, ops), t_us, f_us, kernel, t_host, f_host
     return name, shapes, _layout(name, ops), t_us, f_us, kernel
 
 
@@ -121,12 +132,15 @@ def main(argv=None) -> int:
     ap.add_argument("--precisions", default="tf32")
     ap.add_argument("--tokens", type=int, default=8192)
     ap.add_argument("--top", type=int, default=30)
+    ap.add_argument("--decode", action="store_true", help="one greedy decode step's products (llama, gpt2), host time too")
     o = ap.parse_args(argv)
     if not need_gpu(ap.prog):
         return 2
     warnings.filterwarnings("ignore")
     import models
 
+    if o.decode:
+        return _decode(o, models)
     for model_name in o.models.split(","):
         model, batch, loss_fn, _ = models.build(model_name, tokens=o.tokens)
         model = model.cuda().train()
@@ -150,6 +164,37 @@ def main(argv=None) -> int:
             for n, name, shapes, layout, t_us, f_us, kernel in rows[:o.top]:
                 print(f"  {n:5d} {name:7} {shapes:34} {layout:16} {t_us:9.1f} {f_us:9.1f} {t_us / f_us:6.2f} "
                       f"{n * (f_us - t_us) / 1e3:+8.3f}  {kernel}")
+        del model
+        torch.cuda.empty_cache()
+    return 0
+
+
+def _decode(o, models) -> int:
+    """--decode: the products of one decode step (after a 32-token prompt), GPU and host time."""
+    for model_name in o.models.split(","):
+        model, batch, _, decoder = models.build(model_name)
+        if not decoder:
+            print(f"{model_name}: not a decoder, skipped")
+            continue
+        model = model.cuda().eval()
+        prompt = batch["input_ids"][:1, :32].cuda()
+        rec = _Products()
+        with torch.no_grad():
+            out = model(input_ids=prompt, use_cache=True)
+            token = out.logits[:, -1:].argmax(-1)
+            with rec, _Sdpa(rec):
+                model(input_ids=token, past_key_values=out.past_key_values, use_cache=True)
+        for precision in o.precisions.split(","):
+            rows = [(n,) + _time_group(sig, precision, host=True) for sig, n in rec.calls.items()]
+            rows.sort(key=lambda r: -(r[0] * (max(r[5], r[8]) - max(r[4], r[7]))))
+            paced = [sum(r[0] * max(r[i], r[j]) for r in rows) for i, j in ((4, 7), (5, 8))]
+            print(f"\n{model_name} {precision}, one decode step: {sum(r[0] for r in rows)} products in {len(rows)} groups; "
+                  f"us a step, each call paced by the longer of GPU and host time: torch {paced[0]:.0f}, "
+                  f"fastmm {paced[1]:.0f}")
+            print(f"  {'calls':>5} {'op':7} {'shapes':34} {'layout':16} {'GPU torch':>9} {'fastmm':>7} "
+                  f"{'host torch':>10} {'fastmm':>7}  kernel")
+            for n, name, shapes, layout, t_us, f_us, kernel, t_host, f_host in rows[:o.top]:
+                print(f"  {n:5d} {name:7} {shapes:34} {layout:16} {t_us:9.1f} {f_us:7.1f} {t_host:10.1f} {f_host:7.1f}  {kernel}")
         del model
         torch.cuda.empty_cache()
     return 0
