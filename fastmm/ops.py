@@ -256,12 +256,20 @@ def _check_addmm(c, a, b) -> None:
     if a.shape[1] != b.shape[0]:
         raise RuntimeError(f"mat1 and mat2 shapes cannot be multiplied ({a.shape[0]}x{a.shape[1]} and "
                            f"{b.shape[0]}x{b.shape[1]})")
-    # torch.broadcast_shapes' rule (right-aligned dims equal, or one of them 1), written out: it
-    # cost ~8 us a call, a third of a decode-sized addmm's host time (NOTES run 28)
-    if not all(x == y or x == 1 or y == 1 for x, y in zip(reversed(c.shape), (b.shape[1], a.shape[0]))):
-        raise RuntimeError(f"The expanded size of the tensor ({b.shape[1]}) must match the existing size "
-                           f"({c.shape[-1] if c.dim() else 1}) at non-singleton dimension 1.  Target sizes: "
-                           f"[{a.shape[0]}, {b.shape[1]}].  Tensor sizes: {list(c.shape)}")
+    # torch.addmm's rule, C expanded to the product's shape (at most 2 dims, each equal or 1),
+    # written out: torch.broadcast_shapes cost ~8 us a call, a third of a decode-sized addmm's host
+    # time (NOTES run 28), and let a C through that expand refuses
+    target = (a.shape[0], b.shape[1])
+    if c.dim() > 2:
+        cls = {torch.float32: "FloatTensor", torch.float64: "DoubleTensor"}.get(c.dtype, "Tensor")
+        raise RuntimeError(f"expand(torch.{cls}{{{list(c.shape)}}}, size=[{target[0]}, {target[1]}]): the number of "
+                           f"sizes provided (2) must be greater or equal to the number of dimensions in the tensor "
+                           f"({c.dim()})")
+    for dim, x, y in zip((1, 0), reversed(c.shape), reversed(target)):
+        if not (x == y or x == 1):
+            raise RuntimeError(f"The expanded size of the tensor ({y}) must match the existing size ({x}) at "
+                               f"non-singleton dimension {dim}.  Target sizes: [{target[0]}, {target[1]}].  "
+                               f"Tensor sizes: {list(c.shape)}")
 
 
 # ---------------------------------------------------------------------------------------------

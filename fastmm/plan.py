@@ -23,9 +23,10 @@ TINY_OUTPUTS = 1024
 #: ... and at most this K: beyond it one thread per output runs a long serial sum, while the
 #: skinny kernels spread K over a warp and over blocks. H200 (`probes/model_products.py --decode`,
 #: NOTES run 28): at K = 1024 the scalar kernel took 33.0 us for a decode step's 1 x 1024 x 1024
-#: x @ W^T and 32.6 for 1 x 256 x 1024 (cuBLAS 3.9 and 3.2; skinny_kmajor 6.1 for 1 x 2816 x
-#: 1024): ~30 ns a k step, so it keeps the launch-bound few-us calls only up to K = 128.
-TINY_K = 128
+#: x @ W^T and 32.6 for 1 x 256 x 1024 (cuBLAS 3.9 and 3.2; skinny_kmajor 5.7 and 5.2): ~30 ns a
+#: k step. Up to K = 256 it stays near 10 us, about what the others' two launches (a split and
+#: its reduce, or a copy and the product) cost for so few outputs (not measured).
+TINY_K = 256
 
 PREFERENCE = {
     "tf32": ("kmajor_mma", "skinny_kmajor", "skinny", "wgmma_tf32", "tf32_mma", "simt_cp_async", "simt_float4", "scalar"),
