@@ -16,7 +16,6 @@ from dataclasses import dataclass, replace
 import torch
 
 from . import config, dispatch
-from .problem import epilogue_form
 from .runtime import launcher, runners
 from .runtime.launcher import LaunchError
 from .runtime.tensor_map import TensorMapError
@@ -94,8 +93,11 @@ def remember(key: tuple, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | N
         if c is None:  # computed aside and copied: the full path's job
             return
     problem, offsets = build_problem(s, c, precision)
-    if epilogue is not None:
-        problem = replace(problem, epilogue=epilogue_form(epilogue[0].expand(s.M, s.N).stride()))
+    epi = None
+    if epilogue is not None:  # (as dispatch.matmul_fused describes it: the form from D's strides)
+        d, alpha, beta = epilogue
+        epi = dispatch.Epilogue(d.expand(s.M, s.N), alpha, beta)
+        problem = replace(problem, epilogue=epi.form)
     index = a.device.index if a.device.index is not None else torch.cuda.current_device()
     hit = dispatch.PLANS.prepared.get((index, problem, config.forced_kernel(), ()))
     if hit is None:
@@ -112,10 +114,7 @@ def remember(key: tuple, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | N
     runner = runners.runner_for(plan, hit.kernel, hit.second, p, a.device)
     tail = runners.gemm_args(p) if runner is None else ()
     extents = (extent(a), extent(b), extent(out)) if out is not None else None
-    epi_tail = None
-    if epilogue is not None:
-        d, alpha, beta = epilogue
-        epi_tail = runners.epilogue_tail(d.expand(s.M, s.N).stride(), alpha, beta, plan.swap_ab)
+    epi_tail = None if epi is None else epi.args(plan.swap_ab)[1:]  # (D's pointer: per call)
     ENTRIES[key] = FastEntry(s.out_shape, hit.kernel, tail, a.device, index, extents, runner, epi_tail)
 
 
