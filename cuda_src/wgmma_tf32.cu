@@ -309,7 +309,33 @@ __device__ __forceinline__ float d_column_value(const Epilogue& epi, int n, int 
     return EPILOGUE_VECTOR == 1 && epi.beta != 0.f && n < N ? epi.d_at(0, n) : 0.f;
 }
 #define D_PICK(row_value, column_value) (EPILOGUE_VECTOR == 1 ? (column_value) : (row_value))
+
 #endif
+
+// Form 1's D over a tile's BN columns, for stores from registers: lane l loads columns n0 + 32 i +
+// l (BN / 32 loads a lane, all issued at once, before any store), and a thread takes the values of
+// its columns col0 + 8 j + e (col0 = n0 + 2 (lane % 4)) from their lanes by shuffles. Loaded inside
+// the store loop instead, a pair of loads per column group could not be moved above the stores
+// before it (D and C might alias), so each could wait out a round trip to memory; the MLM head
+// (8192 x 32000 x 1024 + bias, PINGPONG) went 1574 -> 1541 us with the loads ahead, 1492 without a
+// bias (benchmarks/NOTES.md run 29). Other forms load nothing here.
+struct DColumns {
+#if EPILOGUE_VECTOR == 1
+    float v[BN / 32];
+    __device__ __forceinline__ void load(const Epilogue& epi, int n0, int N, int lane) {
+#pragma unroll
+        for (int i = 0; i < BN / 32; ++i) v[i] = d_column_value(epi, n0 + 32 * i + lane, N);
+    }
+    // D of column col0 + 8 j + e (0 past N): every lane of the warp must call it (a shuffle).
+    // Column 8 j + 2 t + e of the tile is lane (8 j + 2 t + e) % 32's value j / 4 (2 t + e < 8).
+    __device__ __forceinline__ float at(int j, int e, int lane) const {
+        return __shfl_sync(0xffffffffu, v[j / 4], (8 * j + 2 * (lane % 4) + e) & 31);
+    }
+#else
+    __device__ __forceinline__ void load(const Epilogue&, int, int, int) {}
+    __device__ __forceinline__ float at(int, int, int) const { return 0.f; }
+#endif
+};
 
 #if PINGPONG
 // Wait until the slot of ring position ``it`` is full; its shared-memory address.
@@ -323,14 +349,14 @@ __device__ __forceinline__ unsigned wait_full_slot(unsigned base, unsigned bars,
 // holds rows ``row`` and ``row`` + 8, columns col0 + 8 j and the next. A vector epilogue is
 // applied on the way (D's values for this thread's two rows, or for a column pair at a time).
 __device__ __forceinline__ void store_half(const float* d, float* Cb, int row, int col0, int M, int N, i64 sCm, i64 sCn,
-                                           const Epilogue& epi) {
+                                           const Epilogue& epi, const DColumns& dc, int lane) {
 #if EPILOGUE_VECTOR
     const float dm[2] = {d_row_value(epi, row, M), d_row_value(epi, row + 8, M)};
 #endif
 #pragma unroll
     for (int j = 0; j < BN / 8; ++j) {
 #if EPILOGUE_VECTOR
-        const float dn[2] = {d_column_value(epi, col0 + 8 * j, N), d_column_value(epi, col0 + 8 * j + 1, N)};
+        const float dn[2] = {dc.at(j, 0, lane), dc.at(j, 1, lane)};
 #endif
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -562,8 +588,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fastmm_wgmma_tf32(
             const int row = tm * BM + warp * 16 + lane / 4;
             const int col0 = tn * BN + 2 * (lane % 4);
             FASTMM_EPILOGUE
-            store_half(d, Cb, row, col0, M, N, sCm, sCn, epi);
-            store_half(d2, Cb, row + 64, col0, M, N, sCm, sCn, epi);
+            DColumns dc;  // (form 1: the tile's D, loaded once for both halves)
+            dc.load(epi, tn * BN, N, lane);
+            store_half(d, Cb, row, col0, M, N, sCm, sCn, epi, dc, lane);
+            store_half(d2, Cb, row + 64, col0, M, N, sCm, sCn, epi, dc, lane);
         }
 #else
         const int cw = wg - 1;  // which 64 rows of the tile
@@ -764,6 +792,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fastmm_wgmma_tf32(
 #if EPILOGUE_VECTOR
             FASTMM_EPILOGUE
             const float dm[2] = {d_row_value(epi, row, M), d_row_value(epi, row + row_step, M)};  // (form 2)
+            DColumns dc;  // (form 1)
+            dc.load(epi, tn * BN, N, lane);
 #endif
 #if C_VEC == 2
 #if !A_MN
@@ -775,9 +805,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fastmm_wgmma_tf32(
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
                     const int col = col0 + 8 * j + e;
+#if EPILOGUE_VECTOR
+                    const float dn = dc.at(j, e, lane);  // (all lanes: a shuffle)
+#endif
                     if (col >= N || row >= M) continue;
 #if EPILOGUE_VECTOR
-                    const float dn = d_column_value(epi, col, N);
                     const float v0 = epi.apply(d[4 * j + e], D_PICK(dm[0], dn)), v1 = epi.apply(d[4 * j + 2 + e], D_PICK(dm[1], dn));
 #else
                     const float v0 = d[4 * j + e], v1 = d[4 * j + 2 + e];
@@ -792,7 +824,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fastmm_wgmma_tf32(
             for (int j = 0; j < BN / 8; ++j) {
                 const int col = col0 + 8 * j;
 #if EPILOGUE_VECTOR
-                const float dn[2] = {d_column_value(epi, col, N), d_column_value(epi, col + 1, N)};
+                const float dn[2] = {dc.at(j, 0, lane), dc.at(j, 1, lane)};
 #endif
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {

@@ -1668,7 +1668,8 @@ def test_wgmma_stores_c_through_the_copy_engine_where_a_tensor_map_can_describe_
     """C rows of 16-byte multiples, n contiguous: staged in shared memory and written by TMA
     (boxes of 32 columns; the ring gives up a slot where both do not fit). Not for an odd row
     pitch, an m-contiguous C (a row-major B's C^T), or the 256-wide tile past K = 1024, where the
-    lost slot cost more than the overlap gave (NOTES run 23)."""
+    lost slot cost more than the overlap gave (NOTES run 23). The 256-wide tile stages 2 boxes at
+    a time from K = 512, 4 below: 2 fit beside its 4 slots (NOTES run 29)."""
     dev = DEV["sm_90"]
     coop = WgmmaTf32(pingpong=False)  # (the consumers sharing tiles; taking turns stores from registers)
     m = lambda p, v=coop: macros(select(p, dev, variants=(v,), force="wgmma_tf32"))  # noqa: E731
@@ -1685,12 +1686,15 @@ def test_wgmma_stores_c_through_the_copy_engine_where_a_tensor_map_can_describe_
     walked = dataclasses.replace(Problem.dense(512, 512, 512, "tf32", batch=3, b_t=True), batch_inner=3)
     assert walked.c_batch_strides == (0, 512 * 512) and m(walked)["TMA_STORE"] == 1
     wide = m(Problem.dense(4096, 3072, 1024, "tf32", b_t=True))
-    assert (wide["BN"], wide["TMA_STORE"], wide["STAGES"]) == (256, 1, 3)
+    assert (wide["BN"], wide["TMA_STORE"], wide["C_BOXES"], wide["STAGES"]) == (256, 1, 2, 4)
+    short_k = m(Problem.dense(128 * 512, 512, 64, "tf32", b_t=True))  # (attention's Q @ K^T, K = 64)
+    assert (short_k["BN"], short_k["TMA_STORE"], short_k["C_BOXES"], short_k["STAGES"]) == (256, 1, 4, 3)
     long_k = m(Problem.dense(4096, 1024, 4096, "tf32", b_t=True))
     assert (long_k["BN"], long_k["STAGES"]) == (256, 4) and "TMA_STORE" not in long_k
     x3 = m(Problem.dense(4096, 4096, 4096, "tf32x3"))  # (copied K-major halves: C as given)
     assert (x3["TMA_STORE"], x3["C_BOXES"], x3["STAGES"]) == (1, 2, 3)
-    for p in (Problem.dense(4728, 3072, 768, "tf32", b_t=True), Problem.dense(4096, 4096, 4096, "tf32x3")):
+    for p in (Problem.dense(4728, 3072, 768, "tf32", b_t=True), Problem.dense(4096, 4096, 4096, "tf32x3"),
+              Problem.dense(4096, 3072, 1024, "tf32", b_t=True)):
         check_geometry(select(p, dev, force="wgmma_tf32", variants=(coop,)))  # (the staging boxes fit beside the ring)
 
 

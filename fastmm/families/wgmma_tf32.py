@@ -87,6 +87,13 @@ PERSISTENT_ANY_WAVES_K = 256
 #: epilogue weighs most (NOTES run 23).
 TMA_STORE_256_MAX_K = 1024
 
+#: From this K up (to TMA_STORE_256_MAX_K) the 256-wide tile stages 2 boxes of C at a time, not 4:
+#: they fit beside the ring's 4 slots (4 boxes took one: 4 -> 3), and where the main loop weighs
+#: most a slot is worth more than fewer rounds of boxes. H200, K = 1024 (NOTES run 29): 8192 x 1024
+#: x 1024 x @ W^T 54.6 -> 52.2 us, 8192 x 4096 x 1024 195.7 -> 191.9 (K of 512-1023 not measured).
+#: Below it (attention's Q @ K^T, K = 64-128, where the stores weigh most) 4 boxes, as in run 23.
+TMA_STORE_256_TWO_BOXES_MIN_K = 512
+
 
 def wave_cost(p: Problem, dev: DeviceFacts, bn: int, pingpong: bool = False) -> float:
     """us the busiest SM needs for ``p``'s tiles of width ``bn``: tiles are dealt to the SMs in
@@ -364,12 +371,13 @@ class WgmmaTf32(Family):
                 if self.pingpong == "always" or wave_cost(p, dev, pp[0], pingpong=True) < wave_cost(p, dev, bn):
                     (bn, stages), pingpong = pp, True
         work = tiles_of(p, self.bm, bn) * p.batch_total
-        # TMA_STORE stages 4 boxes of C at once (2 for tf32x3, whose ring slots are twice as big),
-        # taken from the ring where both do not fit (H200: 128 wide, 6 slots -> 5; 256 wide, 4 -> 3;
-        # see TMA_STORE_256_MAX_K)
+        # TMA_STORE stages 4 boxes of C at once (2 for tf32x3, whose ring slots are twice as big,
+        # and for the 256-wide tile from TMA_STORE_256_TWO_BOXES_MIN_K), taken from the ring where
+        # both do not fit (H200: 128 wide, 6 slots -> 5; 256 wide, 4 -> 3; see TMA_STORE_256_MAX_K)
         tma = (self.tma_store and not pingpong and self.c_tma_ready(p)
                and (bn < 256 or self.c_boxes or p.K <= TMA_STORE_256_MAX_K))
-        c_boxes = (min(self.c_boxes or (2 if x3 else 4), bn // 32)) if tma else 0
+        two_boxes = x3 or (bn == 256 and p.K >= TMA_STORE_256_TWO_BOXES_MIN_K)
+        c_boxes = (min(self.c_boxes or (2 if two_boxes else 4), bn // 32)) if tma else 0
         while stages > 2 and self.smem_bytes(bn, stages, x3, c_boxes) > dev.smem_per_block_optin:
             stages -= 1
         sCm, sCn = p.c_strides
