@@ -315,10 +315,10 @@ __device__ __forceinline__ float d_column_value(const Epilogue& epi, int n, int 
 // Form 1's D over a tile's BN columns, for stores from registers: lane l loads columns n0 + 32 i +
 // l (BN / 32 loads a lane, all issued at once, before any store), and a thread takes the values of
 // its columns col0 + 8 j + e (col0 = n0 + 2 (lane % 4)) from their lanes by shuffles. Loaded inside
-// the store loop instead, a pair of loads per column group could not be moved above the stores
-// before it (D and C might alias), so each could wait out a round trip to memory; the MLM head
-// (8192 x 32000 x 1024 + bias, PINGPONG) went 1574 -> 1541 us with the loads ahead, 1492 without a
-// bias (benchmarks/NOTES.md run 29). Other forms load nothing here.
+// the store loop instead (conditional loads, compiled where they were written: between the
+// stores), each column group's pair could wait out a round trip to memory; the MLM head (8192 x
+// 32000 x 1024 + bias, PINGPONG) went 1574 -> 1541 us with the loads ahead, 1492 without a bias
+// (benchmarks/NOTES.md run 29). Other forms load nothing here.
 struct DColumns {
 #if EPILOGUE_VECTOR == 1
     float v[BN / 32];

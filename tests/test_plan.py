@@ -1689,6 +1689,10 @@ def test_wgmma_stores_c_through_the_copy_engine_where_a_tensor_map_can_describe_
     assert (wide["BN"], wide["TMA_STORE"], wide["C_BOXES"], wide["STAGES"]) == (256, 1, 2, 4)
     short_k = m(Problem.dense(128 * 512, 512, 64, "tf32", b_t=True))  # (attention's Q @ K^T, K = 64)
     assert (short_k["BN"], short_k["TMA_STORE"], short_k["C_BOXES"], short_k["STAGES"]) == (256, 1, 4, 3)
+    wide256 = WgmmaTf32(pingpong=False, force_bn=256)
+    for k, boxes, stages in ((511, 4, 3), (512, 2, 4)):  # (the rule's edge)
+        edge = m(Problem.dense(8192, 1024, k, "tf32", b_t=True), wide256)
+        assert (edge["BN"], edge["TMA_STORE"], edge["C_BOXES"], edge["STAGES"]) == (256, 1, boxes, stages), k
     long_k = m(Problem.dense(4096, 1024, 4096, "tf32", b_t=True))
     assert (long_k["BN"], long_k["STAGES"]) == (256, 4) and "TMA_STORE" not in long_k
     x3 = m(Problem.dense(4096, 4096, 4096, "tf32x3"))  # (copied K-major halves: C as given)
