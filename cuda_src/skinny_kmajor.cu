@@ -15,6 +15,10 @@
 //   (KR_FUSED: split_arrive_last, common.cuh): no second launch.
 // - At the end of a group the 8 kq lanes' partial sums are added by a halving exchange (each
 //   shuffle step sends half of the remaining sums), the same fixed tree every run.
+// - KR_KW > 1 splits the block's K range over its warps instead: KR_KW warps share each row
+//   group, each taking a run of whole U-step groups, and their sums meet in shared memory, added
+//   in warp order (a fixed order). That gives a GEMV of few rows its blocks without a split over
+//   blocks, whose arrival and last-block sum cost a few us at the end of a ~20 us kernel.
 #include "common.cuh"
 
 #ifndef MT
@@ -31,6 +35,9 @@
 #endif
 #ifndef KR_G
 #define KR_G 1  // row groups per warp
+#endif
+#ifndef KR_KW
+#define KR_KW 1  // warps sharing a row group, each a part of the block's K range
 #endif
 #ifndef KR_KS
 #define KR_KS 1024  // k per block (the split unit); a multiple of 32 * KR_U
@@ -50,12 +57,15 @@
 
 #define KR_THREADS (KR_WARPS * 32)
 #define KR_ROWS_PER_WARP (4 * KR_R)
-#define KR_BN (KR_G * KR_WARPS * KR_ROWS_PER_WARP)
+#define KR_ROW_WARPS (KR_WARPS / KR_KW)  // warps along N
+#define KR_GROUP_ROWS (KR_ROW_WARPS * KR_ROWS_PER_WARP)
+#define KR_BN (KR_G * KR_GROUP_ROWS)
 #define KR_V (MT * KR_R)  // partial sums per lane: acc[m * KR_R + r]
 #define KR_STEPS (KR_KS / 32)
 
 static_assert(KR_KS % (32 * KR_U) == 0, "KR_KS must be a multiple of 32 * KR_U");
 static_assert((KR_V & (KR_V - 1)) == 0, "MT * KR_R must be a power of two");
+static_assert(KR_WARPS % KR_KW == 0, "KR_KW must divide KR_WARPS");
 
 // Halving levels of the 8-lane reduction (offsets 4, 2, 1) and the sums a lane keeps.
 #define KR_HALVINGS (KR_V >= 8 ? 3 : KR_V == 4 ? 2 : KR_V == 2 ? 1 : 0)
@@ -92,6 +102,9 @@ extern "C" __global__ void __launch_bounds__(KR_THREADS, KR_MINB) fastmm_skinny_
     const bool final_store = gridDim.y == 1;  // (a split's blocks store partial sums)
     extern __shared__ float4 kr_smem4[];
     float* As = (float*)kr_smem4;  // As[m * KR_KS + k - kbeg]
+#if KR_KW > 1
+    float* red = As + MT * KR_KS;  // red[(j * MT + m) * KR_GROUP_ROWS + row]: warp j's sums of a group
+#endif
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int kq = lane % 8, rs = lane / 8;
     const int tile = blockIdx.x;
@@ -119,7 +132,8 @@ extern "C" __global__ void __launch_bounds__(KR_THREADS, KR_MINB) fastmm_skinny_
 
 #pragma unroll 1
         for (int g = 0; g < KR_G; ++g) {
-            const int row0 = n0 + (g * KR_WARPS + warp) * KR_ROWS_PER_WARP + rs;
+            const int row_local = (warp / KR_KW) * KR_ROWS_PER_WARP + rs;  // (its first row in the group)
+            const int row0 = n0 + g * KR_GROUP_ROWS + row_local;
             const float* wrow[KR_R];
             bool wok[KR_R];
 #pragma unroll
@@ -131,18 +145,29 @@ extern "C" __global__ void __launch_bounds__(KR_THREADS, KR_MINB) fastmm_skinny_
 #pragma unroll
             for (int i = 0; i < KR_V; ++i) acc[i] = 0.f;
 
-            const int steps = (kend - kbeg + 31) / 32;  // (k steps past kend read zeros of As)
+            // this warp's k steps: whole groups of KR_U (k steps past kend read zeros of As and
+            // of W), the groups shared out over the KR_KW warps of the row group in turn
+            const int groups = (kend - kbeg + 32 * KR_U - 1) / (32 * KR_U);
+            const int j = warp % KR_KW;
+            const int s_lo = KR_U * (j * groups / KR_KW), s_hi = KR_U * ((j + 1) * groups / KR_KW);
+            float4 w[KR_U][KR_R];
+#pragma unroll
+            for (int u = 0; u < KR_U; ++u)
+#pragma unroll
+                for (int r = 0; r < KR_R; ++r)
+                    w[u][r] = kr_load_w(wrow[r], kbeg + 32 * (s_lo + u) + 4 * kq, kend, wok[r] && s_lo < s_hi);
+            if (g == 0) {  // A's slice has landed: waited for behind the first W loads (every warp)
+                cp_async_wait<0>();
+                __syncthreads();
+            }
 #pragma unroll 1
-            for (int s = 0; s < steps; s += KR_U) {
-                float4 w[KR_U][KR_R];
+            for (int s = s_lo; s < s_hi; s += KR_U) {
+                if (s != s_lo) {
 #pragma unroll
-                for (int u = 0; u < KR_U; ++u)
+                    for (int u = 0; u < KR_U; ++u)
 #pragma unroll
-                    for (int r = 0; r < KR_R; ++r)
-                        w[u][r] = kr_load_w(wrow[r], kbeg + 32 * (s + u) + 4 * kq, kend, wok[r]);
-                if (g == 0 && s == 0) {  // A's slice has landed: waited for behind the first W loads
-                    cp_async_wait<0>();
-                    __syncthreads();
+                        for (int r = 0; r < KR_R; ++r)
+                            w[u][r] = kr_load_w(wrow[r], kbeg + 32 * (s + u) + 4 * kq, kend, wok[r]);
                 }
 #pragma unroll
                 for (int u = 0; u < KR_U; ++u) {
@@ -193,6 +218,26 @@ extern "C" __global__ void __launch_bounds__(KR_THREADS, KR_MINB) fastmm_skinny_
                     writer = false;  // its partner holds the same sum
                 }
             }
+#if KR_KW > 1
+            if (writer) {
+#pragma unroll
+                for (int i = 0; i < KR_KEEP; ++i) {
+                    const int e = base + i, m = e / KR_R, r = e % KR_R;
+                    red[(j * MT + m) * KR_GROUP_ROWS + row_local + 4 * r] = acc[i];
+                }
+            }
+            __syncthreads();
+            for (int t = threadIdx.x; t < MT * KR_GROUP_ROWS; t += KR_THREADS) {
+                const int m = t / KR_GROUP_ROWS, row = t % KR_GROUP_ROWS, n = n0 + g * KR_GROUP_ROWS + row;
+                if (m < M && n < N) {
+                    float v = red[m * KR_GROUP_ROWS + row];
+#pragma unroll
+                    for (int jj = 1; jj < KR_KW; ++jj) v += red[(jj * MT + m) * KR_GROUP_ROWS + row];
+                    Cb[(i64)m * sCm + (i64)n * sCn] = final_store ? epi(v, m, n) : v;
+                }
+            }
+            __syncthreads();  // (red is rewritten by the next group)
+#else
             if (writer) {
 #pragma unroll
                 for (int i = 0; i < KR_KEEP; ++i) {
@@ -200,6 +245,7 @@ extern "C" __global__ void __launch_bounds__(KR_THREADS, KR_MINB) fastmm_skinny_
                     if (m < M && n < N) Cb[(i64)m * sCm + (i64)n * sCn] = final_store ? epi(acc[i], m, n) : acc[i];
                 }
             }
+#endif
         }
         cp_async_wait<0>();  // (K = 0: the copies were never waited for; before the next entry's staging)
 #if KR_FUSED

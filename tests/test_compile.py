@@ -79,7 +79,8 @@ def _kmajor_problems() -> list[Problem]:
     dense = [(1, 4096, 4096, {}), (2, 14336, 4096, {}), (3, 1001, 4099, {}),  # K % 4 != 0: single floats, split
              (8, 4096, 4096, {}), (16, 4096, 4096, {}), (32, 4096, 16384, {}),
              (5, 1024, 1024, {"a_t": True}),  # A K-major: 4-byte copies
-             (4, 4096, 512, {"batch": 3})]  # batched: one slice
+             (4, 4096, 512, {"batch": 3}),  # batched: one slice
+             (4, 1024, 14336, {})]  # 8 warps along K, and 3 slices for A's shared memory
     return [Problem.dense(M, N, K, b_t=True, **kw) for M, N, K, kw in dense]
 
 
@@ -107,6 +108,16 @@ def _fused_split_problems() -> list[Problem]:
     out = [Problem.dense(M, N, K, **{k: v for k, v in kw.items() if k != "c_t"}) for M, N, K, kw in dense]
     out[-1] = dataclasses.replace(out[-1], c_strides=(1, 1000))  # C column-major: single-float stores
     return out + [dataclasses.replace(p, epilogue=EPILOGUE_D) for p in out[::2]]
+
+
+def _narrow_problems() -> list[Problem]:
+    """simt_cp_async's 64-wide tiles of 16 x 8 outputs a thread (NARROW_TILE_OPTIONS), which the
+    heuristic takes for one of them and the tuner may take for either: m-contiguous A (attention's
+    dV), B read as float4 or single floats, unsplit, split with a fused sum or a reduce pass."""
+    dense = [(512, 64, 512, {"batch": 128}), (1024, 61, 1024, {}), (128, 64, 4096, {}), (384, 48, 100, {"batch": 3}),
+             (1024, 64, 2048, {})]
+    out = [Problem.dense(M, N, K, a_t=True, **kw) for M, N, K, kw in dense]
+    return out + [dataclasses.replace(p, epilogue=EPILOGUE_D) for p in out[:3]]
 
 
 def _wgmma_problems() -> list[Problem]:
@@ -156,6 +167,16 @@ def _configs():
         work += [(p, ("simt_cp_async",)) for p in _fused_split_problems() if "simt_cp_async" in families]
         work += [(p, families) for p in _epilogue_problems()]
         work += [(p, ("wgmma_tf32",)) for p in _wgmma_problems() if "wgmma_tf32" in families]
+        if "simt_cp_async" in families:  # every narrow option, as the tuner may pick it
+            fam = FAMILIES["simt_cp_async"]
+            for p in _narrow_problems():
+                for opt in fam.options(p, dev):
+                    if opt[:3] in fam.narrow_tiles(p):
+                        cfg = fam.configure(p, dev, opt)
+                        key = (arch, cfg.source, cfg.macros)
+                        if key not in seen:
+                            seen.add(key)
+                            out.append((arch, cfg))
         for p, names in work:
             for family in names:
                 # wgmma's planned configs with its consumers taking turns (the default where that

@@ -57,9 +57,12 @@ def test_a_split_k_plan_applies_it_in_the_reduce_not_in_the_slices():
 
 
 def test_a_fused_split_applies_it_in_the_gemm_that_sums_its_slices():
-    plan = plan_of(1, 4096, 4096, b_t=True)  # decode: skinny_kmajor, its last block sums the slices
+    plan = plan_of(8, 4096, 14336, b_t=True)  # decode: skinny_kmajor, its last block sums the slices
     assert plan.kernel.family == "skinny_kmajor" and plan.kernel.split_fused and plan.reduce is None
     assert fused(plan.kernel)
+    plan = plan_of(1, 4096, 4096, b_t=True)  # the GEMV: its warps split K, one launch, no slices
+    assert plan.kernel.family == "skinny_kmajor" and dict(plan.kernel.macros)["KR_KW"] == 8
+    assert not plan.kernel.split_fused and plan.reduce is None and fused(plan.kernel)
     plan = plan_of(1024, 2816, 1024, b_t=True)  # a 1024-token MLP layer: SIMT split 3 ways, summed by its last block
     assert plan.kernel.family == "simt_cp_async" and plan.kernel.split_k == 3
     assert plan.kernel.split_fused and plan.reduce is None and fused(plan.kernel)

@@ -163,7 +163,7 @@ def test_small_integer_inputs_give_exact_sums():
         assert torch.equal(c, torch.matmul(a.double(), w.t().double()).float()), (M, N, K)
 
 
-@pytest.mark.parametrize("M,N,K", [(1, 4096, 4096), (16, 4096, 4096), (8, 1024, 14336)], ids=str)
+@pytest.mark.parametrize("M,N,K", [(4, 1024, 14336), (16, 4096, 4096), (8, 1024, 14336)], ids=str)
 def test_split_plans_are_deterministic_and_leave_counters_at_zero(M, N, K):
     """The last block of a row tile sums the K slices in slice order: the same bits on every
     call, and each stream's arrival counters back at 0 afterwards."""
@@ -224,3 +224,40 @@ def test_nn_linear_decode_runs_on_the_family():
         y = layer(x)
     ref = x.double() @ layer.weight.double().t() + layer.bias.double()
     assert relative_error(y, ref) <= TOL
+
+
+@pytest.mark.parametrize("kw", (2, 4, 8))
+@pytest.mark.parametrize("M, N, K", [(1, 4096, 4096), (2, 100, 999 + 1), (3, 1001, 260), (4, 77, 4100),
+                                     (1, 17, 300), (4, 33, 14336), (1, 5, 388)])
+def test_warps_sharing_rows_along_k_match_float64(kw, M, N, K):
+    """KR_KW warps of a block share its rows, each a run of whole k-step groups (warps with none
+    when K is short), their sums added in shared memory: every KW against float64, into a
+    NaN-filled out, with and without a split over blocks (K = 14336 at 4 rows needs 3 slices
+    for A's shared memory); the inputs unmodified. (K > 256: smaller products run the scalar
+    kernel whatever the variant.)"""
+    needs_sm80()
+    from fastmm.families import SkinnyKmajor
+
+    a, w = randn(M, K), randn(N, K)
+    a0, w0 = a.clone(), w.clone()
+    out = torch.full((M, N), NAN, device="cuda")
+    _, plan, reason = dispatch.matmul_fastmm(a, w.t(), out, "ieee", force=FAMILY, variants=(SkinnyKmajor(kw=kw),))
+    assert reason is None and plan.kernel.family == FAMILY and dict(plan.kernel.macros)["KR_KW"] == kw
+    check(out, a, w.t())
+    assert torch.equal(a, a0) and torch.equal(w, w0)
+
+
+def test_warps_along_k_keep_an_infinity_in_one_warps_range():
+    """An infinity in A at one k: only the warp whose k steps hold it multiplies it (the others
+    read neither that k of A nor of W), so each output is +-inf as in float64, never NaN."""
+    needs_sm80()
+    M, N, K = 2, 256, 4096
+    a, w = randn(M, K), randn(N, K)
+    a[0, 3000] = float("inf")
+    c = fastmm.matmul(a, w.t(), precision="ieee")
+    plan = fastmm.explain(a, w.t(), precision="ieee").plan
+    assert plan.kernel.family == FAMILY and dict(plan.kernel.macros)["KR_KW"] == 8
+    ref = a.double() @ w.t().double()
+    assert torch.equal(torch.isinf(c), torch.isinf(ref)) and torch.equal(torch.isnan(c), torch.isnan(ref))
+    assert torch.equal(torch.sign(c[0]), torch.sign(ref[0]))
+    assert relative_error(c[1:], ref[1:]) <= TOL

@@ -99,8 +99,8 @@ def tile_from_macros(family: str, m: dict) -> tuple[int, int]:
         return 16, 16  # scalar.cu: TILE 16
     if family == "skinny":
         return m["MT"], m.get("SK_BN", 128)  # skinny.cu: MT rows, COLS 128 (v1) or SK_BN (v2)
-    if family == "skinny_kmajor":  # skinny_kmajor.cu: KR_BN = KR_G x KR_WARPS x 4 rows x KR_R
-        return m["MT"], m["KR_G"] * m["KR_WARPS"] * 4 * m["KR_R"]
+    if family == "skinny_kmajor":  # skinny_kmajor.cu: KR_BN = KR_G x (KR_WARPS / KR_KW) x 4 rows x KR_R
+        return m["MT"], m["KR_G"] * m["KR_WARPS"] // m.get("KR_KW", 1) * 4 * m["KR_R"]
     if family == "kmajor_mma":  # kmajor_mma.cu: 8 rows of A per B-role fragment, KM_BN = 16 x KM_NF
         return 8 * m["KM_MF"], 16 * m["KM_NF"]
     if family == "tf32_mma":
@@ -123,8 +123,10 @@ def dynamic_smem_from_macros(family: str, m: dict) -> int:
         return m["STAGES"] * (a + b) * 4
     if family == "skinny" and m.get("SK_V2"):  # skinny.cu v2: the ring, or the reduction slots
         return 4 * max(m["SK_STAGES"] * v2_stage_floats(m), m["SK_RED"] * m["MT"] * m["SK_BN"])
-    if family == "skinny_kmajor":  # skinny_kmajor.cu: As[MT][KR_KS]
-        return m["MT"] * m["KR_KS"] * 4
+    if family == "skinny_kmajor":  # skinny_kmajor.cu: As[MT][KR_KS], then (KR_KW > 1) the warps' sums
+        kw = m.get("KR_KW", 1)  # red[KR_KW][MT][rows of a group: KR_WARPS / KR_KW warps x 4 x KR_R]
+        red = kw * m["MT"] * (m["KR_WARPS"] // kw) * 4 * m["KR_R"] if kw > 1 else 0
+        return (m["MT"] * m["KR_KS"] + red) * 4
     if family == "wgmma_tf32":  # wgmma_tf32.cu: STAGES x (A + B tiles of 32 floats a row, twice for
         parts = 2 if m["PRECISION_X3"] else 1  # tf32x3's halves), the mbarriers, 1 KiB to align the ring,
         c_stage = m.get("TMA_STORE", 0) * m.get("C_BOXES", 4) * bm * 32 * 4  # and C_STAGE_BYTES
@@ -1069,6 +1071,49 @@ def test_the_32x128_tile_runs_4_blocks_an_sm_where_that_doubles_the_slices_of_fe
     # measured on the H200 only (and at 128 registers ptxas spills some load modes for sm_86)
     for arch in ("sm_80", "sm_86", "sm_89"):
         assert "CP_MIN_BLOCKS" not in macros(select(Problem.dense(32, 3584, 18944, "ieee", b_t=True), DEV[arch]))
+
+
+@pytest.mark.parametrize("M, N, K, batch, a_t, want", [
+    (512, 64, 512, 128, True, (2, 1, 16)),  # attention's dV = P^T dO, heads of 64: 512 tiles
+    (1024, 64, 1024, 128, True, (2, 1, 16)),
+    (512, 48, 512, 128, True, (2, 1, 16)),  # narrower heads too
+    (512, 64, 512, 128, False, None),  # P.V: A's rows k-contiguous, where the narrow builds spill
+    (256, 64, 256, 64, True, None),  # 128 tiles, under 3 an SM: it lost 50% there
+    (197, 64, 197, 768, True, None),  # M % 4 != 0: A is not read as float4, so no narrow tile
+    (384, 64, 512, 256, True, (2, 1, 16)),  # 384 rows: 128-row tiles pad no more than 64-row ones
+    (448, 64, 512, 256, True, None),  # 448 rows: they would (512 against 448)
+    (512, 65, 512, 128, True, None),  # more than 64 columns
+])
+def test_narrow_simt_tiles_take_products_of_at_most_64_columns_with_an_m_contiguous_a(M, N, K, batch, a_t, want):
+    """The 128 x 64 tile of 16 x 8 outputs a thread (2 warps, one warp column) where N <= 64, A is
+    m-contiguous and copied as float4 (its builds with single-float A copies spill), its tiles
+    number 3 an SM or more and pad M no more than 64-row tiles (NARROW_* in
+    families/simt_cp_async.py, measured on the H200: NOTES run 30)."""
+    p = Problem.dense(M, N, K, "ieee", batch=batch, a_t=a_t)
+    plan = select(p, DEV["sm_90"])
+    assert plan.kernel.family == "simt_cp_async", plan.describe()
+    m = macros(plan)
+    if want is not None:
+        assert (m["WARPS_M"], m["WARPS_N"], m["THREAD_M"]) == want, plan.describe()
+    else:  # a tile of tile_options (more than one warp column)
+        assert m["WARPS_N"] > 1, plan.describe()
+    fam = FAMILIES["simt_cp_async"]
+    offered = {o[:3] for o in fam.options(p, DEV["sm_90"])}
+    narrow = N <= 64 and fam.load_modes(p)[0] == LOAD_VEC_FAST
+    assert ({(4, 1, 16), (2, 1, 16)} <= offered) == narrow and ({(4, 1, 16), (2, 1, 16)} & offered == set()) == (not narrow)
+    check_geometry(plan)
+
+
+def test_the_largest_simt_tile_split_never_computes_four_times_the_columns():
+    """8192 x 64 x 1024 on W^T (a 64-wide projection): the 128 x 256 tile split along K covered 4x
+    the outputs of the 64 x 64 tile (104.4 us against 41.8 on the H200, NOTES run 30); the
+    largest tile replaces an 8 x 8 tile's choice only where it covers at most PAD_SLACK x its
+    area. 128 x 11008 x 4096 (decode128, where it was measured 12% faster) still takes it."""
+    narrow = select(Problem.dense(8192, 64, 1024, "ieee", b_t=True), DEV["sm_90"])
+    assert narrow.kernel.family == "simt_cp_async" and narrow.kernel.tile[:2] == (64, 64), narrow.describe()
+    assert narrow.kernel.split_k == 2
+    wide = select(Problem.dense(128, 11008, 4096, "ieee", b_t=True), DEV["sm_90"])
+    assert wide.kernel.tile[:2] == (128, 256) and wide.kernel.split_k > 1, wide.describe()
 
 
 def test_simt_short_tiles_are_offered_only_where_their_copies_fit():

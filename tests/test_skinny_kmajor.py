@@ -71,9 +71,10 @@ def test_tiny_means_few_outputs_and_a_short_k():
 @pytest.mark.parametrize("arch", ARCHS)
 def test_geometry_follows_the_kernels_definitions(arch):
     """Hand-checked facts of skinny_kmajor.cu: MT = M rounded up to a power of two; a block of 8
-    warps owns 8 x 4 x KR_R rows of W; K split into slices of KR_KS (a multiple of 32 x KR_U) whose
-    A rows fit the shared memory of the blocks per SM; the split fused (KR_FUSED) exactly when
-    there is more than one slice, with one arrival counter per row tile."""
+    warps owns 8 / KR_KW x 4 x KR_R rows of W (KR_KW = 8 warps along K up to 4 rows with W read as
+    float4, else 1); K split into slices of KR_KS (a multiple of 32 x KR_U) whose A rows, and the
+    warps' sums where KR_KW > 1, fit the shared memory of the blocks per SM; the split fused
+    (KR_FUSED) exactly when there is more than one slice, with one arrival counter per row tile."""
     dev = DEV[arch]
     for M, mt in ((1, 1), (2, 2), (3, 4), (5, 8), (8, 8), (9, 16), (16, 16), (17, 32), (32, 32)):
         for N, K in ((4096, 4096), (14336, 4096), (1001, 999), (4096, 14336), (128, 1 << 17)):
@@ -81,13 +82,19 @@ def test_geometry_follows_the_kernels_definitions(arch):
             m = dict(cfg.macros)
             assert m["MT"] == mt and m["KR_WARPS"] == 8 and m["KR_G"] == 1
             assert m["KR_MINB"] == (1 if mt == 32 else 2)
-            rows = 8 * 4 * m["KR_R"]
+            kw = 8 if mt <= 4 and K % 4 == 0 else 1  # (linear(): W rows 16-byte aligned where K % 4 == 0)
+            assert m["KR_KW"] == kw
+            rows = 8 // kw * 4 * m["KR_R"]
             assert cfg.tile == (mt, rows, m["KR_KS"]) and cfg.block_dims == (256, 1, 1)
             assert cfg.grid[0] == -(-N // rows) and cfg.grid[2] == 1
             assert m["KR_KS"] % (32 * m["KR_U"]) == 0
-            assert cfg.smem == mt * m["KR_KS"] * 4 <= min(96 * 1024, dev.smem_per_sm // m["KR_MINB"] - 1024)
+            red = kw * mt * rows if kw > 1 else 0
+            assert cfg.smem == (mt * m["KR_KS"] + red) * 4 <= min(96 * 1024, dev.smem_per_sm // m["KR_MINB"] - 1024)
             slices = cfg.grid[1]
             assert (slices - 1) * m["KR_KS"] < K <= slices * m["KR_KS"]  # every slice has k to do
+            if kw > 1:  # split over blocks only as far as A's slice must be: one slice fewer would not fit
+                room = min(96 * 1024, dev.smem_per_sm // 2 - 1024) - red * 4 - 4 * mt * 32 * m["KR_U"]
+                assert slices == 1 or mt * 4 * (K // (slices - 1)) > room
             assert slices <= 64 or slices == -(-K // (cfg.smem // (4 * mt)))  # capped, unless A forces more
             assert cfg.split_fused == (slices > 1) == bool(m["KR_FUSED"])
             assert cfg.arrival_counters == (cfg.grid[0] if slices > 1 else 0)
@@ -95,17 +102,23 @@ def test_geometry_follows_the_kernels_definitions(arch):
             assert mt * m["KR_R"] <= 64 and m["KR_U"] * m["KR_R"] <= 16
 
 
-def test_the_decode_gemv_fills_the_h200_with_splits():
-    """The wave model over 132 SMs x 2 blocks = 264 slots, time ceil(tiles S / 264) / S x
-    (1 + 0.02 (S - 1)), hand-computed: 1 x 4096 x 4096 has 32 row tiles of 128: S = 8 gives 256
-    blocks, one wave (0.1425; S = 9 needs two waves: 0.258), slices of 512. 1 x 14336 x 4096 has 112
-    tiles: S = 2 is one wave (0.51), S = 7 three (3/7 x 1.12 = 0.48), S = 9 four (0.516): 7 slices
-    of 640 (4096 / 7 rounded up to the 128-k unit)."""
+def test_the_decode_gemv_splits_k_over_the_warps_of_a_block_not_over_blocks():
+    """Up to 4 rows all 8 warps of a block share its 16 rows of W (4 lane rows x KR_R 4), each
+    a run of K: 1 x 4096 x 4096 takes 4096 / 16 = 256 blocks (2 an SM on the H200's 132) and no
+    split (A's 16 KiB fits), so no arrivals and no last-block sum; 1 x 14336 x 4096 896 blocks.
+    4 x 1024 x 14336: A's slice is 4 x 14336 floats (224 KiB) against 96 KiB less the warps' 2 KiB
+    of sums: 3 slices. 8 rows keep the split over blocks (1 x 4096 x 4096's old plan, 32 tiles x
+    8 slices, measured 21.4 us against 17.7)."""
     sm90 = DEV["sm_90"]
     gemv = select(linear(1, 4096, 4096), sm90).kernel
-    assert gemv.grid == (32, 8, 1) and gemv.tile == (1, 128, 512)
+    assert gemv.grid == (256, 1, 1) and gemv.tile == (1, 16, 4096) and not gemv.split_fused
+    assert gemv.arrival_counters == 0 and gemv.smem == (4096 + 8 * 16) * 4
     up = select(linear(1, 14336, 4096), sm90).kernel
-    assert up.grid == (112, 7, 1) and up.tile == (1, 128, 640)
+    assert up.grid == (896, 1, 1) and up.tile == (1, 16, 4096)
+    down = select(linear(4, 1024, 14336), sm90).kernel
+    assert down.family == FAMILY and down.grid == (64, 3, 1) and down.split_fused
+    eight = select(linear(8, 4096, 14336), sm90).kernel
+    assert dict(eight.macros)["KR_KW"] == 1 and eight.grid[0] == 4096 // 128 and eight.grid[1] > 1
 
 
 def test_vectors_only_where_the_rows_allow_them():

@@ -3,7 +3,10 @@
 For decode shapes: torch.matmul and fastmm.matmul called back to back (CUDA events around 200
 calls, median of 7; and the host's wall time per call of the same loop), then the GPU time
 alone: 20 calls captured in a CUDA graph and replayed, for torch, for the planner's plan and for
-every K split the family can take (the variant SkinnyKmajor(split=S)); GB/s of W.
+every K split the family can take with 1, 2, 4 or 8 warps of a block along K (the variant
+SkinnyKmajor(split=S, kw=KW)); GB/s of W. Beside them,
+what reading W alone costs on this GPU: torch's row sums of W (``torch.sum(w, 1)``, a read-bound
+reduction: the floor a GEMV can hope for, launch and tail included) and a copy of W.
     python3 benchmarks/probes/kmajor_split_probe.py [--no-pdl]
 """
 import argparse
@@ -23,7 +26,10 @@ from fastmm import dispatch  # noqa: E402
 from fastmm.families import SkinnyKmajor  # noqa: E402
 from probe_util import need_gpu  # noqa: E402
 
-SHAPES = [(1, 1024, 4096), (1, 4096, 4096), (4, 4096, 4096), (16, 4096, 4096), (1, 14336, 4096), (8, 4096, 14336)]
+SHAPES = [(1, 1024, 4096), (1, 4096, 4096), (2, 4096, 4096), (4, 4096, 4096), (16, 4096, 4096), (1, 14336, 4096),
+          (1, 4096, 14336), (4, 1024, 4096), (8, 4096, 14336)]
+#: KR_KW swept (warps of a block along K; skinny_kmajor.cu)
+KWS = (1, 2, 4, 8)
 
 
 def loop_us(fn, calls=200, reps=7):
@@ -85,16 +91,26 @@ def main():
         plan = fastmm.explain(x, b, precision="ieee").plan
         print(f"{M}x{N}x{K}: back to back: torch {t_loop:.1f} us (host {t_host:.1f}), fastmm {f_loop:.1f} us "
               f"(host {f_host:.1f}); graph replay: torch {t_graph:.1f} us ({gb / t_graph:.0f} GB/s), fastmm "
-              f"{f_graph:.1f} us ({gb / f_graph:.0f} GB/s, {t_graph / f_graph:.2f}x), plan S {plan.kernel.grid[1]}")
+              f"{f_graph:.1f} us ({gb / f_graph:.0f} GB/s, {t_graph / f_graph:.2f}x), plan S {plan.kernel.grid[1]} "
+              f"KW {dict(plan.kernel.macros).get('KR_KW', 1)}")
+        rowsum = torch.empty(N, device="cuda")
+        wcopy = torch.empty_like(w)
+        r_graph = graph_us(lambda: torch.sum(w, 1, out=rowsum))
+        c_graph = graph_us(lambda: wcopy.copy_(w))
+        print(f"    reading W alone: torch.sum(w, 1) {r_graph:.1f} us ({gb / r_graph:.0f} GB/s); a copy of W "
+              f"{c_graph:.1f} us ({gb / c_graph:.0f} GB/s of W read, as much written)")
+        del wcopy
         ref = x.double() @ b.double()
-        for S in (1, 2, 4, 8, 16, 32):
-            fam = SkinnyKmajor(split=S)
-            _, p, reason = dispatch.matmul_fastmm(x, b, out, "ieee", variants=(fam,))
-            assert reason is None and p.kernel.family == "skinny_kmajor"
-            err = ((out.double() - ref).norm() / ref.norm()).item()
-            us = graph_us(lambda: dispatch.matmul_fastmm(x, b, out, "ieee", variants=(fam,)))
-            print(f"    S {p.kernel.grid[1]:3d} (KS {p.kernel.tile[2]:5d}, {p.kernel.grid[0] * p.kernel.grid[1]:5d} "
-                  f"blocks): graph {us:7.1f} us ({gb / us:5.0f} GB/s, {t_graph / us:.2f}x torch), err {err:.1e}")
+        for kw in KWS:
+            for S in (1, 2, 4, 8, 16, 32):
+                fam = SkinnyKmajor(split=S, kw=kw)
+                out.fill_(float("nan"))
+                _, p, reason = dispatch.matmul_fastmm(x, b, out, "ieee", variants=(fam,))
+                assert reason is None and p.kernel.family == "skinny_kmajor"
+                err = ((out.double() - ref).norm() / ref.norm()).item()
+                us = graph_us(lambda: dispatch.matmul_fastmm(x, b, out, "ieee", variants=(fam,)))
+                print(f"    KW {kw} S {p.kernel.grid[1]:3d} (KS {p.kernel.tile[2]:5d}, {p.kernel.grid[0] * p.kernel.grid[1]:5d} "
+                      f"blocks): graph {us:7.1f} us ({gb / us:5.0f} GB/s, {t_graph / us:.2f}x torch), err {err:.1e}")
 
 
 if __name__ == "__main__":

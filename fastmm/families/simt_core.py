@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ..problem import DeviceFacts, Problem
-from .base import (LOAD_ELEM_FAST, LOAD_ELEM_K, LOAD_NAMES, LOAD_VEC_FAST, LOAD_VEC_K, Family, KernelConfig,
-                   grid_of, k_dominant, pick_tile, round4, tiles_of, vec_ok, with_split_flags)
+from .base import (LOAD_ELEM_FAST, LOAD_ELEM_K, LOAD_NAMES, LOAD_VEC_FAST, LOAD_VEC_K, PAD_SLACK, Family,
+                   KernelConfig, grid_of, k_dominant, pick_tile, round4, tiles_of, vec_ok, with_split_flags)
 from .work_split import split_k_for, stream_k_for
 
 #: Stage an operand only when the product does at least this many FLOP per byte the copy moves
@@ -45,6 +45,11 @@ def fused_split_spills(tile: tuple[int, int, int], a: int, b: int, out_vec: bool
     if b == LOAD_ELEM_FAST or (tm == 16 and b == LOAD_VEC_FAST):
         return True
     return (wm, wn, tm) == (1, 2, 8) and b == LOAD_ELEM_K and epilogue and not out_vec
+
+
+def covered_area(p: Problem, tile: tuple[int, int]) -> int:
+    """Outputs the tiles of ``tile`` (BM, BN) compute over ``p``'s M x N, padding included."""
+    return tiles_of(p, *tile) * tile[0] * tile[1]
 
 
 def pads_no_more(n: int, wide: int, narrow: int) -> bool:
@@ -201,6 +206,15 @@ class SimtCore(Family):
         """The heuristic's short tile for ``p``, or None: the ``tile_options`` rules decide."""
         return None
 
+    def narrow_tile(self, p: Problem, dev: DeviceFacts):
+        """The heuristic's narrow tile for ``p``, or None (none here)."""
+        return None
+
+    def narrow_tiles(self, p: Problem) -> tuple[tuple[int, int, int], ...]:
+        """The 64-wide tiles of 16 x 8 outputs a thread this family offers ``p`` besides
+        ``tile_options`` (none here: :class:`.simt_cp_async.SimtCpAsync` has them)."""
+        return ()
+
     @staticmethod
     def default_blocks_per_sm(opt) -> int:
         """Blocks of tile ``opt`` an SM holds as its kernel is built by default."""
@@ -214,11 +228,11 @@ class SimtCore(Family):
 
     def options(self, p, dev):
         """Every tile; for a family that splits K, each with split-K allowed or not."""
-        tiles = self.tile_options + self.short_tiles(p)
+        tiles = self.tile_options + self.short_tiles(p) + self.narrow_tiles(p)
         return with_split_flags(tiles) if self.can_split else tiles
 
     def configure(self, p, dev, option=None):
-        short = self.short_tile(p) if option is None else None
+        short = (self.short_tile(p) or self.narrow_tile(p, dev)) if option is None else None
         if option is not None:
             opt, may_split = tuple(option[:3]), self.can_split and bool(option[3])
         elif short is not None:
@@ -237,8 +251,13 @@ class SimtCore(Family):
                 options = options[1:]  # (see batched_short_k)
             opt, may_split = pick_tile(p, dev, options, self.tile_of), self.can_split
             if may_split and opt != self.tile_options[0] and self._big_tile_split_fills(p, dev):
-                # (over a 128 x 128 choice only where the wider tile pads N no more: so measured)
-                if opt[2] == 8 or pads_no_more(p.N, self.tile_of(self.tile_options[0])[1], self.tile_of(opt)[1]):
+                # (over a 128 x 128 choice only where the wider tile pads N no more: so measured;
+                # over the 8 x 8 tiles where it covers at most PAD_SLACK times their area: at N = 64
+                # it computed 4x the outputs, 8192 x 64 x 1024 W^T 104.4 us against 41.8 for the
+                # 64 x 64 tile split 2, NOTES run 30)
+                big = self.tile_of(self.tile_options[0])
+                if opt[2] == 8 and covered_area(p, big) <= PAD_SLACK * covered_area(p, self.tile_of(opt)) \
+                        or pads_no_more(p.N, big[1], self.tile_of(opt)[1]):
                     opt = self.tile_options[0]
         wm, wn, tm = opt
         bm, bn = self.tile_of(opt)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..problem import Problem
-from .base import LOAD_ELEM_K, tiles_of
+from .base import LOAD_ELEM_K, LOAD_VEC_FAST, tiles_of
 from .simt_core import SimtCore, copies_fit, padded_copies, pads_no_more, transposes_b
 from .stage_kmajor import stage_rows_config
 from .work_split import split_k_for
@@ -16,6 +16,23 @@ from .work_split import split_k_for
 #: more on padding.
 SHORT_TILE_OPTIONS = ((2, 4, 4), (2, 2, 4))
 SHORT_ROWS = 32
+#: The 64-wide tiles of 16 x 8 outputs a thread, (WARPS_M, WARPS_N, THREAD_M): 256 x 64 (4 warps)
+#: and 128 x 64 (2 warps); one warp column, a 64 x 64 warp tile (simt_core.cuh: lanes 4 x 8).
+#: For products of at most NARROW_COLS columns with an m-contiguous A (attention's dV = P^T dO
+#: and dK = dS^T Q with heads of 64), where the 128-wide tiles compute half their columns on
+#: padding and the 128 x 64 tile of ``tile_options`` runs 8 x 8 outputs a thread (a third more
+#: shared-memory reads per FFMA). Not with A's rows k-contiguous (P.V, dQ): there both builds
+#: spill 24-64 bytes at the 255-register cap (16 single-float copies of A a thread a k-tile;
+#: ptxas -v, sm_80/86/90, NOTES run 30), though the 128 x 64 one ran 17% faster (attn_pv_512).
+NARROW_TILE_OPTIONS = ((4, 1, 16), (2, 1, 16))
+NARROW_COLS = 64
+#: The heuristic takes the 128 x 64 one (2 warps, up to 4 blocks an SM) where its tiles number at
+#: least NARROW_MIN_TILES_PER_SM per SM and pad M no more than 64-row tiles. Measured on the H200
+#: (probes/candidates.py on probes/narrow_rows.json, NOTES run 30; GPU us, the 8 x 8 128 x 64 tile
+#: -> the narrow one): dV 128 x (512 x 64 x 512) 125.6 -> 97.2 (torch 106.4), 128 x (1024 x 64 x
+#: 1024) 376.0 -> 354.6 (torch 379.8); the 256 x 64 tile 102.1 / 374.7. At 128 tiles (64 x (256 x
+#: 64 x 256), P.V) it lost 50%, at 197 rows (ViT, 768 x (197 x 64 x 197)) 4%.
+NARROW_MIN_TILES_PER_SM = 3
 #: ... where K and N are at least these (the least measured; below them skinny_kmajor keeps them).
 SHORT_ROWS_MIN_K = 768
 SHORT_ROWS_MIN_N = 1024
@@ -78,6 +95,25 @@ class SimtCpAsync(SimtCore):
             return ()
         a, b, _ = self.load_modes(p)
         return tuple(opt for opt in SHORT_TILE_OPTIONS if copies_fit(opt, self.tile_of(opt), self.bk, a, b))
+
+    def narrow_tiles(self, p):
+        """The 64-wide tiles of NARROW_TILE_OPTIONS, for products of at most NARROW_COLS columns
+        whose A is m-contiguous and copied as float4 (see NARROW_TILE_OPTIONS), and whose copies
+        fit ``p``'s load modes."""
+        if p.N > NARROW_COLS:
+            return ()
+        a, b, _ = self.load_modes(p)
+        if a != LOAD_VEC_FAST:
+            return ()
+        return tuple(opt for opt in NARROW_TILE_OPTIONS if copies_fit(opt, self.tile_of(opt), self.bk, a, b))
+
+    def narrow_tile(self, p, dev):
+        """The heuristic's narrow tile for ``p`` (the 128 x 64 one, see NARROW_MIN_TILES_PER_SM),
+        or None."""
+        opt = NARROW_TILE_OPTIONS[1]
+        if opt not in self.narrow_tiles(p) or -(-p.M // 128) * 128 > -(-p.M // 64) * 64:
+            return None
+        return opt if tiles_of(p, *self.tile_of(opt)) * p.batch_total >= NARROW_MIN_TILES_PER_SM * dev.sm_count else None
 
     def short_tile(self, p):
         """A 32-row tile for products of at most ``short_rows`` rows: 128 wide against a

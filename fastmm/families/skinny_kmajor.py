@@ -1,8 +1,9 @@
 """The skinny_kmajor family (cuda_src/skinny_kmajor.cu): M <= 32 against a K-contiguous B, the
 layout of ``x @ W.t()`` with W stored ``[N, K]`` as nn.Linear keeps it (decode's GEMV). W is read
 once, along its rows (whole cache lines per warp load); A's slice of K is staged in shared
-memory once per block. K is split over blocks where the rows alone do not fill the GPU, and the
-last block of each row tile sums the slices in slice order (no second launch)."""
+memory once per block. Up to 4 rows, a block's 8 warps share its rows and split its K range,
+their sums added in shared memory; else K is split over blocks where the rows alone do not fill
+the GPU, and the last block of each row tile sums the slices in slice order (no second launch)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -19,6 +20,16 @@ A_SMEM_CAP = 96 * 1024
 #: count. Measured on the H200 (NOTES run 16): 1 x 1024 x 4096 at 8 slices of 512 7.2 us, at 16
 #: 7.6, at 32 (the model's choice) 8.2; the larger decode products were best at >= 512 a slice.
 MIN_SLICE_K = 512
+#: Products of at most this many rows (rounded up to a power of two) put all 8 warps of a block
+#: on its 16 rows of W along K (KR_KW = 8, :meth:`SkinnyKmajor.warps_along_k`) and split K over
+#: blocks only as far as A's shared memory needs. Measured on the H200 (probes/kmajor_split_probe.py,
+#: NOTES run 30; GPU us, CUDA graph replay, the best split over blocks at KW 1 -> KW 8 unsplit):
+#: 1 x 4096 x 4096 21.4 -> 17.7, 2 x 4096^2 21.7 -> 17.9, 4 x 4096^2 22.8 -> 18.9, 1 x 14336 x 4096
+#: 56.9 -> 55.0, 1 x 4096 x 14336 59.0 -> 55.8, 1 x 1024 x 4096 6.9 -> 4.7, 4 x 1024 x 4096 9.2 ->
+#: 6.2: the split's arrivals and last-block sums cost 2-4 us at the end of the kernel, and KW 8
+#: with a split over blocks was slower than without on every one. At 16 rows (16 x 4096^2: 32.9 at
+#: KW 1 S 4, 39.0 at KW 4, 49.4 at KW 8) and 8 (8 x 4096 x 14336: 64.1 against 74.6) it lost.
+KW_MAX_M = 4
 
 
 @dataclass(frozen=True)
@@ -35,6 +46,9 @@ class SkinnyKmajor(Family):
     #: K slices asked for (a variant for probes: benchmarks/probes/kmajor_split_probe.py); None:
     #: the wave model's choice. Never fewer than A's shared memory needs; a batch is never split.
     split: int | None = None
+    #: Warps of a block sharing its rows, each a part of its K range (KR_KW; a variant for
+    #: probes); None: the rule of :meth:`warps_along_k`.
+    kw: int | None = None
 
     def reject(self, p, dev):
         reason = super().reject(p, dev)
@@ -70,15 +84,28 @@ class SkinnyKmajor(Family):
 
     def slice_cap(self, p, dev) -> int:
         """The most k one block can take (A's slice of MT rows in shared memory)."""
-        mt, _, u, minb = self.geometry(max(p.M, 1))
+        mt, r, u, minb = self.geometry(max(p.M, 1))
         unit = 32 * u
-        budget = min(A_SMEM_CAP, dev.smem_per_sm // minb - 1024, dev.smem_per_block_optin)
+        red = WARPS * mt * 4 * r * 4 if mt <= KW_MAX_M else 0  # (the warps' sums at KR_KW = 8, at most)
+        budget = min(A_SMEM_CAP, dev.smem_per_sm // minb - 1024 - red, dev.smem_per_block_optin - red)
         return budget // (4 * mt) // unit * unit
+
+    def warps_along_k(self, p, dev) -> int:
+        """KR_KW: how many warps of a block share its rows, each taking a part of its K range,
+        their sums added in shared memory: all 8 for products of at most KW_MAX_M rows with W
+        read as float4 (see KW_MAX_M), else 1."""
+        if self.kw is not None:
+            return self.kw
+        mt = self.geometry(max(p.M, 1))[0]
+        if mt > KW_MAX_M or not vec_ok(p.K, p.b_strides[1] if p.N > 1 else 0, p.b_batch_strides, p.b_align):
+            return 1  # (with 4-byte W loads one build spilled: sm_80, 2 rows, a split and an epilogue)
+        return WARPS
 
     def configure(self, p, dev, option=None):
         mt, r, u, minb = self.geometry(max(p.M, 1))
         unit = 32 * u
-        bn = WARPS * 4 * r
+        kw = self.warps_along_k(p, dev)
+        bn = WARPS // kw * 4 * r
         tiles = max(1, -(-p.N // bn))
         cap = self.slice_cap(p, dev)
         k = max(p.K, 1)
@@ -86,6 +113,8 @@ class SkinnyKmajor(Family):
         slots = dev.sm_count * minb
         if p.batch_total > 1:
             split = 1
+        elif self.split is None and kw > 1:
+            split = least  # (see KW_MAX_M: split over blocks only as A's shared memory needs)
         elif self.split is not None:
             split = max(least, min(self.split, -(-k // unit)))
         else:  # waves of blocks, as the skinny family, but at least the slices A's shared memory needs
@@ -101,16 +130,20 @@ class SkinnyKmajor(Family):
         fused = split > 1
         macros = (("MT", mt), ("KR_R", r), ("KR_U", u), ("KR_WARPS", WARPS), ("KR_G", 1), ("KR_KS", ks),
                   ("B_VEC", int(b_vec)), ("A_VEC", int(a_vec)), ("KR_FUSED", int(fused)),
-                  ("KR_MINB", minb))
+                  ("KR_MINB", minb), ("KR_KW", kw))
         details = (("rows per thread", f"{mt} (M = {p.M})"),
                    ("W loads", f"along K, {'16-byte' if b_vec else '4-byte'}: a warp reads 128 contiguous bytes "
                                f"of each of 4 rows per load; {4 * r} rows per warp, {u} k steps ahead"),
                    ("A", f"{ks} k per block staged in shared memory ({'16' if a_vec else '4'}-byte cp.async)"),
                    ("math", f"fp32 FFMA, {mt} x {r} sums per lane; 8 lanes per row summed in a fixed tree"))
+        if kw > 1:
+            details += (("warps along K", f"{kw} warps share each {bn // (WARPS // kw)}-row group of W, each a run of "
+                                          f"the block's k steps; their sums added in shared memory in warp order"),)
         if fused:
             details += (("split-K", f"{split} slices of K, summed in slice order by the last block of each row "
                                     "tile (no second launch)"),)
+        smem = (mt * ks + (kw * mt * bn if kw > 1 else 0)) * 4  # A's slice, the warps' sums
         cfg = KernelConfig(self.name, self.source, self.entry, macros, WARPS * 32, (WARPS * 32, 1, 1),
-                           grid_of(tiles, p.batch_total, split), mt * ks * 4, (mt, bn, ks), details,
+                           grid_of(tiles, p.batch_total, split), smem, (mt, bn, ks), details,
                            split_fused=fused)
         return as_dependent_launch(cfg, dev, self.dependent_launch_cc)

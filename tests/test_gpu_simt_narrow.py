@@ -1,0 +1,72 @@
+"""The SIMT family's 64-wide tiles of 16 x 8 outputs a thread (NARROW_TILE_OPTIONS in
+fastmm/families/simt_cp_async.py) on a real GPU: products of at most 64 columns with an
+m-contiguous A (attention's dV = P^T dO, dK = dS^T Q), against float64 (skipped without CUDA).
+Both tiles are run (the heuristic takes the 128 x 64 one; the tuner may take either), over
+edges of M, N and K, batched, split (a reduce pass), into NaN-filled outputs. (Products of
+K <= 256 and few outputs run the scalar kernel whatever the variant: not here.)"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from fastmm import dispatch
+from fastmm.families import SimtCpAsync
+from fastmm.families.simt_cp_async import NARROW_TILE_OPTIONS
+from conftest import relative_error
+
+pytestmark = pytest.mark.cuda
+
+TOL = 1e-5
+
+
+@dataclass(frozen=True)
+class NarrowTile(SimtCpAsync):
+    """simt_cp_async planned with one narrow option, as a tuned choice would give it."""
+
+    option: tuple = NARROW_TILE_OPTIONS[0]
+
+    def configure(self, p, dev, option=None):
+        return super().configure(p, dev, self.option)
+
+
+def needs_sm80():
+    if torch.cuda.get_device_capability() < (8, 0):
+        pytest.skip("simt_cp_async needs sm80+")
+
+
+@pytest.mark.parametrize("split", (0, 1))
+@pytest.mark.parametrize("tile", NARROW_TILE_OPTIONS)
+@pytest.mark.parametrize("M, N, K, batch", [(512, 64, 512, 8), (384, 48, 300, 3), (4, 64, 300, 2), (260, 1, 301, 1),
+                                            (1024, 61, 1024, 1), (128, 64, 4096, 1), (1000, 64, 7, 5)])
+def test_narrow_tiles_match_float64(tile, split, M, N, K, batch):
+    needs_sm80()
+    a = torch.randn(batch, K, M, device="cuda").transpose(1, 2)  # m-contiguous A, as P^T is
+    b = torch.randn(batch, K, N, device="cuda")
+    a0, b0 = a.clone(), b.clone()
+    out = torch.full((batch, M, N), float("nan"), device="cuda")
+    fam = NarrowTile(option=tile + (split,))
+    _, plan, reason = dispatch.matmul_fastmm(a, b, out, "ieee", force="simt_cp_async", variants=(fam,))
+    assert reason is None and plan.kernel.family == "simt_cp_async", reason
+    m = dict(plan.kernel.macros)
+    assert (m["WARPS_M"], m["WARPS_N"], m["THREAD_M"]) == tile and m["A_MODE"] == 0
+    assert not torch.isnan(out).any()
+    err = relative_error(out, a.double() @ b.double())
+    if out.numel() < 64 and err > TOL:
+        err = relative_error(out, a, b, scale="abs")
+    assert err <= TOL, (err, plan.describe())
+    assert torch.equal(a, a0) and torch.equal(b, b0)
+
+
+def test_the_heuristic_runs_the_narrow_tile_on_attention_dv():
+    needs_sm80()
+    p = torch.softmax(torch.randn(128, 512, 512, device="cuda"), -1)
+    g = torch.randn(128, 512, 64, device="cuda")
+    import fastmm
+
+    c = fastmm.matmul(p.transpose(1, 2), g, precision="ieee")
+    plan = fastmm.explain(p.transpose(1, 2), g, precision="ieee").plan
+    m = dict(plan.kernel.macros)
+    assert (m["WARPS_M"], m["WARPS_N"], m["THREAD_M"]) == (2, 1, 16)
+    assert relative_error(c, p.transpose(1, 2).double() @ g.double()) <= TOL
