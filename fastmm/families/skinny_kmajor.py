@@ -90,6 +90,11 @@ class SkinnyKmajor(Family):
         budget = min(A_SMEM_CAP, dev.smem_per_sm // minb - 1024 - red, dev.smem_per_block_optin - red)
         return budget // (4 * mt) // unit * unit
 
+    @staticmethod
+    def w_vec(p) -> bool:
+        """Whether W's rows are read as float4 (B_VEC: K % 4 == 0, row stride and pointer aligned)."""
+        return vec_ok(p.K, p.b_strides[1] if p.N > 1 else 0, p.b_batch_strides, p.b_align)
+
     def warps_along_k(self, p, dev) -> int:
         """KR_KW: how many warps of a block share its rows, each taking a part of its K range,
         their sums added in shared memory: all 8 for products of at most KW_MAX_M rows with W
@@ -97,7 +102,7 @@ class SkinnyKmajor(Family):
         if self.kw is not None:
             return self.kw
         mt = self.geometry(max(p.M, 1))[0]
-        if mt > KW_MAX_M or not vec_ok(p.K, p.b_strides[1] if p.N > 1 else 0, p.b_batch_strides, p.b_align):
+        if mt > KW_MAX_M or not self.w_vec(p):
             return 1  # (with 4-byte W loads one build spilled: sm_80, 2 rows, a split and an epilogue)
         return WARPS
 
@@ -124,8 +129,7 @@ class SkinnyKmajor(Family):
         ks = -(-(-(-k // split)) // unit) * unit  # k per block, a multiple of the unit
         split = -(-k // ks)
         sAm, sAk = p.a_strides
-        sBk, sBn = p.b_strides
-        b_vec = vec_ok(p.K, sBn if p.N > 1 else 0, p.b_batch_strides, p.b_align)
+        b_vec = self.w_vec(p)
         a_vec = sAk == 1 and vec_ok(p.K, sAm if p.M > 1 else 0, p.a_batch_strides, p.a_align)
         fused = split > 1
         macros = (("MT", mt), ("KR_R", r), ("KR_U", u), ("KR_WARPS", WARPS), ("KR_G", 1), ("KR_KS", ks),
