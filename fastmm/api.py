@@ -13,7 +13,7 @@ from . import ops
 from .dispatch import torch_matmul
 from .errors import FastmmWarning  # noqa: F401  (re-exported: fastmm.FastmmWarning)
 from .fast_path import compute
-from .precision import autocast_half_active, resolve_precision
+from .precision import autocast_half_active_on, resolve_precision
 from .shapes import analyse, resize_out
 
 
@@ -30,7 +30,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
             out is not None and not isinstance(out, torch.Tensor)):
         return torch_matmul(a, b, out)  # torch words the type error
     precision = resolve_precision(precision)
-    if autocast_half_active(a.device.type):  # autocast decides the dtype; fastmm is float32 only
+    if autocast_half_active_on(a):  # autocast decides the dtype; fastmm is float32 only
         return torch_matmul(a, b, out)
     if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
         if out is not None:  # torch refuses this itself, with its own message

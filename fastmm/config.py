@@ -55,6 +55,24 @@ _read_disable = _reader(DISABLE_ENV)
 _read_force = _reader(FORCE_KERNEL_ENV)
 
 
+def _switches_reader():
+    """:func:`switches`: both variables in one function, as ``os.environ`` stores them (encoded
+    bytes, not decoded: a key only needs values that differ when the variables do), with the
+    public ``get`` where ``os.environ`` has no internal dict or has been replaced wholesale."""
+    data, encodekey = getattr(os.environ, "_data", None), getattr(os.environ, "encodekey", None)
+    if not isinstance(data, dict) or encodekey is None:
+        return lambda: (os.environ.get(DISABLE_ENV), os.environ.get(FORCE_KERNEL_ENV))
+    k_disable, k_force = encodekey(DISABLE_ENV), encodekey(FORCE_KERNEL_ENV)
+    environ = os.environ
+
+    def read():
+        if os.environ is not environ:
+            return "replaced", os.environ.get(DISABLE_ENV), os.environ.get(FORCE_KERNEL_ENV)
+        return data.get(k_disable), data.get(k_force)
+
+    return read
+
+
 def _is_on(value: str | None) -> bool:
     return value is not None and value.strip().lower() in {"1", "true", "yes", "on"}
 
@@ -72,12 +90,12 @@ def forced_kernel() -> str | None:
     return (value.strip() or None) if value is not None else None
 
 
-def switches() -> tuple:
-    """(FASTMM_DISABLE, FASTMM_KERNEL) as they are set now, unparsed: part of the key of every
-    remembered call (fastmm.fast_path), which must change whenever either does. Read per product,
-    so read raw: values that parse alike ("1" and "true") give keys that differ, which costs a
-    second entry, never a wrong one."""
-    return _read_disable(), _read_force()
+#: ``switches()``: (FASTMM_DISABLE, FASTMM_KERNEL) as they are set now, unparsed: part of the key of
+#: every remembered call (fastmm.fast_path), which must change whenever either does. Read per
+#: product, so read raw (one call, no decoding: ~0.5 us less a product than two decoded reads):
+#: values that parse alike ("1" and "true") give keys that differ, which costs a second entry,
+#: never a wrong one.
+switches = _switches_reader()
 
 
 def tune_on_first_use() -> bool:

@@ -219,10 +219,13 @@ def on_device(index: int):
     return contextlib.nullcontext() if torch.cuda.current_device() == index else torch.cuda.device(index)
 
 
+#: torch's C getter of the current stream's handle (0.17 us, against 9.4 for torch.cuda.current_stream())
+_raw_current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
 def current_stream(index: int) -> int:
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    if raw is not None:
-        return raw(index)
+    if _raw_current_stream is not None:
+        return _raw_current_stream(index)
     return torch.cuda.current_stream(index).cuda_stream
 
 

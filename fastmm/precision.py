@@ -27,6 +27,18 @@ def resolve_precision(precision: str | None) -> str:
 
 
 _HALF = (torch.float16, torch.bfloat16)
+#: torch's C test of "is autocast on for any device type", where this torch has it (~0.14 us)
+_any_autocast_enabled = getattr(torch._C, "_is_any_autocast_enabled", None)
+
+
+def autocast_half_active_on(t: torch.Tensor) -> bool:
+    """:func:`autocast_half_active` for ``t``'s device type, without reading ``t.device`` (a device
+    object, ~0.3 us on every call) when autocast is off for every device type. Not under
+    torch.compile: dynamo folds that C test to its value when tracing without guarding on it,
+    so a graph traced outside autocast would skip the check inside it."""
+    if _any_autocast_enabled is not None and not torch.compiler.is_compiling() and not _any_autocast_enabled():
+        return False
+    return autocast_half_active(t.device.type)
 
 
 def autocast_half_active(device_type: str) -> bool:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fastmm.precision import autocast_half_active, resolve_precision, torch_allows_tf32, torch_precision
+from fastmm.precision import autocast_half_active, autocast_half_active_on, resolve_precision, torch_allows_tf32, torch_precision
 
 
 @pytest.fixture(autouse=True)
@@ -110,3 +110,17 @@ def test_autocast_owns_a_matmul_only_with_a_half_dtype_on_the_operands_device_ty
         assert not autocast_half_active("meta")  # a device type autocast does not know
     with torch.autocast("cpu", dtype=dtype, enabled=False):
         assert not autocast_half_active("cpu")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_the_tensor_form_of_the_autocast_test_agrees_with_the_device_type_form(dtype):
+    """autocast_half_active_on(t) skips reading t.device while no autocast is on anywhere; it must
+    answer as autocast_half_active(t.device.type) does, off, on for t's device type, and on for
+    another device type only."""
+    t = torch.ones(2)
+    assert autocast_half_active_on(t) is False
+    with torch.autocast("cpu", dtype=dtype):
+        assert autocast_half_active_on(t) is True is autocast_half_active("cpu")
+        assert autocast_half_active_on(torch.ones(2, device="meta")) is False
+    with torch.autocast("cpu", dtype=dtype, enabled=False):
+        assert autocast_half_active_on(t) is False
