@@ -38,6 +38,19 @@
 #define CP_MIN_BLOCKS ((THREAD_M == 8 && BK == 8) ? 384 / THREADS : MIN_BLOCKS)
 #endif
 
+// Copy units a thread holds (single floats along k, each in its own row) from which their
+// source rows are chained (AsyncTile::ROW_CHAIN): the narrow tiles' A (16); of the other tiles
+// only (1, 4, 4)'s B copied along k (not a planned tile). 8 would take in the 8-unit copies of the
+// standard tiles too (their A_MODE 2 spills of 4-8 bytes go), untimed.
+#ifndef ROW_CHAIN_MIN
+#define ROW_CHAIN_MIN 16
+#endif
+
+template <class T, T V>  // (a compile-time flag passed to a generic lambda)
+struct integral_constant {
+    static constexpr T value = V;
+};
+
 #define A_RING_BACK ((STAGES - 1) * (A_TILE_FLOATS * 4))  // bytes from the last stage to stage 0
 #define B_RING_BACK ((STAGES - 1) * (B_TILE_FLOATS * 4))
 
@@ -48,6 +61,25 @@ __device__ __forceinline__ const float* add_bytes(const float* p, i64 bytes) {
     const float* r;
     asm("add.s64 %0, %1, %2;\n" : "=l"(r) : "l"(p), "l"(bytes));
     return r;
+}
+
+// The copy of a row-chained unit (AsyncTile::ROW_CHAIN): if the unit's row exists (q > fp, q:
+// rows from the thread's first to the operand's end, fp: the unit's distance from the first), the
+// source steps one row on (src += step) and is copied, else the source stays at the last row that
+// exists (or the clamped first row: always mapped) and the destination is zero-filled (ignore-src).
+// One predicate serves the step and the copy; nothing per unit is held across the loop (ptxas
+// makes it an ISETP, the 64-bit add, two SEL and the copy: the edge tiles' loop, see tile_product).
+template <int BYTES>
+__device__ __forceinline__ void cp_async_row_step(unsigned dst, const float*& src, i64 step, int q, int fp) {
+    static_assert(BYTES == 16 || BYTES == 4, "cp.async copies 4 or 16 bytes here");
+    if (BYTES == 16)
+        asm volatile("{\n .reg .pred ign;\n setp.le.s32 ign, %1, %3;\n @!ign add.s64 %0, %0, %2;\n"
+                     " cp.async.cg.shared.global [%4], [%0], 16, ign;\n}\n"
+                     : "+l"(src) : "r"(q), "l"(step), "r"(fp), "r"(dst) : "memory");
+    else
+        asm volatile("{\n .reg .pred ign;\n setp.le.s32 ign, %1, %3;\n @!ign add.s64 %0, %0, %2;\n"
+                     " cp.async.ca.shared.global [%4], [%0], 4, ign;\n}\n"
+                     : "+l"(src) : "r"(q), "l"(step), "r"(fp), "r"(dst) : "memory");
 }
 
 // 16-byte shared load from a 32-bit shared address. volatile: stays after the barrier.
@@ -97,7 +129,17 @@ struct AsyncTile {
     static_assert(MODE != LOAD_VEC_K, "cp.async cannot transpose a 16-byte vector");
     static constexpr int P = Map::PER_THREAD;
     static constexpr int BYTES = Map::UNIT * 4;
-    const float* src[P];  // unit p at k0 = 0 (row / column clamped into the operand, see above)
+    // Units in P different rows (DF != 0: single floats along k), many of them (the narrow tiles'
+    // A, 16 a thread): one pointer, stepped a row per unit (see cp_async_row_step), instead of a
+    // pointer per unit (32 registers) and the row bits, which ptxas held pre-shifted (up to 16
+    // more), across the main loop: at the 255-register cap those builds spilled 16-136 bytes
+    // (ptxas -v, sm_80 / 86 / 90). Where the tile lies inside the operand the chain needs no
+    // predicate: one 64-bit add and the copy per unit, one instruction fewer than before.
+    static constexpr bool ROW_CHAIN = Map::DF != 0 && P >= ROW_CHAIN_MIN;
+    static_assert(!ROW_CHAIN || Map::DK == 0, "row-chained units share their k");
+    const float* src[ROW_CHAIN ? 1 : P];  // unit p at k0 = 0 (row / column clamped into the operand, see above)
+    i64 rstep;            // ROW_CHAIN: DF * sF * 4, bytes from unit p to unit p + 1
+    int q_rem;            // ROW_CHAIN: F - f0 - f_t; unit p's row exists iff p * DF < q_rem
     i64 kstep;            // BK * sK * 4: bytes from one k-tile to the next
     i64 dk;               // DK * sK * 4: bytes from unit p to unit p + 1 when they share a row
     unsigned dst;         // shared byte address of unit 0 in stage 0
@@ -113,12 +155,18 @@ struct AsyncTile {
         kstep = (i64)BK * sK * 4;
         dk = (i64)Map::DK * sK * 4;
         f_ok = 0;
+        if constexpr (ROW_CHAIN) {
+            rstep = (i64)Map::DF * sF * 4;
+            q_rem = F - f0 - f_t;
+            src[0] = base + (i64)(q_rem > 0 ? f0 + f_t : f0) * sF + (i64)k_t * sK;
+        } else {
 #pragma unroll
-        for (int p = 0; p < P; ++p) {
-            const int f = f0 + f_t + p * Map::DF;
-            const bool ok = f < F;
-            f_ok |= (unsigned)ok << p;
-            src[p] = base + (i64)(ok ? f : f0) * sF + (i64)(k_t + p * Map::DK) * sK;
+            for (int p = 0; p < P; ++p) {
+                const int f = f0 + f_t + p * Map::DF;
+                const bool ok = f < F;
+                f_ok |= (unsigned)ok << p;
+                src[p] = base + (i64)(ok ? f : f0) * sF + (i64)(k_t + p * Map::DK) * sK;
+            }
         }
         dst = smem_addr(S + k_t * stride + f_t);
     }
@@ -135,7 +183,22 @@ struct AsyncTile {
     }
     // Copy the k-tile koff = k0 * sK * 4 bytes along k into the stage at byte offset `stage` from
     // stage 0; every unit lies inside K.
+    // FULL (ROW_CHAIN): every unit's row exists (the tile lies inside the operand along f), so
+    // none is predicated: per unit one 64-bit add and the copy.
+    template <bool FULL = false>
     __device__ __forceinline__ void copy_interior(unsigned stage, int stride, i64 koff) const {
+        if constexpr (ROW_CHAIN && FULL) {
+            const float* s = add_bytes(src[0], koff);
+#pragma unroll
+            for (int p = 0; p < P; ++p) {
+                if (p > 0) s = add_bytes(s, rstep);
+                cp_async_to<BYTES>(dst + stage + dst_off(p, stride), s, true);
+            }
+            return;
+        } else if constexpr (ROW_CHAIN) {
+            row_chain(stage, stride, add_bytes(src[0], koff), q_rem);
+            return;
+        }
         const float* s = nullptr;
 #pragma unroll
         for (int p = 0; p < P; ++p) {
@@ -143,10 +206,23 @@ struct AsyncTile {
             cp_async_to<BYTES>(dst + stage + dst_off(p, stride), s, (f_ok >> p) & 1u);
         }
     }
+    // ROW_CHAIN: unit 0 from s (its row, or row f0 where it does not exist; or the operand's base
+    // past K), unit p from s stepped p rows on while they exist (q: see cp_async_row_step).
+    __device__ __forceinline__ void row_chain(unsigned stage, int stride, const float* s, int q) const {
+        cp_async_to<BYTES>(dst + stage, s, q > 0);
+#pragma unroll
+        for (int p = 1; p < P; ++p)
+            cp_async_row_step<BYTES>(dst + stage + dst_off(p, stride), s, rstep, q, p * Map::DF);
+    }
     // The same for the k-tile at k0, which may reach past K: units at k >= K read nothing (the
     // operand's base stands in as their mapped address) and are zero-filled.
     __device__ __forceinline__ void copy_checked(unsigned stage, int stride, int k0, int K, const float* base,
                                                  i64 koff) const {
+        if constexpr (ROW_CHAIN) {  // (every unit at k0 + k_t: one k check; past K nothing steps)
+            const bool k_in = k0 + k_t < K;
+            row_chain(stage, stride, k_in ? add_bytes(src[0], koff) : base, k_in ? q_rem : 0);
+            return;
+        }
         const float* s = nullptr;
 #pragma unroll
         for (int p = 0; p < P; ++p) {
@@ -204,23 +280,39 @@ __device__ __forceinline__ void tile_product(const float* Ab, const float* Bb, i
     const int n_main = max(0, kt_full - (STAGES - 1) - kt_begin);
     i64 a_koff = (i64)(kt_begin + STAGES - 1) * ca.kstep;  // the first tile it copies
     i64 b_koff = (i64)(kt_begin + STAGES - 1) * cb.kstep;
-    for (int n = n_main; n > 0; --n) {
-        cp_async_wait<STAGES - 2>();   // tile kt has landed (for this thread's copies)
-        __syncthreads();               // ... and for everyone's; stage a_wr is free again
-        // The copies go after the first k-step, so their address arithmetic overlaps FFMAs
-        // instead of stalling every warp right after the barrier.
-        compute_tile_at(at, bt, acc, [&] {
-            ca.copy_interior(a_wr - ca.dst, A_STRIDE, a_koff);
-            cb.copy_interior(b_wr - cb.dst, B_STRIDE, b_koff);
-            cp_async_commit();
-        });
-        a_koff += ca.kstep;
-        b_koff += cb.kstep;
-        a_wr = at + a_to_wr;
-        b_wr = bt + b_to_wr;
-        const bool wrap = at == a_last;
-        at = wrap ? at - A_RING_BACK : at + A_TILE_FLOATS * 4;
-        bt = wrap ? bt - B_RING_BACK : bt + B_TILE_FLOATS * 4;
+    auto main_loop = [&](auto full) {
+        for (int n = n_main; n > 0; --n) {
+            cp_async_wait<STAGES - 2>();   // tile kt has landed (for this thread's copies)
+            __syncthreads();               // ... and for everyone's; stage a_wr is free again
+            // The copies go after the first k-step, so their address arithmetic overlaps FFMAs
+            // instead of stalling every warp right after the barrier.
+            compute_tile_at(at, bt, acc, [&] {
+                ca.template copy_interior<decltype(full)::value>(a_wr - ca.dst, A_STRIDE, a_koff);
+                cb.template copy_interior<decltype(full)::value>(b_wr - cb.dst, B_STRIDE, b_koff);
+                cp_async_commit();
+            });
+            a_koff += ca.kstep;
+            b_koff += cb.kstep;
+            a_wr = at + a_to_wr;
+            b_wr = bt + b_to_wr;
+            const bool wrap = at == a_last;
+            at = wrap ? at - A_RING_BACK : at + A_TILE_FLOATS * 4;
+            bt = wrap ? bt - B_RING_BACK : bt + B_TILE_FLOATS * 4;
+        }
+    };
+    // Row-chained copies (AsyncTile::ROW_CHAIN) have a loop of their own for tiles wholly inside
+    // the operand along m (n), unpredicated, so that the predicates (and ptxas's selects) cost only
+    // the edge tiles: a second copy of the loop in the code. A block-uniform choice: both loops
+    // hold barriers. (A branch per k-tile instead put the copies in a block of their own, a serial
+    // chain of adds no FFMA could hide.) Other builds: the one loop, as before.
+    if constexpr (decltype(ca)::ROW_CHAIN || decltype(cb)::ROW_CHAIN) {
+        const bool full = (!decltype(ca)::ROW_CHAIN || m0 + BM <= M) && (!decltype(cb)::ROW_CHAIN || n0 + BN <= N);
+        if (full)
+            main_loop(integral_constant<bool, true>{});
+        else
+            main_loop(integral_constant<bool, false>{});
+    } else {
+        main_loop(integral_constant<bool, false>{});
     }
     // Tail: the last tiles (at most STAGES); its copies, if any, are the last tile, which is
     // partial when K % BK != 0 (or, when the main loop ran no iteration, all tiles after the

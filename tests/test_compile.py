@@ -18,7 +18,7 @@ import pytest
 
 from fastmm.families import FAMILIES, Skinny, WgmmaTf32
 from fastmm.families.simt_core import copies_fit
-from fastmm.families.simt_cp_async import SHORT_TILE_OPTIONS
+from fastmm.families.simt_cp_async import NARROW_TILE_OPTIONS, SHORT_TILE_OPTIONS
 from fastmm.plan import select
 from fastmm.problem import EPILOGUE_BIAS_M, EPILOGUE_BIAS_N, EPILOGUE_D, EPILOGUE_NONE, DeviceFacts, Problem
 from fastmm.runtime.compiler import CompileError, compile_cubin
@@ -726,6 +726,28 @@ def test_simt_short_tiles_build_exactly_where_their_copies_fit_and_without_spill
     assert refused == 2 * 3  # (A as float4 along m: every B mode, both tiles)
     assert len(fitting) == 2 * 6 + (3 * 6 if arch == "sm_90" else 0)
     _assert_no_spills("simt_cp_async.cu", arch, fitting)
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_86", "sm_90"])
+def test_simt_narrow_tiles_with_a_k_contiguous_a_build_without_spills(arch):
+    """simt_cp_async's 64-wide tiles (NARROW_TILE_OPTIONS) with A's rows k-contiguous (A_MODE 2:
+    16 single-float copies of A a thread a k-tile), every B mode, C_VEC, the epilogue and a fused
+    split: no spills. Their A copies are row-chained (AsyncTile::ROW_CHAIN): with a pointer and a
+    row bit per copy held across the main loop, 25 of these 36 builds per arch spilled 16-136
+    bytes at the 255-register cap (NVRTC 13.5; NOTES run 30)."""
+    from fastmm.runtime.compiler import nvrtc_unavailable_reason
+
+    if nvrtc_unavailable_reason():
+        pytest.skip(nvrtc_unavailable_reason())
+    fam = FAMILIES["simt_cp_async"]
+    sets = []
+    for opt in NARROW_TILE_OPTIONS:
+        for b in (0, 2, 3):
+            for i, (c_vec, epilogue, fused) in enumerate(((0, 0, 0), (1, 1, 0), (0, 1, 2), (1, 0, 2), (0, 1, 0), (1, 0, 0))):
+                m = (("WARPS_M", opt[0]), ("WARPS_N", opt[1]), ("THREAD_M", opt[2]), ("BK", fam.bk), ("A_MODE", 2),
+                     ("B_MODE", b), ("C_VEC", c_vec), ("STAGES", 6), ("EPILOGUE", epilogue))
+                sets.append(m + ((("SPLIT_FUSED", fused), ("OUT_VEC", c_vec)) if fused else ()))
+    _assert_no_spills("simt_cp_async.cu", arch, sets)
 
 
 def test_skinny_kernels_that_sum_their_own_slices_build_without_spills():

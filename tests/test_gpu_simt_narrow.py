@@ -59,6 +59,33 @@ def test_narrow_tiles_match_float64(tile, split, M, N, K, batch):
     assert torch.equal(a, a0) and torch.equal(b, b0)
 
 
+@pytest.mark.parametrize("b_t", (False, True))
+@pytest.mark.parametrize("split", (0, 1))
+@pytest.mark.parametrize("tile", NARROW_TILE_OPTIONS)
+@pytest.mark.parametrize("M, N, K, batch", [(512, 64, 512, 8), (384, 48, 300, 3), (4, 64, 300, 2), (260, 1, 301, 1),
+                                            (1000, 61, 1024, 1), (129, 64, 4096, 1), (1000, 64, 7, 5)])
+def test_narrow_tiles_with_a_k_contiguous_a_match_float64(tile, split, b_t, M, N, K, batch):
+    """A's rows k-contiguous (attention's P.V, dQ): A copied in single floats along k, its 16
+    copies a thread row-chained (AsyncTile::ROW_CHAIN), with a loop of its own for tiles wholly
+    inside M; partial tiles of M (and of N) exercise the predicated chain."""
+    needs_sm80()
+    a = torch.randn(batch, M, K, device="cuda")
+    b = torch.randn(batch, N, K, device="cuda").transpose(1, 2) if b_t else torch.randn(batch, K, N, device="cuda")
+    a0, b0 = a.clone(), b.clone()
+    out = torch.full((batch, M, N), float("nan"), device="cuda")
+    fam = NarrowTile(option=tile + (split,))
+    _, plan, reason = dispatch.matmul_fastmm(a, b, out, "ieee", force="simt_cp_async", variants=(fam,))
+    assert reason is None and plan.kernel.family == "simt_cp_async", reason
+    m = dict(plan.kernel.macros)
+    assert (m["WARPS_M"], m["WARPS_N"], m["THREAD_M"]) == tile and m["A_MODE"] == 2
+    assert not torch.isnan(out).any()
+    err = relative_error(out, a.double() @ b.double())
+    if out.numel() < 64 and err > TOL:
+        err = relative_error(out, a, b, scale="abs")
+    assert err <= TOL, (err, plan.describe())
+    assert torch.equal(a, a0) and torch.equal(b, b0)
+
+
 def test_the_heuristic_runs_the_narrow_tile_on_attention_dv():
     needs_sm80()
     p = torch.softmax(torch.randn(128, 512, 512, device="cuda"), -1)
