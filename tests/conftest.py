@@ -150,6 +150,9 @@ def simulate_h200(monkeypatch):
     monkeypatch.setattr(explain_module, "not_served_reason", served_as_if_on_cuda)
     monkeypatch.setattr(dispatch, "device_facts", lambda index: DeviceFacts.simulated_device("sm_90", index))
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    # (the steady-state path reads torch's C getter, which a CUDA build of torch has and which
+    # raises where no driver is)
+    monkeypatch.setattr(fast_path, "_cuda_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     monkeypatch.setattr(dispatch, "current_stream", lambda index: 7)
     monkeypatch.setattr(dispatch, "PLANS", dispatch.PlanCache())
