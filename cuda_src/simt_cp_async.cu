@@ -46,11 +46,6 @@
 #define ROW_CHAIN_MIN 16
 #endif
 
-template <class T, T V>  // (a compile-time flag passed to a generic lambda)
-struct integral_constant {
-    static constexpr T value = V;
-};
-
 #define A_RING_BACK ((STAGES - 1) * (A_TILE_FLOATS * 4))  // bytes from the last stage to stage 0
 #define B_RING_BACK ((STAGES - 1) * (B_TILE_FLOATS * 4))
 
@@ -280,15 +275,22 @@ __device__ __forceinline__ void tile_product(const float* Ab, const float* Bb, i
     const int n_main = max(0, kt_full - (STAGES - 1) - kt_begin);
     i64 a_koff = (i64)(kt_begin + STAGES - 1) * ca.kstep;  // the first tile it copies
     i64 b_koff = (i64)(kt_begin + STAGES - 1) * cb.kstep;
-    auto main_loop = [&](auto full) {
+    // (full: a constant at each call below, so each inlined copy of the loop keeps one of the
+    // two copy forms and no branch. Not a generic lambda: NVRTC 13.0 takes those for host code.)
+    auto main_loop = [&](const bool full) {
         for (int n = n_main; n > 0; --n) {
             cp_async_wait<STAGES - 2>();   // tile kt has landed (for this thread's copies)
             __syncthreads();               // ... and for everyone's; stage a_wr is free again
             // The copies go after the first k-step, so their address arithmetic overlaps FFMAs
             // instead of stalling every warp right after the barrier.
             compute_tile_at(at, bt, acc, [&] {
-                ca.template copy_interior<decltype(full)::value>(a_wr - ca.dst, A_STRIDE, a_koff);
-                cb.template copy_interior<decltype(full)::value>(b_wr - cb.dst, B_STRIDE, b_koff);
+                if (full) {
+                    ca.template copy_interior<true>(a_wr - ca.dst, A_STRIDE, a_koff);
+                    cb.template copy_interior<true>(b_wr - cb.dst, B_STRIDE, b_koff);
+                } else {
+                    ca.template copy_interior<false>(a_wr - ca.dst, A_STRIDE, a_koff);
+                    cb.template copy_interior<false>(b_wr - cb.dst, B_STRIDE, b_koff);
+                }
                 cp_async_commit();
             });
             a_koff += ca.kstep;
@@ -308,11 +310,11 @@ __device__ __forceinline__ void tile_product(const float* Ab, const float* Bb, i
     if constexpr (decltype(ca)::ROW_CHAIN || decltype(cb)::ROW_CHAIN) {
         const bool full = (!decltype(ca)::ROW_CHAIN || m0 + BM <= M) && (!decltype(cb)::ROW_CHAIN || n0 + BN <= N);
         if (full)
-            main_loop(integral_constant<bool, true>{});
+            main_loop(true);
         else
-            main_loop(integral_constant<bool, false>{});
+            main_loop(false);
     } else {
-        main_loop(integral_constant<bool, false>{});
+        main_loop(false);
     }
     // Tail: the last tiles (at most STAGES); its copies, if any, are the last tile, which is
     // partial when K % BK != 0 (or, when the main loop ran no iteration, all tiles after the

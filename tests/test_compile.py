@@ -113,11 +113,13 @@ def _fused_split_problems() -> list[Problem]:
 def _narrow_problems() -> list[Problem]:
     """simt_cp_async's 64-wide tiles of 16 x 8 outputs a thread (NARROW_TILE_OPTIONS), which the
     heuristic takes for one of them and the tuner may take for either: m-contiguous A (attention's
-    dV), B read as float4 or single floats, unsplit, split with a fused sum or a reduce pass."""
+    dV) and k-contiguous A (P.V, dQ; with B^T too), B read as float4 or single floats, unsplit,
+    split with a fused sum or a reduce pass."""
     dense = [(512, 64, 512, {"batch": 128}), (1024, 61, 1024, {}), (128, 64, 4096, {}), (384, 48, 100, {"batch": 3}),
-             (1024, 64, 2048, {})]
-    out = [Problem.dense(M, N, K, a_t=True, **kw) for M, N, K, kw in dense]
-    return out + [dataclasses.replace(p, epilogue=EPILOGUE_D) for p in out[:3]]
+             (1024, 64, 2048, {}), (197, 64, 197, {"batch": 12})]
+    out = [Problem.dense(M, N, K, a_t=a_t, **kw) for a_t in (True, False) for M, N, K, kw in dense]
+    out += [Problem.dense(512, 64, 512, batch=4, b_t=True), Problem.dense(1000, 63, 999, b_t=True)]
+    return out + [dataclasses.replace(p, epilogue=EPILOGUE_D) for p in out[:3] + out[6:9]]
 
 
 def _wgmma_problems() -> list[Problem]:

@@ -97,3 +97,19 @@ def test_the_heuristic_runs_the_narrow_tile_on_attention_dv():
     m = dict(plan.kernel.macros)
     assert (m["WARPS_M"], m["WARPS_N"], m["THREAD_M"]) == (2, 1, 16)
     assert relative_error(c, p.transpose(1, 2).double() @ g.double()) <= TOL
+
+
+def test_the_heuristic_runs_the_narrow_tile_on_attention_pv():
+    """P.V (A's rows k-contiguous, M a multiple of 128): the 128 x 64 tile with A's single-float
+    copies chained, into a NaN-filled out, against float64."""
+    needs_sm80()
+    import fastmm
+
+    p = torch.softmax(torch.randn(128, 512, 512, device="cuda"), -1)
+    v = torch.randn(128, 512, 64, device="cuda")
+    out = torch.full((128, 512, 64), float("nan"), device="cuda")
+    fastmm.matmul(p, v, out=out, precision="ieee")
+    m = dict(fastmm.explain(p, v, precision="ieee").plan.kernel.macros)
+    assert (m["WARPS_M"], m["WARPS_N"], m["THREAD_M"], m["A_MODE"]) == (2, 1, 16, 2)
+    assert not torch.isnan(out).any()
+    assert relative_error(out, p.double() @ v.double()) <= TOL

@@ -1077,18 +1077,22 @@ def test_the_32x128_tile_runs_4_blocks_an_sm_where_that_doubles_the_slices_of_fe
     (512, 64, 512, 128, True, (2, 1, 16)),  # attention's dV = P^T dO, heads of 64: 512 tiles
     (1024, 64, 1024, 128, True, (2, 1, 16)),
     (512, 48, 512, 128, True, (2, 1, 16)),  # narrower heads too
-    (512, 64, 512, 128, False, None),  # P.V: A's rows k-contiguous, where the narrow builds spill
+    (512, 64, 512, 128, False, (2, 1, 16)),  # P.V: A's rows k-contiguous (single-float copies, chained)
+    (1024, 64, 1024, 128, False, (2, 1, 16)),
+    (197, 64, 197, 768, False, None),  # k-contiguous A with an edge tile of rows (ViT's P.V): it lost 25%
+    (384, 64, 512, 256, False, (2, 1, 16)),  # k-contiguous A, M a multiple of 128
     (256, 64, 256, 64, True, None),  # 128 tiles, under 3 an SM: it lost 50% there
     (197, 64, 197, 768, True, None),  # M % 4 != 0: A is not read as float4, so no narrow tile
     (384, 64, 512, 256, True, (2, 1, 16)),  # 384 rows: 128-row tiles pad no more than 64-row ones
     (448, 64, 512, 256, True, None),  # 448 rows: they would (512 against 448)
     (512, 65, 512, 128, True, None),  # more than 64 columns
 ])
-def test_narrow_simt_tiles_take_products_of_at_most_64_columns_with_an_m_contiguous_a(M, N, K, batch, a_t, want):
+def test_narrow_simt_tiles_take_products_of_at_most_64_columns(M, N, K, batch, a_t, want):
     """The 128 x 64 tile of 16 x 8 outputs a thread (2 warps, one warp column) where N <= 64, A is
-    m-contiguous and copied as float4 (its builds with single-float A copies spill), its tiles
-    number 3 an SM or more and pad M no more than 64-row tiles (NARROW_* in
-    families/simt_cp_async.py, measured on the H200: NOTES run 30)."""
+    copied as float4 along m or in single floats along k (not single floats along m), its tiles
+    number 3 an SM or more and pad M no more than 64-row tiles, and, with single-float copies along
+    k, M is a multiple of 128 (NARROW_* in families/simt_cp_async.py, measured on the H200: NOTES
+    runs 30-31). The tuner is offered both narrow tiles either way."""
     p = Problem.dense(M, N, K, "ieee", batch=batch, a_t=a_t)
     plan = select(p, DEV["sm_90"])
     assert plan.kernel.family == "simt_cp_async", plan.describe()
@@ -1099,7 +1103,7 @@ def test_narrow_simt_tiles_take_products_of_at_most_64_columns_with_an_m_contigu
         assert m["WARPS_N"] > 1, plan.describe()
     fam = FAMILIES["simt_cp_async"]
     offered = {o[:3] for o in fam.options(p, DEV["sm_90"])}
-    narrow = N <= 64 and fam.load_modes(p)[0] == LOAD_VEC_FAST
+    narrow = N <= 64 and fam.load_modes(p)[0] in (LOAD_VEC_FAST, LOAD_ELEM_K)
     assert ({(4, 1, 16), (2, 1, 16)} <= offered) == narrow and ({(4, 1, 16), (2, 1, 16)} & offered == set()) == (not narrow)
     check_geometry(plan)
 

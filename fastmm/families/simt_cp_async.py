@@ -18,12 +18,13 @@ SHORT_TILE_OPTIONS = ((2, 4, 4), (2, 2, 4))
 SHORT_ROWS = 32
 #: The 64-wide tiles of 16 x 8 outputs a thread, (WARPS_M, WARPS_N, THREAD_M): 256 x 64 (4 warps)
 #: and 128 x 64 (2 warps); one warp column, a 64 x 64 warp tile (simt_core.cuh: lanes 4 x 8).
-#: For products of at most NARROW_COLS columns with an m-contiguous A (attention's dV = P^T dO
-#: and dK = dS^T Q with heads of 64), where the 128-wide tiles compute half their columns on
-#: padding and the 128 x 64 tile of ``tile_options`` runs 8 x 8 outputs a thread (a third more
-#: shared-memory reads per FFMA). Not with A's rows k-contiguous (P.V, dQ): there both builds
-#: spill 24-64 bytes at the 255-register cap (16 single-float copies of A a thread a k-tile;
-#: ptxas -v, sm_80/86/90, NOTES run 30), though the 128 x 64 one ran 17% faster (attn_pv_512).
+#: For products of at most NARROW_COLS columns (attention's P.V and dQ, A's rows k-contiguous;
+#: dV = P^T dO and dK = dS^T Q, A m-contiguous; heads of 64), where the 128-wide tiles compute
+#: half their columns on padding and the 128 x 64 tile of ``tile_options`` runs 8 x 8 outputs a
+#: thread (a third more shared-memory reads per FFMA). A copied as float4 along m, or in single
+#: floats along k: those 16 copies a thread a k-tile are chained from one pointer
+#: (simt_cp_async.cu, ROW_CHAIN; with a pointer each both builds spilled 16-136 bytes at the
+#: 255-register cap, NOTES runs 30-31).
 NARROW_TILE_OPTIONS = ((4, 1, 16), (2, 1, 16))
 NARROW_COLS = 64
 #: The heuristic takes the 128 x 64 one (2 warps, up to 4 blocks an SM) where its tiles number at
@@ -32,6 +33,11 @@ NARROW_COLS = 64
 #: -> the narrow one): dV 128 x (512 x 64 x 512) 125.6 -> 97.2 (torch 106.4), 128 x (1024 x 64 x
 #: 1024) 376.0 -> 354.6 (torch 379.8); the 256 x 64 tile 102.1 / 374.7. At 128 tiles (64 x (256 x
 #: 64 x 256), P.V) it lost 50%, at 197 rows (ViT, 768 x (197 x 64 x 197)) 4%.
+#: With A's rows k-contiguous (chained single-float copies), only where M is a multiple of the
+#: tile's 128 rows (call 3 of NOTES run 31, GPU us, narrow against the tile the heuristic took
+#: before, torch): P.V 128 x (512 x 64 x 512) 116.7 against 145.2 (115.7), 128 x (1024 x 64 x 1024)
+#: 419.6 against 416.2 for the 64 x 64 tile (430.3), but ViT's 768 x (197 x 64 x 197), its second
+#: tile of rows an edge tile, 169.2 against 135.4 (140.8).
 NARROW_MIN_TILES_PER_SM = 3
 #: ... where K and N are at least these (the least measured; below them skinny_kmajor keeps them).
 SHORT_ROWS_MIN_K = 768
@@ -98,12 +104,12 @@ class SimtCpAsync(SimtCore):
 
     def narrow_tiles(self, p):
         """The 64-wide tiles of NARROW_TILE_OPTIONS, for products of at most NARROW_COLS columns
-        whose A is m-contiguous and copied as float4 (see NARROW_TILE_OPTIONS), and whose copies
-        fit ``p``'s load modes."""
+        whose A is copied as float4 along m or in single floats along k (see NARROW_TILE_OPTIONS;
+        not single floats along m, an unaligned A^T), and whose copies fit ``p``'s load modes."""
         if p.N > NARROW_COLS:
             return ()
         a, b, _ = self.load_modes(p)
-        if a != LOAD_VEC_FAST:
+        if a not in (LOAD_VEC_FAST, LOAD_ELEM_K):
             return ()
         return tuple(opt for opt in NARROW_TILE_OPTIONS if copies_fit(opt, self.tile_of(opt), self.bk, a, b))
 
@@ -112,6 +118,8 @@ class SimtCpAsync(SimtCore):
         or None."""
         opt = NARROW_TILE_OPTIONS[1]
         if opt not in self.narrow_tiles(p) or -(-p.M // 128) * 128 > -(-p.M // 64) * 64:
+            return None
+        if self.load_modes(p)[0] == LOAD_ELEM_K and p.M % 128:
             return None
         return opt if tiles_of(p, *self.tile_of(opt)) * p.batch_total >= NARROW_MIN_TILES_PER_SM * dev.sm_count else None
 
