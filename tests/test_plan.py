@@ -2104,3 +2104,22 @@ def test_simt_tiles_do_not_pad_the_output_far_beyond_a_smaller_tile(M, N, K, bat
     columns past M and N are computed like real ones): 360 us against 145 for P.V on the H200."""
     plan = select(Problem.dense(M, N, K, "ieee", batch=batch, b_t=b_t), DeviceFacts.simulated_device("sm_90"))
     assert plan.kernel.family == "simt_cp_async" and plan.kernel.tile[:2] == tile, plan.describe()
+
+
+def test_a_simt_split_variant_sets_the_slices_of_plans_that_may_split():
+    """SimtCpAsync(split=S) (a probe's variant): S slices (as split_range deals k-tiles out: never
+    an empty slice), fused up to FUSED_SPLIT_MAX with no second launch, a reduce pass above; a
+    batch is never split; without the variant the wave model's choice stands."""
+    dev = DEV["sm_90"]
+    p = Problem.dense(300, 700, 1100, "ieee", b_t=True)
+    planned = select(p, dev, force="simt_cp_async")
+    assert select(p, dev, force="simt_cp_async", variants=(SimtCpAsync(),)).kernel.grid == planned.kernel.grid
+    for S, fused in ((1, False), (3, True), (4, True), (8, False), (16, False)):
+        plan = select(p, dev, force="simt_cp_async", variants=(SimtCpAsync(split=S, stream_k=False),))
+        assert plan.kernel.grid[1] == S
+        assert ("SPLIT_FUSED" in macros(plan)) == fused and (plan.reduce is not None) == (S > 1 and not fused)
+    k_tiles = -(-1100 // 8)  # 138: 100 slices would deal 2 k-tiles each, so 69 get work
+    assert select(p, dev, force="simt_cp_async", variants=(SimtCpAsync(split=100, stream_k=False),)).kernel.grid[1] == 69 \
+        == -(-k_tiles // -(-k_tiles // 100))
+    batched = Problem.dense(300, 700, 1100, "ieee", b_t=True, batch=3)
+    assert select(batched, dev, force="simt_cp_async", variants=(SimtCpAsync(split=8),)).kernel.grid[1] == 1

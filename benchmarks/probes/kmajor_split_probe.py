@@ -24,7 +24,7 @@ import torch  # noqa: E402
 import fastmm  # noqa: E402
 from fastmm import dispatch  # noqa: E402
 from fastmm.families import SkinnyKmajor  # noqa: E402
-from probe_util import need_gpu  # noqa: E402
+from probe_util import graph_us, need_gpu  # noqa: E402
 
 SHAPES = [(1, 1024, 4096), (1, 4096, 4096), (2, 4096, 4096), (4, 4096, 4096), (16, 4096, 4096), (1, 14336, 4096),
           (1, 4096, 14336), (4, 1024, 4096), (8, 4096, 14336)]
@@ -48,32 +48,6 @@ def loop_us(fn, calls=200, reps=7):
         torch.cuda.synchronize()
         gpu.append(e0.elapsed_time(e1) / calls * 1e3)
     return statistics.median(gpu), statistics.median(host)
-
-
-def graph_us(fn, calls=20, reps=15):
-    """GPU time per call with no host in the way: ``calls`` calls captured once, replayed."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        g.replay()
-        e1.record()
-        torch.cuda.synchronize()
-        ts.append(e0.elapsed_time(e1) / calls * 1e3)
-    return statistics.median(ts)
 
 
 def main():

@@ -1,4 +1,4 @@
-"""What the probes beside this file share: the GPU check, the error against float64, three
+"""What the probes beside this file share: the GPU check, the error against float64, four
 ways to time a call on the GPU, and compiling many plans' kernels at once. Import it after putting the repo and this folder on sys.path:
 
     HERE = Path(__file__).resolve().parent
@@ -79,6 +79,35 @@ def time_us(fn, inner: int = 10, samples: int = 15, sleep_cycles: int = 5_000_00
     torch.cuda.synchronize()
     t = sorted(s.elapsed_time(e) for s, e in ev)
     return 1000.0 * t[len(t) // 2] / inner
+
+
+def graph_us(fn, calls: int = 20, reps: int = 15) -> float:
+    """GPU us per call with no host in the way: ``calls`` calls captured in a CUDA graph once
+    (after 3 warm-up calls on a side stream), the graph replayed ``reps`` times; the median."""
+    import statistics
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(calls):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        g.replay()
+        e1.record()
+        torch.cuda.synchronize()
+        ts.append(e0.elapsed_time(e1) / calls * 1e3)
+    return statistics.median(ts)
 
 
 def compile_plans(plans, arch: str) -> int:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from ..problem import DeviceFacts, Problem
 from .base import (LOAD_ELEM_FAST, LOAD_ELEM_K, LOAD_NAMES, LOAD_VEC_FAST, LOAD_VEC_K, PAD_SLACK, Family,
                    KernelConfig, grid_of, k_dominant, pick_tile, round4, tiles_of, vec_ok, with_split_flags)
-from .work_split import split_k_for, stream_k_for
+from .work_split import effective_split, split_k_for, stream_k_for
 
 #: Stage an operand only when the product does at least this many FLOP per byte the copy moves
 #: (a read and a write of the operand): then the copy costs < ~1% next to the product.
@@ -115,6 +115,9 @@ class SimtCore(Family):
     #: Whether split-K plans of at most FUSED_SPLIT_MAX slices sum their own slices (the last
     #: block of each tile, SPLIT_FUSED) instead of launching splitk_reduce; a variant switch too.
     fuse_split: bool = True
+    #: K slices of a plan that may split (a variant for probes: benchmarks/probes/simt_split_probe.py);
+    #: None: the wave model's choice.
+    split: int | None = None
 
     precisions = ("ieee", "tf32", "tf32x3")  # full fp32; serves tf32 requests where no TF32 path can
     # (WARPS_M, WARPS_N, THREAD_M), largest tile first: 128x256, 128x128, 128x64, 64x64.
@@ -263,6 +266,8 @@ class SimtCore(Family):
         bm, bn = self.tile_of(opt)
         per_sm = self.blocks_per_sm(opt, p, dev)
         split = split_k_for(p, dev, tiles_of(p, bm, bn), self.bk, per_sm) if may_split else 1
+        if may_split and self.split is not None and p.batch_total == 1:
+            split = effective_split(-(-p.K // self.bk), self.split)
         a, b, c_vec = self.load_modes(p)
         # stream-K where the model has it beat split-K as well, for the 8-warp tile (one block
         # per SM; the 4-warp 128x128 one spills with the stream-K loop), except with an
