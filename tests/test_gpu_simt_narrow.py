@@ -1,6 +1,7 @@
 """The SIMT family's 64-wide tiles of 16 x 8 outputs a thread (NARROW_TILE_OPTIONS in
 fastmm/families/simt_cp_async.py) on a real GPU: products of at most 64 columns with an
-m-contiguous A (attention's dV = P^T dO, dK = dS^T Q), against float64 (skipped without CUDA).
+m-contiguous A (attention's dV = P^T dO, dK = dS^T Q) or k-contiguous rows of A (P.V, dQ), against
+float64 (skipped without CUDA).
 Both tiles are run (the heuristic takes the 128 x 64 one; the tuner may take either), over
 edges of M, N and K, batched, split (a reduce pass), into NaN-filled outputs. (Products of
 K <= 256 and few outputs run the scalar kernel whatever the variant: not here.)"""
@@ -36,6 +37,24 @@ def needs_sm80():
         pytest.skip("simt_cp_async needs sm80+")
 
 
+def check_narrow(a, b, tile, split, a_mode):
+    """``a @ b`` on narrow tile ``tile`` (split-K allowed or not) into a NaN-filled out: planned
+    with A copied in ``a_mode``, every output written, within TOL of float64, inputs unchanged."""
+    a0, b0 = a.clone(), b.clone()
+    out = torch.full(a.shape[:-1] + b.shape[-1:], float("nan"), device="cuda")
+    fam = NarrowTile(option=tile + (split,))
+    _, plan, reason = dispatch.matmul_fastmm(a, b, out, "ieee", force="simt_cp_async", variants=(fam,))
+    assert reason is None and plan.kernel.family == "simt_cp_async", reason
+    m = dict(plan.kernel.macros)
+    assert (m["WARPS_M"], m["WARPS_N"], m["THREAD_M"]) == tile and m["A_MODE"] == a_mode
+    assert not torch.isnan(out).any()
+    err = relative_error(out, a.double() @ b.double())
+    if out.numel() < 64 and err > TOL:
+        err = relative_error(out, a, b, scale="abs")
+    assert err <= TOL, (err, plan.describe())
+    assert torch.equal(a, a0) and torch.equal(b, b0)
+
+
 @pytest.mark.parametrize("split", (0, 1))
 @pytest.mark.parametrize("tile", NARROW_TILE_OPTIONS)
 @pytest.mark.parametrize("M, N, K, batch", [(512, 64, 512, 8), (384, 48, 300, 3), (4, 64, 300, 2), (260, 1, 301, 1),
@@ -44,19 +63,7 @@ def test_narrow_tiles_match_float64(tile, split, M, N, K, batch):
     needs_sm80()
     a = torch.randn(batch, K, M, device="cuda").transpose(1, 2)  # m-contiguous A, as P^T is
     b = torch.randn(batch, K, N, device="cuda")
-    a0, b0 = a.clone(), b.clone()
-    out = torch.full((batch, M, N), float("nan"), device="cuda")
-    fam = NarrowTile(option=tile + (split,))
-    _, plan, reason = dispatch.matmul_fastmm(a, b, out, "ieee", force="simt_cp_async", variants=(fam,))
-    assert reason is None and plan.kernel.family == "simt_cp_async", reason
-    m = dict(plan.kernel.macros)
-    assert (m["WARPS_M"], m["WARPS_N"], m["THREAD_M"]) == tile and m["A_MODE"] == 0
-    assert not torch.isnan(out).any()
-    err = relative_error(out, a.double() @ b.double())
-    if out.numel() < 64 and err > TOL:
-        err = relative_error(out, a, b, scale="abs")
-    assert err <= TOL, (err, plan.describe())
-    assert torch.equal(a, a0) and torch.equal(b, b0)
+    check_narrow(a, b, tile, split, a_mode=0)
 
 
 @pytest.mark.parametrize("b_t", (False, True))
@@ -71,19 +78,7 @@ def test_narrow_tiles_with_a_k_contiguous_a_match_float64(tile, split, b_t, M, N
     needs_sm80()
     a = torch.randn(batch, M, K, device="cuda")
     b = torch.randn(batch, N, K, device="cuda").transpose(1, 2) if b_t else torch.randn(batch, K, N, device="cuda")
-    a0, b0 = a.clone(), b.clone()
-    out = torch.full((batch, M, N), float("nan"), device="cuda")
-    fam = NarrowTile(option=tile + (split,))
-    _, plan, reason = dispatch.matmul_fastmm(a, b, out, "ieee", force="simt_cp_async", variants=(fam,))
-    assert reason is None and plan.kernel.family == "simt_cp_async", reason
-    m = dict(plan.kernel.macros)
-    assert (m["WARPS_M"], m["WARPS_N"], m["THREAD_M"]) == tile and m["A_MODE"] == 2
-    assert not torch.isnan(out).any()
-    err = relative_error(out, a.double() @ b.double())
-    if out.numel() < 64 and err > TOL:
-        err = relative_error(out, a, b, scale="abs")
-    assert err <= TOL, (err, plan.describe())
-    assert torch.equal(a, a0) and torch.equal(b, b0)
+    check_narrow(a, b, tile, split, a_mode=2)
 
 
 def test_the_heuristic_runs_the_narrow_tile_on_attention_dv():
