@@ -18,7 +18,7 @@ import pytest
 
 from fastmm.families import FAMILIES, Skinny, WgmmaTf32
 from fastmm.families.simt_core import copies_fit
-from fastmm.families.simt_cp_async import NARROW_TILE_OPTIONS, SHORT_TILE_OPTIONS
+from fastmm.families.simt_cp_async import HALF_TILE_OPTIONS, NARROW_TILE_OPTIONS, SHORT_TILE_OPTIONS
 from fastmm.plan import select
 from fastmm.problem import EPILOGUE_BIAS_M, EPILOGUE_BIAS_N, EPILOGUE_D, EPILOGUE_NONE, DeviceFacts, Problem
 from fastmm.runtime.compiler import CompileError, compile_cubin
@@ -122,6 +122,19 @@ def _narrow_problems() -> list[Problem]:
     return out + [dataclasses.replace(p, epilogue=EPILOGUE_D) for p in out[:3] + out[6:9]]
 
 
+def _half_problems() -> list[Problem]:
+    """simt_cp_async's 64-row tiles of 16 x 8 outputs a thread (HALF_TILE_OPTIONS), which the
+    heuristic takes for split plans of products whose last row tile is at most 64 rows and the
+    tuner may take for either: x @ W.t() (A and B in single floats along k), a row-major B, an
+    m-contiguous A (grad_W), unaligned rows, unsplit, split with a fused sum or a reduce pass, a
+    fused epilogue."""
+    dense = [(64, 4096, 4096, {"b_t": True}), (300, 700, 1100, {"b_t": True}), (64, 4096, 4096, {}),
+             (320, 768, 3072, {"a_t": True}), (48, 1001, 999, {"b_t": True}), (300, 100, 200, {}),
+             (40, 3072, 1024, {"b_t": True, "batch": 3}), (33, 257, 63, {"a_t": True})]
+    out = [Problem.dense(M, N, K, **kw) for M, N, K, kw in dense]
+    return out + [dataclasses.replace(p, epilogue=EPILOGUE_D) for p in out[:4]]
+
+
 def _wgmma_problems() -> list[Problem]:
     """TF32 wgmma's tile widths (the wave rule: 256, 192, 128, 96, 64 for tf32; 128, 96, 64 for
     tf32x3 on the H200), each with C through the copy engine (TMA_STORE) and, for odd N or a
@@ -169,11 +182,11 @@ def _configs():
         work += [(p, ("simt_cp_async",)) for p in _fused_split_problems() if "simt_cp_async" in families]
         work += [(p, families) for p in _epilogue_problems()]
         work += [(p, ("wgmma_tf32",)) for p in _wgmma_problems() if "wgmma_tf32" in families]
-        if "simt_cp_async" in families:  # every narrow option, as the tuner may pick it
+        if "simt_cp_async" in families:  # every narrow and half option, as the tuner may pick it
             fam = FAMILIES["simt_cp_async"]
-            for p in _narrow_problems():
+            for p in _narrow_problems() + _half_problems():
                 for opt in fam.options(p, dev):
-                    if opt[:3] in fam.narrow_tiles(p):
+                    if opt[:3] in fam.narrow_tiles(p) + fam.half_tiles(p):
                         cfg = fam.configure(p, dev, opt)
                         key = (arch, cfg.source, cfg.macros)
                         if key not in seen:

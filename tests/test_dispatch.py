@@ -357,8 +357,8 @@ def test_a_failed_kernel_is_known_by_its_device_source_and_macros_not_its_geomet
     from fastmm.plan import select
 
     dev = DeviceFacts.simulated_device("sm_90")
-    small = select(Problem.dense(300, 300, 64), dev).kernel
-    large = select(Problem.dense(600, 300, 64), dev).kernel
+    small = select(Problem.dense(384, 300, 64), dev).kernel
+    large = select(Problem.dense(768, 300, 64), dev).kernel
     assert small.macros == large.macros and small.grid != large.grid
     assert dispatch.PlanCache.failure_key(0, small) == dispatch.PlanCache.failure_key(0, large)
     assert dispatch.PlanCache.failure_key(1, small) != dispatch.PlanCache.failure_key(0, small)

@@ -958,13 +958,39 @@ def test_simt_takes_its_largest_tile_split_along_k_where_that_fills_a_wave():
 
 
 @pytest.mark.parametrize("M,N,K,tile", [
-    (64, 4096, 4096, (64, 64)),     # M <= 64: a 64-row tile pads nothing, a 128-row one half
-    (40, 4096, 4096, (64, 64)),
+    (64, 4096, 4096, (64, 256)),    # M <= 64: a 64-row tile pads nothing, a 128-row one half
+    (40, 4096, 4096, (64, 256)),    # (of 16 x 8 outputs a thread: B row-major, see the next test)
     (128, 2048, 1024, (64, 64)),    # 128 x 256 slices would be shorter than 384
 ])
 def test_simt_split_rule_leaves_what_it_was_not_measured_on(M, N, K, tile):
     plan = forced(Problem.dense(M, N, K), "sm_90", "simt_cp_async")
     assert plan.kernel.tile[:2] == tile
+    check_geometry(plan)
+
+
+@pytest.mark.parametrize("M,N,K,a_t,b_t,tile", [
+    (64, 1024, 4096, False, True, (64, 256)),    # over 128 x 256 (K-dominant): 39.1 -> 28.6 us
+    (576, 4096, 4096, False, True, (64, 256)),   # 4.5 tiles of 128 rows: 610 -> 514 us
+    (64, 4096, 14336, False, True, (64, 256)),   # x @ W.t(), slices of 896 k: 226.7 -> 208.5 us
+    (64, 4096, 4096, False, False, (64, 256)),   # row-major W (grad_x): 67.3 -> 59.9 us
+    (320, 768, 3072, True, False, (64, 256)),    # grad_W, A m-contiguous: 52.8 -> 46.8 us
+    (40, 3072, 1024, False, True, (64, 64)),     # x @ W.t(), slices of 128 k: 24.0 against 27.1
+    (300, 700, 1100, False, True, (64, 64)),     # 27.8 against 33.7
+    (64, 14336, 4096, False, True, (64, 64)),    # slices of 455 k: a tie (220.3 / 222.9)
+    (200, 4096, 4096, False, True, None),        # M % 128 = 72: no 64-row tile of 16 x 8
+    (256, 4096, 4096, False, True, None),
+])
+def test_simt_takes_the_64_row_tile_of_16x8_where_the_last_row_tile_is_half_empty(M, N, K, a_t, b_t, tile):
+    """HALF_TILE_OPTIONS' 64 x 256 tile for split plans of products whose last tile of rows is at
+    most 64 rows, as measured on the H200 (NOTES run 32; the rows of probes/half_rows.json)."""
+    plan = forced(Problem.dense(M, N, K, a_t=a_t, b_t=b_t), "sm_90", "simt_cp_async")
+    m = dict(plan.kernel.macros)
+    if tile is None:
+        assert (m["WARPS_M"], m["THREAD_M"]) != (1, 16), plan.describe()
+    else:
+        assert plan.kernel.tile[:2] == tile, plan.describe()
+        assert m["THREAD_M"] == (16 if tile[1] == 256 else 8)
+        assert plan.kernel.split_k > 1 or plan.kernel.split_fused
     check_geometry(plan)
 
 

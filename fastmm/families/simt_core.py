@@ -213,8 +213,18 @@ class SimtCore(Family):
         """The heuristic's narrow tile for ``p``, or None (none here)."""
         return None
 
+    def half_tile(self, p: Problem, dev: DeviceFacts, opt):
+        """The heuristic's tile for a split plan of ``p`` given the rules' choice ``opt``: ``opt``
+        here (:class:`.simt_cp_async.SimtCpAsync` may take a 64-row tile instead)."""
+        return opt
+
     def narrow_tiles(self, p: Problem) -> tuple[tuple[int, int, int], ...]:
         """The 64-wide tiles of 16 x 8 outputs a thread this family offers ``p`` besides
+        ``tile_options`` (none here: :class:`.simt_cp_async.SimtCpAsync` has them)."""
+        return ()
+
+    def half_tiles(self, p: Problem) -> tuple[tuple[int, int, int], ...]:
+        """The 64-row tiles of 16 x 8 outputs a thread this family offers ``p`` besides
         ``tile_options`` (none here: :class:`.simt_cp_async.SimtCpAsync` has them)."""
         return ()
 
@@ -231,7 +241,7 @@ class SimtCore(Family):
 
     def options(self, p, dev):
         """Every tile; for a family that splits K, each with split-K allowed or not."""
-        tiles = self.tile_options + self.short_tiles(p) + self.narrow_tiles(p)
+        tiles = self.tile_options + self.short_tiles(p) + self.narrow_tiles(p) + self.half_tiles(p)
         return with_split_flags(tiles) if self.can_split else tiles
 
     def configure(self, p, dev, option=None):
@@ -262,6 +272,8 @@ class SimtCore(Family):
                 if opt[2] == 8 and covered_area(p, big) <= PAD_SLACK * covered_area(p, self.tile_of(opt)) \
                         or pads_no_more(p.N, big[1], self.tile_of(opt)[1]):
                     opt = self.tile_options[0]
+        if option is None and short is None and may_split:
+            opt = self.half_tile(p, dev, opt)
         wm, wn, tm = opt
         bm, bn = self.tile_of(opt)
         per_sm = self.blocks_per_sm(opt, p, dev)

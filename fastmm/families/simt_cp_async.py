@@ -42,6 +42,34 @@ NARROW_MIN_TILES_PER_SM = 3
 #: ... where K and N are at least these (the least measured; below them skinny_kmajor keeps them).
 SHORT_ROWS_MIN_K = 768
 SHORT_ROWS_MIN_N = 1024
+#: The 64-row tiles of 16 x 8 outputs a thread, (WARPS_M, WARPS_N, THREAD_M): 64 x 256 (4 warps)
+#: and 64 x 128 (2 warps); one warp row, 64 x 64 warp tiles. For products whose last tile of rows
+#: is at most 64 rows (M % 128 in 1..64: decode with a batch of 33-64 sequences, 300 tokens),
+#: where the 128-row tiles compute up to half their rows on padding and the 64 x 64 tile runs 8 x 8
+#: outputs a thread (a third more shared-memory reads per FFMA). The 64 x 128 one is not offered
+#: with A in single floats along k and B as float4 along n: it spills 4-8 bytes there (ptxas -v,
+#: sm_80 / sm_90, NVRTC 13.5).
+HALF_TILE_OPTIONS = ((1, 4, 16), (1, 2, 16))
+#: The heuristic's split plans of one matrix of more than SHORT_ROWS rows (measured: 40-576) take
+#: the 64 x 256 one (:meth:`SimtCpAsync.half_tile`) over a 128-row tile of 16 x 8 outputs a
+#: thread, and over the 64 x 64 tile of 8 x 8 where B is read as float4 along n or A is not in
+#: single floats along k, or where its K slices are at least HALF_MIN_K_PER_SPLIT long (with both
+#: operands in single floats along k, nn.Linear's x @ W.t(), its 16 copies of B a thread a k-tile
+#: and two fragment sets, not three, cost it the 16 x 8 tile's gain on short slices). Measured on
+#: the H200 (probes/candidates.py, NOTES run 32, GPU us, the rule's tile against the old choice,
+#: torch): on probes/half_rows.json 64 x 1024 x 4096 W^T 29.0 / 39.3 (30.6), 576 x 4096^2 W^T 514 /
+#: 608 (427), 64 x 4096 x 14336 W^T 206.7 / 225.1 (188.1), 64 x 4096^2 row-major W 60.3 / 66.9
+#: (59.0), 300 x 1024 x 4096 row-major W 72.2 / 79.2 (72.1), grad_W 320 x 768 x 3072 47.5 / 52.7
+#: (62.9); kept off x @ W.t() at short slices: 40 x 3072 x 1024 27.1 against 23.5, 300 x 700 x 1100
+#: 33.7 / 28.1, 320 x 3072 x 768 57.0 / 53.0, 64 x 14336 x 4096 222.9 / 222.0 (455 k a slice). On
+#: the held-out probes/half_holdout.json (dims the rule was not fitted on) 7 of the 8 products it
+#: changes ran 1.07-1.52x faster (64 x 2560 x 10240 W^T 161.3 -> 106.0), one 2% slower (448 x
+#: 2048 x 8192 W^T 388.9 -> 397.2).
+HALF_MIN_K_PER_SPLIT = 600
+#: ... and only where 128-row tiles would compute at least this many times the rows 64-row ones
+#: do (576 rows: 640 against 576, 1.11; the largest measured), not on large products whose last
+#: tile of rows alone is short.
+HALF_MIN_ROWS_SAVED = 1.1
 
 
 @dataclass(frozen=True)
@@ -112,6 +140,36 @@ class SimtCpAsync(SimtCore):
         if a not in (LOAD_VEC_FAST, LOAD_ELEM_K):
             return ()
         return tuple(opt for opt in NARROW_TILE_OPTIONS if copies_fit(opt, self.tile_of(opt), self.bk, a, b))
+
+    def half_tiles(self, p):
+        """The 64-row tiles of HALF_TILE_OPTIONS, for products whose 64-row tiles pad M less than
+        128-row ones (M % 128 in 1..64), whose copies fit ``p``'s load modes, and that do not
+        spill there (see HALF_TILE_OPTIONS)."""
+        if -(-p.M // 64) * 64 >= -(-p.M // 128) * 128:
+            return ()
+        a, b, _ = self.load_modes(p)
+        return tuple(opt for opt in HALF_TILE_OPTIONS if copies_fit(opt, self.tile_of(opt), self.bk, a, b)
+                     and not (opt == (1, 2, 16) and (a, b) == (LOAD_ELEM_K, LOAD_VEC_FAST)))
+
+    def half_tile(self, p, dev, opt):
+        """The 64 x 256 tile in place of the rules' choice ``opt`` for a split plan of ``p``, where
+        the last tile of rows is at most 64 rows (see HALF_MIN_K_PER_SPLIT), else ``opt``."""
+        half = HALF_TILE_OPTIONS[0]
+        if p.M <= SHORT_ROWS or p.batch_total > 1 or half not in self.half_tiles(p):
+            return opt
+        if not pads_no_more(p.N, self.tile_of(half)[1], self.tile_of(opt)[1]):
+            return opt  # (no wider columns of padding for its shorter rows)
+        if -(-p.M // 128) * 128 < HALF_MIN_ROWS_SAVED * (-(-p.M // 64) * 64):
+            return opt  # (a large product: the 128-row tiles pad it little)
+        if opt[2] == 16 and self.tile_of(opt)[0] == 128:
+            return half
+        if opt != self.tile_options[3]:
+            return opt
+        a, b, _ = self.load_modes(p)
+        if b == LOAD_VEC_FAST or a != LOAD_ELEM_K:
+            return half
+        split = split_k_for(p, dev, tiles_of(p, *self.tile_of(half)), self.bk, self.blocks_per_sm(half, p, dev))
+        return half if p.K // split >= HALF_MIN_K_PER_SPLIT else opt
 
     def narrow_tile(self, p, dev):
         """The heuristic's narrow tile for ``p`` (the 128 x 64 one, see NARROW_MIN_TILES_PER_SM),

@@ -1,10 +1,12 @@
-"""The SIMT family's 64-wide tiles of 16 x 8 outputs a thread (NARROW_TILE_OPTIONS in
-fastmm/families/simt_cp_async.py) on a real GPU: products of at most 64 columns with an
-m-contiguous A (attention's dV = P^T dO, dK = dS^T Q) or k-contiguous rows of A (P.V, dQ), against
-float64 (skipped without CUDA).
-Both tiles are run (the heuristic takes the 128 x 64 one; the tuner may take either), over
-edges of M, N and K, batched, split (a reduce pass), into NaN-filled outputs. (Products of
-K <= 256 and few outputs run the scalar kernel whatever the variant: not here.)"""
+"""The SIMT family's tiles of 16 x 8 outputs a thread besides its largest two (fastmm/families/
+simt_cp_async.py) on a real GPU, against float64 (skipped without CUDA):
+- the 64-wide ones (NARROW_TILE_OPTIONS): products of at most 64 columns with an m-contiguous A
+  (attention's dV = P^T dO, dK = dS^T Q) or k-contiguous rows of A (P.V, dQ);
+- the 64-row ones (HALF_TILE_OPTIONS): products whose last tile of rows is at most 64 rows
+  (decode with 33-64 sequences, a few hundred tokens), against nn.Linear's W^T and a row-major B.
+Every tile is run (the tuner may take any), over edges of M, N and K, batched, split (a reduce
+pass or the fused sum), into NaN-filled outputs. (Products of K <= 256 and few outputs run the
+scalar kernel whatever the variant: not here.)"""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -14,7 +16,8 @@ import torch
 
 from fastmm import dispatch
 from fastmm.families import SimtCpAsync
-from fastmm.families.simt_cp_async import NARROW_TILE_OPTIONS
+from fastmm.families.simt_cp_async import HALF_TILE_OPTIONS, NARROW_TILE_OPTIONS
+from fastmm.problem import Problem
 from conftest import relative_error
 
 pytestmark = pytest.mark.cuda
@@ -23,8 +26,8 @@ TOL = 1e-5
 
 
 @dataclass(frozen=True)
-class NarrowTile(SimtCpAsync):
-    """simt_cp_async planned with one narrow option, as a tuned choice would give it."""
+class OneTile(SimtCpAsync):
+    """simt_cp_async planned with one option, as a tuned choice would give it."""
 
     option: tuple = NARROW_TILE_OPTIONS[0]
 
@@ -37,12 +40,12 @@ def needs_sm80():
         pytest.skip("simt_cp_async needs sm80+")
 
 
-def check_narrow(a, b, tile, split, a_mode):
-    """``a @ b`` on narrow tile ``tile`` (split-K allowed or not) into a NaN-filled out: planned
+def check_tile(a, b, tile, split, a_mode):
+    """``a @ b`` on tile ``tile`` (split-K allowed or not) into a NaN-filled out: planned
     with A copied in ``a_mode``, every output written, within TOL of float64, inputs unchanged."""
     a0, b0 = a.clone(), b.clone()
     out = torch.full(a.shape[:-1] + b.shape[-1:], float("nan"), device="cuda")
-    fam = NarrowTile(option=tile + (split,))
+    fam = OneTile(option=tile + (split,))
     _, plan, reason = dispatch.matmul_fastmm(a, b, out, "ieee", force="simt_cp_async", variants=(fam,))
     assert reason is None and plan.kernel.family == "simt_cp_async", reason
     m = dict(plan.kernel.macros)
@@ -63,7 +66,7 @@ def test_narrow_tiles_match_float64(tile, split, M, N, K, batch):
     needs_sm80()
     a = torch.randn(batch, K, M, device="cuda").transpose(1, 2)  # m-contiguous A, as P^T is
     b = torch.randn(batch, K, N, device="cuda")
-    check_narrow(a, b, tile, split, a_mode=0)
+    check_tile(a, b, tile, split, a_mode=0)
 
 
 @pytest.mark.parametrize("b_t", (False, True))
@@ -78,7 +81,7 @@ def test_narrow_tiles_with_a_k_contiguous_a_match_float64(tile, split, b_t, M, N
     needs_sm80()
     a = torch.randn(batch, M, K, device="cuda")
     b = torch.randn(batch, N, K, device="cuda").transpose(1, 2) if b_t else torch.randn(batch, K, N, device="cuda")
-    check_narrow(a, b, tile, split, a_mode=2)
+    check_tile(a, b, tile, split, a_mode=2)
 
 
 def test_the_heuristic_runs_the_narrow_tile_on_attention_dv():
@@ -108,3 +111,35 @@ def test_the_heuristic_runs_the_narrow_tile_on_attention_pv():
     assert (m["WARPS_M"], m["WARPS_N"], m["THREAD_M"], m["A_MODE"]) == (2, 1, 16, 2)
     assert not torch.isnan(out).any()
     assert relative_error(out, p.double() @ v.double()) <= TOL
+
+
+@pytest.mark.parametrize("split", (0, 1))
+@pytest.mark.parametrize("tile", HALF_TILE_OPTIONS)
+@pytest.mark.parametrize("M, N, K, batch", [(64, 4096, 4096, 1), (33, 1000, 1100, 1), (1, 256, 300, 2),
+                                            (300, 700, 1100, 1), (129, 129, 4096, 1), (17, 2051, 64, 3),
+                                            (64, 255, 7, 1)])
+def test_half_tiles_match_float64(tile, split, M, N, K, batch):
+    """x @ W.t() (A's rows and B both k-contiguous, B's single-float copies row-chained on the 64 x
+    256 tile): partial tiles of M, N and K, batched."""
+    needs_sm80()
+    a = torch.randn(batch, M, K, device="cuda")
+    b = torch.randn(N, K, device="cuda").t()
+    check_tile(a if batch > 1 else a[0], b, tile, split, a_mode=2)
+
+
+@pytest.mark.parametrize("split", (0, 1))
+@pytest.mark.parametrize("a_t", (False, True))
+@pytest.mark.parametrize("M, N, K", [(64, 4096, 1024), (300, 700, 1100), (48, 260, 2049)])
+def test_half_tiles_with_a_row_major_b_match_float64(a_t, split, M, N, K):
+    """B row-major (grad_x = grad_y @ W), A k- or m-contiguous (float4 along m, or single floats
+    where M % 4 != 0), on every half tile that is offered for those load modes (the 64 x 128 one
+    is not with a k-contiguous A: it spills there)."""
+    needs_sm80()
+    a = torch.randn(K, M, device="cuda").t() if a_t else torch.randn(M, K, device="cuda")
+    b = torch.randn(K, N, device="cuda")
+    fam = SimtCpAsync()
+    p = Problem.dense(M, N, K, "ieee", a_t=a_t)
+    tiles = fam.half_tiles(p)
+    assert (1, 4, 16) in tiles and ((1, 2, 16) in tiles) == a_t
+    for tile in tiles:
+        check_tile(a, b, tile, split, a_mode=fam.load_modes(p)[0])
