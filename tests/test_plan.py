@@ -968,6 +968,20 @@ def test_simt_split_rule_leaves_what_it_was_not_measured_on(M, N, K, tile):
     check_geometry(plan)
 
 
+@pytest.mark.parametrize("M,N,K,a_t,b_t,tile,split", [
+    (700, 2304, 768, False, True, (64, 64), 2),     # 128 x 64 in 6 slices: 100.4 us, 64 x 64 in 2: 74.5
+    (768, 2304, 4096, True, False, (64, 64), 3),    # grad_W: 338.1 us in 6 slices, 310.1 in 3
+    (1024, 1024, 1024, False, True, (128, 64), 2),  # 2 slices of 128 x 64: kept (69.0 against 73.1)
+    (1000, 1000, 1000, False, False, (128, 64), 2),
+])
+def test_simt_takes_the_64x64_tile_where_the_128x64_one_would_split_k_four_ways(M, N, K, a_t, b_t, tile, split):
+    """SimtCore.small_tile_from_split, as measured on the H200 (NOTES run 32, probes/mid_rows.json)."""
+    plan = forced(Problem.dense(M, N, K, a_t=a_t, b_t=b_t), "sm_90", "simt_cp_async")
+    assert plan.kernel.tile[:2] == tile, plan.describe()
+    assert max(plan.kernel.split_k, plan.kernel.split_slices) == split, plan.describe()
+    check_geometry(plan)
+
+
 @pytest.mark.parametrize("M,N,K,a_t,b_t,tile", [
     (64, 1024, 4096, False, True, (64, 256)),    # over 128 x 256 (K-dominant): 39.1 -> 28.6 us
     (576, 4096, 4096, False, True, (64, 256)),   # 4.5 tiles of 128 rows: 610 -> 514 us
@@ -998,7 +1012,8 @@ def test_simt_takes_the_64_row_tile_of_16x8_where_the_last_row_tile_is_half_empt
     (2048, 1024, 4096, "b_t", (128, 256), 2),  # 128 x 128 tiles fill the wave: 8 warps split 2 ways 7% ahead
     (4096, 768, 3072, "", (128, 256), 4),  # gpt2's MLP down (row-major W): 11% ahead
     (77, 9216, 3072, "b_t", (128, 256), 7),  # 77 rows pad to 128 on every tile; 438 k a slice: 8% ahead
-    (768, 2304, 4096, "a_t", (128, 64), 6),  # grad_W, x^T m-contiguous: the 128 x 256 tile ran 4-14% behind
+    (768, 2304, 4096, "a_t", (64, 64), 3),  # grad_W, x^T m-contiguous: the 128 x 256 tile ran 4-14% behind
+    # (and 128 x 64 in 6 slices 9% behind 64 x 64 in 3: SimtCore.small_tile_from_split)
     (1024, 2816, 1024, "b_t", (128, 128), 3),  # 341 k a slice: the 128 x 128 tile 10% ahead
 ])
 def test_simt_splits_its_largest_tile_where_that_was_measured_faster(M, N, K, layout, tile, split):

@@ -1,15 +1,20 @@
 """Run one fastmm matmul a few times, for a profiler or sanitizer to watch (ncu_stalls.sh and
 ncu_memory.sh run it under ncu), then print its error against float64:
 
-    python benchmarks/probes/profile_one.py M N K [precision] [family]
+    python benchmarks/probes/profile_one.py M N K [precision] [family] [--b-t]
+        [--option WM,WN,TM,SPLIT] [--macro NAME=VALUE ...]
 
-``family`` forces a kernel family (default: the planner's choice). Each call goes through the
+``family`` forces a kernel family (default: the planner's choice). ``--b-t``: B = W.t() with W
+stored [N, K] (nn.Linear's layout). ``--option`` and ``--macro`` (simt_cp_async only): plan one
+tile option (WARPS_M, WARPS_N, THREAD_M, split allowed 0/1), as a tuned choice gives it, and add
+or replace macros of its kernels (FMA_ZIGZAG=0, CP_MIN_BLOCKS=2, ...). Each call goes through the
 full dispatch path (fastmm.dispatch.matmul_fastmm), so every launch of the plan runs: staging
 copies, the GEMM, a second pass.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -19,8 +24,23 @@ sys.path[:0] = [str(HERE.parents[1]), str(HERE)]  # the repo (ahead of any insta
 import torch  # noqa: E402
 
 from fastmm import dispatch  # noqa: E402
+from fastmm.families import SimtCpAsync  # noqa: E402
 from fastmm.problem import PRECISIONS  # noqa: E402
 from probe_util import need_gpu, rel_err  # noqa: E402
+
+
+@dataclasses.dataclass(frozen=True)
+class SimtOption(SimtCpAsync):
+    """simt_cp_async planned with ``option`` (None: its own choice) and ``extra`` macros."""
+
+    option: tuple | None = None
+    extra: tuple[tuple[str, int], ...] = ()
+
+    def configure(self, p, dev, option=None):
+        return super().configure(p, dev, self.option if option is None else option)
+
+    def extra_macros(self, p, dev, bm, bn, split=1, reserve=0):
+        return tuple({**dict(super().extra_macros(p, dev, bm, bn, split, reserve)), **dict(self.extra)}.items())
 
 
 def main(argv=None) -> int:
@@ -31,15 +51,23 @@ def main(argv=None) -> int:
     ap.add_argument("precision", nargs="?", default="ieee", choices=PRECISIONS)
     ap.add_argument("family", nargs="?", default=None, help="force this kernel family")
     ap.add_argument("--calls", type=int, default=5)
+    ap.add_argument("--b-t", action="store_true", help="B = W.t(), W stored [N, K]")
+    ap.add_argument("--option", default=None, help="simt_cp_async tile option WM,WN,TM,SPLIT")
+    ap.add_argument("--macro", action="append", default=[], help="NAME=VALUE added to simt_cp_async's macros")
     o = ap.parse_args(argv)
     if not need_gpu(ap.prog):
         return 2
     a = torch.randn(o.M, o.K, device="cuda")
-    b = torch.randn(o.K, o.N, device="cuda")
+    b = torch.randn(o.N, o.K, device="cuda").t() if o.b_t else torch.randn(o.K, o.N, device="cuda")
     c = torch.full((o.M, o.N), float("nan"), device="cuda")
     plan = reason = None
+    variants = ()
+    if o.option or o.macro:
+        option = tuple(int(x) for x in o.option.split(",")) if o.option else None
+        extra = tuple((k, int(v)) for k, v in (m.split("=") for m in o.macro))
+        variants, o.family = (SimtOption(option=option, extra=extra),), "simt_cp_async"
     for _ in range(o.calls):
-        _, plan, reason = dispatch.matmul_fastmm(a, b, c, o.precision, force=o.family)
+        _, plan, reason = dispatch.matmul_fastmm(a, b, c, o.precision, force=o.family, variants=variants)
     torch.cuda.synchronize()
     what = f"torch.matmul ({reason})" if reason else plan.kernel.describe()
     print(f"{o.M}x{o.N}x{o.K} {o.precision}: {what}")

@@ -134,6 +134,14 @@ class SimtCore(Family):
     #: M to 128 rows alike (77 x 9216 x 3072 W^T: 128 x 256 in 7 slices 189 us, the 128 x 64
     #: tile's 205, 64 x 64 212; NOTES run 26).
     big_tile_min_k_per_split = 384
+    #: Split plans of one matrix take the 64 x 64 tile where the rules above pick the 128 x 64 one
+    #: (both 8 x 8 outputs a thread) and would split K this many ways or more (0: never): twice the
+    #: tiles need fewer, longer slices, and 6 blocks an SM against 3 hide each other's fill and
+    #: drain. Measured on the H200 (probes/candidates.py on probes/mid_rows.json, NOTES run 32, GPU
+    #: us, 64 x 64 against 128 x 64, torch): 700 x 2304 x 768 W^T 74.5 (2 slices) / 100.4 (6) (68.8),
+    #: grad_W 768 x 2304 x 4096 310.1 (3) / 338.1 (6) (319.9). Where the 128 x 64 plan splits in 2
+    #: the 64 x 64 tile won 3 of 7 and lost 4 (1000^3 59.2 / 64.1, but 1024^3 W^T 73.1 / 69.0).
+    small_tile_from_split: int = 4
     big_tile_min_m = 65
     #: Batched products with K up to this take no 128 x 256 tile: two blocks an SM hide each
     #: other's fill and store, which weigh most where a tile's K loop is short (H200, the
@@ -274,6 +282,10 @@ class SimtCore(Family):
                     opt = self.tile_options[0]
         if option is None and short is None and may_split:
             opt = self.half_tile(p, dev, opt)
+            if opt == self.tile_options[2] and p.batch_total == 1 and self.small_tile_from_split:
+                tiles = tiles_of(p, *self.tile_of(opt))
+                if split_k_for(p, dev, tiles, self.bk, self.blocks_per_sm(opt, p, dev)) >= self.small_tile_from_split:
+                    opt = self.tile_options[3]  # (see small_tile_from_split)
         wm, wn, tm = opt
         bm, bn = self.tile_of(opt)
         per_sm = self.blocks_per_sm(opt, p, dev)
