@@ -141,6 +141,8 @@ class SimtCore(Family):
     #: us, 64 x 64 against 128 x 64, torch): 700 x 2304 x 768 W^T 74.5 (2 slices) / 100.4 (6) (68.8),
     #: grad_W 768 x 2304 x 4096 310.1 (3) / 338.1 (6) (319.9). Where the 128 x 64 plan splits in 2
     #: the 64 x 64 tile won 3 of 7 and lost 4 (1000^3 59.2 / 64.1, but 1024^3 W^T 73.1 / 69.0).
+    #: Only with operands copied as measured (float4 along m / n, or single floats along k): with A
+    #: in single floats along m and B along k the 64 x 64 build spills 4 bytes (NVRTC 13.0, sm_86).
     small_tile_from_split: int = 4
     big_tile_min_m = 65
     #: Batched products with K up to this take no 128 x 256 tile: two blocks an SM hide each
@@ -282,7 +284,8 @@ class SimtCore(Family):
                     opt = self.tile_options[0]
         if option is None and short is None and may_split:
             opt = self.half_tile(p, dev, opt)
-            if opt == self.tile_options[2] and p.batch_total == 1 and self.small_tile_from_split:
+            if opt == self.tile_options[2] and p.batch_total == 1 and self.small_tile_from_split \
+                    and set(self.load_modes(p)[:2]) <= {LOAD_VEC_FAST, LOAD_ELEM_K}:
                 tiles = tiles_of(p, *self.tile_of(opt))
                 if split_k_for(p, dev, tiles, self.bk, self.blocks_per_sm(opt, p, dev)) >= self.small_tile_from_split:
                     opt = self.tile_options[3]  # (see small_tile_from_split)
