@@ -1,5 +1,6 @@
 """What the probes beside this file share: the GPU check, the error against float64, four
-ways to time a call on the GPU, and compiling many plans' kernels at once. Import it after putting the repo and this folder on sys.path:
+ways to time a call on the GPU, compiling many plans' kernels at once, and a simt_cp_async variant
+planned with one tile option and extra macros (``SimtOption``). Import it after putting the repo and this folder on sys.path:
 
     HERE = Path(__file__).resolve().parent
     sys.path[:0] = [str(HERE.parents[1]), str(HERE)]
@@ -7,9 +8,28 @@ ways to time a call on the GPU, and compiling many plans' kernels at once. Impor
 """
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 import torch
+
+from fastmm.families import SimtCpAsync
+
+
+@dataclasses.dataclass(frozen=True)
+class SimtOption(SimtCpAsync):
+    """simt_cp_async planned with ``option`` (tile + split flag, as a tuned choice gives it; None:
+    its own choice) and ``extra`` macros added to or replacing its own in every kernel it plans:
+    a variant for ``fastmm.dispatch.matmul_fastmm(..., force="simt_cp_async", variants=(v,))``."""
+
+    option: tuple | None = None
+    extra: tuple[tuple[str, int], ...] = ()
+
+    def configure(self, p, dev, option=None):
+        return super().configure(p, dev, self.option if option is None else option)
+
+    def extra_macros(self, p, dev, bm, bn, split=1, reserve=0):
+        return tuple({**dict(super().extra_macros(p, dev, bm, bn, split, reserve)), **dict(self.extra)}.items())
 
 
 def need_gpu(prog: str) -> bool:

@@ -14,7 +14,6 @@ copies, the GEMM, a second pass.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from pathlib import Path
 
@@ -24,23 +23,8 @@ sys.path[:0] = [str(HERE.parents[1]), str(HERE)]  # the repo (ahead of any insta
 import torch  # noqa: E402
 
 from fastmm import dispatch  # noqa: E402
-from fastmm.families import SimtCpAsync  # noqa: E402
 from fastmm.problem import PRECISIONS  # noqa: E402
-from probe_util import need_gpu, rel_err  # noqa: E402
-
-
-@dataclasses.dataclass(frozen=True)
-class SimtOption(SimtCpAsync):
-    """simt_cp_async planned with ``option`` (None: its own choice) and ``extra`` macros."""
-
-    option: tuple | None = None
-    extra: tuple[tuple[str, int], ...] = ()
-
-    def configure(self, p, dev, option=None):
-        return super().configure(p, dev, self.option if option is None else option)
-
-    def extra_macros(self, p, dev, bm, bn, split=1, reserve=0):
-        return tuple({**dict(super().extra_macros(p, dev, bm, bn, split, reserve)), **dict(self.extra)}.items())
+from probe_util import SimtOption, need_gpu, rel_err  # noqa: E402
 
 
 def main(argv=None) -> int:

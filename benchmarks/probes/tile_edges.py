@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -27,19 +26,8 @@ sys.path[:0] = [str(HERE.parents[1]), str(HERE)]
 import torch  # noqa: E402
 
 from fastmm import dispatch  # noqa: E402
-from fastmm.families import SimtCpAsync  # noqa: E402
 from fastmm.families.simt_cp_async import HALF_TILE_OPTIONS, NARROW_TILE_OPTIONS  # noqa: E402
-from probe_util import need_gpu  # noqa: E402
-
-
-@dataclass(frozen=True)
-class OneTile(SimtCpAsync):
-    """simt_cp_async planned with one option (tile + split flag), as a tuned choice gives it."""
-
-    option: tuple = HALF_TILE_OPTIONS[0] + (1,)
-
-    def configure(self, p, dev, option=None):
-        return super().configure(p, dev, self.option)
+from probe_util import SimtOption, need_gpu  # noqa: E402
 
 
 def operands(M, N, K, batch, layout, gen):
@@ -82,7 +70,7 @@ def main(argv=None) -> int:
             a, b = operands(M, N, K, batch, layout, gen)
             a0, b0 = a.clone(), b.clone()
             out = torch.full(a.shape[:-1] + b.shape[-1:], float("nan"), device="cuda")
-            fam = OneTile(option=tile + (split,))
+            fam = SimtOption(option=tile + (split,))
             _, plan, reason = dispatch.matmul_fastmm(a, b, out, "ieee", force="simt_cp_async", variants=(fam,))
             if reason is not None or plan.kernel.family != "simt_cp_async":
                 skipped += 1  # (a copy or load mode this tile does not take: the planner says so)

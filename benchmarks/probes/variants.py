@@ -27,23 +27,10 @@ sys.path[:0] = [str(HERE.parents[1]), str(HERE)]  # the repo (ahead of any insta
 import torch  # noqa: E402
 
 from fastmm import dispatch  # noqa: E402
-from fastmm.families import FAMILIES, SimtCpAsync  # noqa: E402
+from fastmm.families import FAMILIES  # noqa: E402
 from fastmm.runtime import launcher, runners  # noqa: E402
 from fastmm.shapes import analyse, build_problem  # noqa: E402
-from probe_util import need_gpu, rel_err, time_ms  # noqa: E402
-
-
-@dataclasses.dataclass(frozen=True)
-class SimtWithMacros(SimtCpAsync):
-    """simt_cp_async with ``extra`` macros in every kernel it configures: a variant for
-    ``fastmm.dispatch.matmul_fastmm(..., variants=(SimtWithMacros(extra=...),))``."""
-
-    extra: tuple[tuple[str, int], ...] = ()
-
-    def extra_macros(self, p, dev, bm, bn, split=1, reserve=0):
-        macros = dict(super().extra_macros(p, dev, bm, bn, split, reserve))
-        macros.update(self.extra)
-        return tuple(macros.items())
+from probe_util import SimtOption, need_gpu, rel_err, time_ms  # noqa: E402
 
 
 def run_cfg(cfg, plan, a, b, c):
@@ -111,7 +98,7 @@ def parse_macros(items):
 
 
 def simt_check(extra) -> int:
-    variant = SimtWithMacros(extra=tuple(extra.items()))
+    variant = SimtOption(extra=tuple(extra.items()))
     fails = 0
     cases = [(s, lay, ()) for s in SHAPES + [(256, 256, 65536), (128, 11008, 4096), (2048, 1024, 4096),
                                              (3000, 3000, 3000)]
