@@ -969,10 +969,13 @@ def test_simt_split_rule_leaves_what_it_was_not_measured_on(M, N, K, tile):
 
 
 @pytest.mark.parametrize("M,N,K,a_t,b_t,tile,split", [
-    (700, 2304, 768, False, True, (64, 64), 2),     # 128 x 64 in 6 slices: 100.4 us, 64 x 64 in 2: 74.5
-    (768, 2304, 4096, True, False, (64, 64), 3),    # grad_W: 338.1 us in 6 slices, 310.1 in 3
-    (1024, 1024, 1024, False, True, (128, 64), 2),  # 2 slices of 128 x 64: kept (69.0 against 73.1)
-    (1000, 1000, 1000, False, False, (128, 64), 2),
+    (700, 2304, 768, False, True, (64, 64), 4),     # 128 x 64 in 6 slices: 100.4 us, 64 x 64 in 2: 74.5
+    # grad_W: 338.1 us on 128 x 64 in 6 slices; 64 x 64 in 6 slices 325.7, in 3 302.2 (the split
+    # model's 4 slots an SM over-split this one, NOTES run 33)
+    (768, 2304, 4096, True, False, (64, 64), 6),
+    (1024, 1024, 1024, False, True, (128, 64), 3),  # 128 x 64 kept: 3 slices 64.6 us, 2 65.3
+    (1000, 1000, 1000, False, False, (128, 64), 3),  # 60.2 against 61.9 in 2
+    (683, 2048, 768, False, True, (128, 64), 2),    # 71.3 against 81.2 for 64 x 64 in 3 (run 33)
 ])
 def test_simt_takes_the_64x64_tile_where_the_128x64_one_would_split_k_four_ways(M, N, K, a_t, b_t, tile, split):
     """SimtCore.small_tile_from_split, as measured on the H200 (NOTES run 32, probes/mid_rows.json)."""
@@ -1012,8 +1015,9 @@ def test_simt_takes_the_64_row_tile_of_16x8_where_the_last_row_tile_is_half_empt
     (2048, 1024, 4096, "b_t", (128, 256), 2),  # 128 x 128 tiles fill the wave: 8 warps split 2 ways 7% ahead
     (4096, 768, 3072, "", (128, 256), 4),  # gpt2's MLP down (row-major W): 11% ahead
     (77, 9216, 3072, "b_t", (128, 256), 7),  # 77 rows pad to 128 on every tile; 438 k a slice: 8% ahead
-    (768, 2304, 4096, "a_t", (64, 64), 3),  # grad_W, x^T m-contiguous: the 128 x 256 tile ran 4-14% behind
-    # (and 128 x 64 in 6 slices 9% behind 64 x 64 in 3: SimtCore.small_tile_from_split)
+    (768, 2304, 4096, "a_t", (64, 64), 6),  # grad_W, x^T m-contiguous: the 128 x 256 tile ran 4-14% behind
+    # (and 128 x 64 in 6 slices 9% behind 64 x 64 in 3: SimtCore.small_tile_from_split; 6 slices
+    # since run 33's slot count, see test_simt_takes_the_64x64_tile_...)
     (1024, 2816, 1024, "b_t", (128, 128), 3),  # 341 k a slice: the 128 x 128 tile 10% ahead
 ])
 def test_simt_splits_its_largest_tile_where_that_was_measured_faster(M, N, K, layout, tile, split):
@@ -1121,19 +1125,23 @@ def test_the_32x128_tile_runs_4_blocks_an_sm_where_that_doubles_the_slices_of_fe
     (512, 64, 512, 128, False, (2, 1, 16)),  # P.V: A's rows k-contiguous (single-float copies, chained)
     (1024, 64, 1024, 128, False, (2, 1, 16)),
     (197, 64, 197, 768, False, None),  # k-contiguous A with an edge tile of rows (ViT's P.V): it lost 25%
-    (384, 64, 512, 256, False, (2, 1, 16)),  # k-contiguous A, M a multiple of 128
+    (384, 64, 512, 256, False, None),  # k-contiguous A, M a multiple of 128, but 768 blocks: their
+    # second wave of 528 slots 45% full (NARROW_MIN_WAVE_FILL)
+    (384, 64, 384, 192, False, None),  # BERT's P.V, 576 blocks: 162.0 us narrow, 102.8 on 64 x 64 (run 33)
+    (384, 64, 512, 176, False, (2, 1, 16)),  # 528 blocks: one whole wave
     (256, 64, 256, 64, True, None),  # 128 tiles, under 3 an SM: it lost 50% there
     (197, 64, 197, 768, True, None),  # M % 4 != 0: A is not read as float4, so no narrow tile
-    (384, 64, 512, 256, True, (2, 1, 16)),  # 384 rows: 128-row tiles pad no more than 64-row ones
-    (448, 64, 512, 256, True, None),  # 448 rows: they would (512 against 448)
+    (384, 64, 512, 176, True, (2, 1, 16)),  # 384 rows: 128-row tiles pad no more than 64-row ones
+    (448, 64, 512, 132, True, None),  # 448 rows: they would (512 against 448)
     (512, 65, 512, 128, True, None),  # more than 64 columns
 ])
 def test_narrow_simt_tiles_take_products_of_at_most_64_columns(M, N, K, batch, a_t, want):
     """The 128 x 64 tile of 16 x 8 outputs a thread (2 warps, one warp column) where N <= 64, A is
     copied as float4 along m or in single floats along k (not single floats along m), its tiles
-    number 3 an SM or more and pad M no more than 64-row tiles, and, with single-float copies along
+    number 3 an SM or more and pad M no more than 64-row tiles, with single-float copies along
     k, M is a multiple of 128 (NARROW_* in families/simt_cp_async.py, measured on the H200: NOTES
-    runs 30-31). The tuner is offered both narrow tiles either way."""
+    runs 30-31), and its blocks fill their last wave of 4 an SM to 90% (NOTES run 33). The tuner
+    is offered both narrow tiles either way."""
     p = Problem.dense(M, N, K, "ieee", batch=batch, a_t=a_t)
     plan = select(p, DEV["sm_90"])
     assert plan.kernel.family == "simt_cp_async", plan.describe()
@@ -1149,6 +1157,37 @@ def test_narrow_simt_tiles_take_products_of_at_most_64_columns(M, N, K, batch, a
     check_geometry(plan)
 
 
+@pytest.mark.parametrize("M,N,K,kw,tile,split", [
+    (300, 700, 1100, {"b_t": True}, (64, 64), 8),   # 22.6 us, the best of 11 splits (4 slices: 26.1)
+    (60, 2048, 2048, {"b_t": True}, (64, 64), 16),  # 21.6, the best (8: 22.9)
+    (1000, 256, 1024, {"b_t": True}, (64, 64), 8),  # 22.4, the best (4: 26.0)
+    (64, 4096, 4096, {"b_t": True}, (64, 64), 8),   # 65.0, the best (4: 71.4)
+    (1000, 1000, 1000, {}, (128, 64), 3),           # 60.6, the best (2: 62.3)
+])
+def test_the_split_model_counts_the_8x8_tiles_blocks_an_sm_as_built_up_to_four_on_sm90(M, N, K, kw, tile, split):
+    """simt_cp_async's split-K wave model counts the 64 x 64 tile 4 blocks an SM (built for 6) and
+    the 128 x 64 one 3 (built for 3) on sm_90, where it counted 2 for both; each case a product
+    swept over 1-16 slices on the H200 (probes/simt_split_probe.py, NOTES run 33). Elsewhere, and
+    with small_tile_slots off, the plans are as before; the kernels are built as before (no
+    CP_MIN_BLOCKS)."""
+    fam = FAMILIES["simt_cp_async"]
+    p = Problem.dense(M, N, K, "ieee", **kw)
+    assert [fam.default_blocks_per_sm(o) for o in ((1, 2, 8), (2, 2, 8))] == [6, 3]
+    assert [fam.blocks_per_sm(o, p, DEV["sm_90"]) for o in ((1, 2, 8), (2, 2, 8))] == [4, 3]
+    plan = select(p, DEV["sm_90"])
+    assert plan.kernel.family == "simt_cp_async" and plan.kernel.tile[:2] == tile, plan.describe()
+    assert max(plan.kernel.split_k, plan.kernel.split_slices) == split, plan.describe()
+    assert "CP_MIN_BLOCKS" not in macros(plan)
+    check_geometry(plan)
+    old = dataclasses.replace(fam, small_tile_slots=False)
+    before = select(p, DEV["sm_90"], variants=(old,))
+    assert before.kernel.split_slices < split or before.kernel.tile[:2] != tile, before.describe()
+    for arch in ("sm_80", "sm_86", "sm_89"):
+        assert [fam.blocks_per_sm(o, p, DEV[arch]) for o in ((1, 2, 8), (2, 2, 8))] == [2, 2]
+        now, then = select(p, DEV[arch]).kernel, select(p, DEV[arch], variants=(old,)).kernel
+        assert (now.macros, now.grid, now.split_k) == (then.macros, then.grid, then.split_k)
+
+
 def test_the_largest_simt_tile_split_never_computes_four_times_the_columns():
     """8192 x 64 x 1024 on W^T (a 64-wide projection): the 128 x 256 tile split along K covered 4x
     the outputs of the 64 x 64 tile (104.4 us against 41.8 on the H200, NOTES run 30); the
@@ -1156,7 +1195,7 @@ def test_the_largest_simt_tile_split_never_computes_four_times_the_columns():
     area. 128 x 11008 x 4096 (decode128, where it was measured 12% faster) still takes it."""
     narrow = select(Problem.dense(8192, 64, 1024, "ieee", b_t=True), DEV["sm_90"])
     assert narrow.kernel.family == "simt_cp_async" and narrow.kernel.tile[:2] == (64, 64), narrow.describe()
-    assert narrow.kernel.split_k == 2
+    assert narrow.kernel.split_k == 4  # (2 before run 33's slot count: 42.3 us, 4 slices 39.7)
     wide = select(Problem.dense(128, 11008, 4096, "ieee", b_t=True), DEV["sm_90"])
     assert wide.kernel.tile[:2] == (128, 256) and wide.kernel.split_k > 1, wide.describe()
 

@@ -19,14 +19,24 @@ from fastmm.families import SimtCpAsync
 @dataclasses.dataclass(frozen=True)
 class SimtOption(SimtCpAsync):
     """simt_cp_async planned with ``option`` (tile + split flag, as a tuned choice gives it; None:
-    its own choice) and ``extra`` macros added to or replacing its own in every kernel it plans:
+    its own choice), ``warps_sm`` warps an SM in its split model (8 x 8 tiles), and ``extra`` macros added to or
+    replacing its own in every kernel it plans:
     a variant for ``fastmm.dispatch.matmul_fastmm(..., force="simt_cp_async", variants=(v,))``."""
 
     option: tuple | None = None
     extra: tuple[tuple[str, int], ...] = ()
+    #: warps an SM the split-K wave model plans the 8 x 8 tiles for (None: the family's own
+    #: count; 12 = 6 blocks of 64 x 64, 3 of 128 x 64, as those kernels are built); a split plan
+    #: planned for more blocks than the tile's default is built for that many (CP_MIN_BLOCKS)
+    warps_sm: int | None = None
 
     def configure(self, p, dev, option=None):
         return super().configure(p, dev, self.option if option is None else option)
+
+    def blocks_per_sm(self, opt, p, dev):
+        if self.warps_sm is None or opt[2] != 8:
+            return super().blocks_per_sm(opt, p, dev)
+        return max(1, self.warps_sm // (opt[0] * opt[1]))
 
     def extra_macros(self, p, dev, bm, bn, split=1, reserve=0):
         return tuple({**dict(super().extra_macros(p, dev, bm, bn, split, reserve)), **dict(self.extra)}.items())

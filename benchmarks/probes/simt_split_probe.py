@@ -1,12 +1,16 @@
 #!/usr/bin/env python3
 """Small and mid-size fp32 products on simt_cp_async: how many K slices fill the H200? The split
-model counts a tile's blocks per SM as ``blocks_per_sm`` (2 for tiles of up to 4 warps), while the
-2-warp 64 x 64 tile is built for 6 (CP_MIN_BLOCKS): so are more slices faster where its tiles
-are few? For each product: torch.matmul, the planned plan, and the planner's tile with K split
+model counts a tile's blocks per SM as ``blocks_per_sm`` (until NOTES run 33 2 for tiles of up
+to 4 warps, while the 2-warp 64 x 64 tile is built for 6, CP_MIN_BLOCKS; now the 8 x 8 tiles as
+built, at most 4): which count puts the planned split nearest the best? For each product: torch.matmul, the planned plan, and the planner's tile with K split
 S ways (the variant SimtCpAsync(split=S, stream_k=False); up to 4 slices summed by their last
 block, more by splitk_reduce), GPU us by CUDA graph replay, each checked against float64.
 
-    python benchmarks/probes/simt_split_probe.py [--splits 1,2,3,4,6,8,12,16]
+    python benchmarks/probes/simt_split_probe.py [--splits 1,2,3,4,6,8,12,16] [--shapes FILE [--rows a,b]]
+
+``--shapes``: the products of a suite file's model rows (their layouts as bench.py lays them out)
+in place of the list below; every kernel is compiled first, on all cores. A summary line a
+product: the planned split and time, the best swept, torch.
 """
 from __future__ import annotations
 
@@ -22,7 +26,8 @@ import torch  # noqa: E402
 import fastmm  # noqa: E402
 from fastmm import dispatch  # noqa: E402
 from fastmm.families import SimtCpAsync  # noqa: E402
-from probe_util import graph_us, need_gpu, rel_err  # noqa: E402
+from fastmm.plan import select  # noqa: E402
+from probe_util import compile_plans, graph_us, need_gpu, rel_err  # noqa: E402
 
 #: (M, N, K, B^T: x @ W.t() with W stored [N, K])
 PRODUCTS = [(300, 700, 1100, True), (197, 768, 3072, True), (128, 4096, 4096, True), (256, 1024, 4096, True),
@@ -30,26 +35,51 @@ PRODUCTS = [(300, 700, 1100, True), (197, 768, 3072, True), (128, 4096, 4096, Tr
             (384, 768, 768, True), (96, 3072, 768, True)]
 
 
+def products(o):
+    """(name, a, b) of each product, on the GPU."""
+    if o.shapes is None:
+        for M, N, K, bt in PRODUCTS:
+            a = torch.randn(M, K, device="cuda")
+            b = torch.randn(N, K, device="cuda").t() if bt else torch.randn(K, N, device="cuda")
+            yield f"{M}x{N}x{K}{' W^T' if bt else ''}", a, b
+        return
+    import candidates
+    rows, _ = candidates.model_rows(o.rows, o.shapes)
+    for s in rows:
+        a, b, _ = candidates.operands(s, torch.device("cuda"))
+        yield f"{s['name']} {s['M']}x{s['N']}x{s['K']} {s.get('layout')}", a, b
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="simt_split_probe.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("--splits", default="1,2,3,4,6,8,12,16")
+    ap.add_argument("--shapes", default=None)
+    ap.add_argument("--rows", default=None)
     o = ap.parse_args(argv)
     if not need_gpu(ap.prog):
         return 2
     splits = [int(x) for x in o.splits.split(",")]
-    for M, N, K, bt in PRODUCTS:
-        a = torch.randn(M, K, device="cuda")
-        b = torch.randn(N, K, device="cuda").t() if bt else torch.randn(K, N, device="cuda")
-        out = torch.empty(M, N, device="cuda")
+    items = list(products(o))
+    dev = dispatch.device_facts(torch.cuda.current_device())
+    plans = []  # every kernel first, on all cores
+    for _, a, b in items:
+        p = fastmm.explain(a, b, precision="ieee").plan
+        plans += [p] + [select(p.problem, dev, "simt_cp_async", None, (SimtCpAsync(split=S, stream_k=False),))
+                        for S in splits]
+    print(f"compiled {compile_plans(plans, dev.arch)} kernels", flush=True)
+    summary = []
+    for name, a, b in items:
+        out = torch.empty(a.shape[:-1] + b.shape[-1:], device="cuda")
         t_torch = graph_us(lambda: torch.matmul(a, b, out=out))
         t_plan = graph_us(lambda: fastmm.matmul(a, b, out=out, precision="ieee"))
         plan = fastmm.explain(a, b, precision="ieee").plan
         cfg = plan.kernel
-        print(f"{M}x{N}x{K}{' W^T' if bt else ''}: torch {t_torch:.1f} us, planned {t_plan:.1f} us "
-              f"({cfg.family} {cfg.describe() if hasattr(cfg, 'describe') else cfg.tile}, grid {cfg.grid})", flush=True)
+        planned = cfg.split_slices if cfg.split_k > 1 else 1
+        print(f"{name}: torch {t_torch:.1f} us, planned {t_plan:.1f} us "
+              f"({cfg.family} {cfg.tile}, split {planned}, grid {cfg.grid})", flush=True)
         if cfg.family != "simt_cp_async":
             continue
-        row = []
+        row, best = [], (t_plan, planned)
         for S in splits:
             fam = SimtCpAsync(split=S, stream_k=False)
             out.fill_(float("nan"))
@@ -59,8 +89,14 @@ def main(argv=None) -> int:
                 continue
             err = rel_err(out, a, b)
             us = graph_us(lambda: dispatch.matmul_fastmm(a, b, out, "ieee", force="simt_cp_async", variants=(fam,)))
-            row.append(f"S{p.kernel.grid[1]} {us:.1f}{'' if err < 1e-5 else ' ERR%.0e' % err}")
+            got = p.kernel.split_slices if p.kernel.split_k > 1 else 1
+            row.append(f"S{got} {us:.1f}{'' if err < 1e-5 else ' ERR%.0e' % err}")
+            if err < 1e-5 and us < best[0]:
+                best = (us, got)
         print("    tile " + "x".join(map(str, cfg.tile)) + ": " + ", ".join(row), flush=True)
+        summary.append(f"{name} | {planned} | {t_plan:.1f} | {best[1]} | {best[0]:.1f} | {t_torch:.1f}")
+    print("product | planned split | us | best split | us | torch us")
+    print("\n".join(summary))
     return 0
 
 

@@ -238,8 +238,7 @@ class SimtCore(Family):
         ``tile_options`` (none here: :class:`.simt_cp_async.SimtCpAsync` has them)."""
         return ()
 
-    @staticmethod
-    def default_blocks_per_sm(opt) -> int:
+    def default_blocks_per_sm(self, opt) -> int:
         """Blocks of tile ``opt`` an SM holds as its kernel is built by default."""
         return 2 if opt[0] * opt[1] <= 4 else 1
 

@@ -39,6 +39,29 @@ NARROW_COLS = 64
 #: 419.6 against 416.2 for the 64 x 64 tile (430.3), but ViT's 768 x (197 x 64 x 197), its second
 #: tile of rows an edge tile, 169.2 against 135.4 (140.8).
 NARROW_MIN_TILES_PER_SM = 3
+#: ... and where its blocks fill their last wave to at least NARROW_MIN_WAVE_FILL (blocks over
+#: waves x slots, NARROW_BLOCKS_PER_SM an SM: two warps at up to 255 registers). Measured on the
+#: H200 (probes/variant_rows.py and candidates.py on probes/low_rows.json, NOTES run 33, GPU us):
+#: BERT's P.V 192 x (384 x 64 x 384), 576 blocks on 528 slots (a second wave of 48), 162.0 on the
+#: narrow tile against 102.8 on the 64 x 64 one (torch 98.2); the runs-30/31 wins fill one or two
+#: waves to 0.97 (512 and 1024 blocks).
+NARROW_BLOCKS_PER_SM = 4
+NARROW_MIN_WAVE_FILL = 0.9
+#: The 8 x 8 tiles' kernels are built for this many warps an SM (simt_cp_async.cu: CP_MIN_BLOCKS
+#: = 384 / THREADS: 6 blocks of the 64 x 64 tile, 3 of the 128 x 64 one). On sm_90 the split-K
+#: wave model counts their slots so, up to SMALL_TILE_MAX_SLOTS blocks an SM (it counted 2, as
+#: for any 4-warp tile). Past 4 blocks of the 2-warp tile an SM's FFMA issue is shared: a block
+#: no longer finishes its slice in one slice's time, so counting all 6 over-splits. Measured on
+#: the H200 (probes/simt_split_probe.py, 11 splits each, NOTES run 33): time at the planned split
+#: over the best split's, geomean (worst), on probes/split_rows.json (21 products) / on
+#: probes/split_holdout.json (24 random ones): 2 and 2 blocks (the old count) 1.068 (1.20) /
+#: 1.068 (1.35), 6 and 3 1.045 / 1.079, 4 and 2 1.038 / 1.060, 4 and 3 1.030 (1.18) / 1.055 (1.32);
+#: back to back against the old count, 0.973x / 0.978x the time (the worst rows: 768 x 2304 x
+#: 4096 grad_W 325.7 us in 6 slices against 302.2 in 3; 337 x 2048 x 768 W^T 52.2 against 41.9).
+#: Not on sm_80-sm_89 (not measured there; at 100 KB of shared memory an SM, sm_86 and sm_89 hold
+#: 3 blocks of the 64 x 64 tile's 6 stages).
+SMALL_TILE_WARPS = 12
+SMALL_TILE_MAX_SLOTS = 4
 #: ... where K and N are at least these (the least measured; below them skinny_kmajor keeps them).
 SHORT_ROWS_MIN_K = 768
 SHORT_ROWS_MIN_N = 1024
@@ -94,6 +117,11 @@ class SimtCpAsync(SimtCore):
     #: measured there, and at 128 registers ptxas spills some load-mode pairs for sm_86.
     short_min_blocks: int = 4
     short_min_blocks_cc = (9, 0)
+    #: Whether the split-K wave model counts the 8 x 8 tiles' blocks an SM as they are built, up to
+    #: SMALL_TILE_MAX_SLOTS (see there), from this compute capability, or as 2 (False: the plans
+    #: before NOTES run 33, a switch for probes).
+    small_tile_slots: bool = True
+    small_tile_slots_cc = (9, 0)
 
     name, source, entry = "simt_cp_async", "simt_cp_async.cu", "fastmm_simt_cp_async"
     min_cc = (8, 0)
@@ -172,14 +200,18 @@ class SimtCpAsync(SimtCore):
         return half if p.K // split >= HALF_MIN_K_PER_SPLIT else opt
 
     def narrow_tile(self, p, dev):
-        """The heuristic's narrow tile for ``p`` (the 128 x 64 one, see NARROW_MIN_TILES_PER_SM),
-        or None."""
+        """The heuristic's narrow tile for ``p`` (the 128 x 64 one, see NARROW_MIN_TILES_PER_SM and
+        NARROW_MIN_WAVE_FILL), or None."""
         opt = NARROW_TILE_OPTIONS[1]
         if opt not in self.narrow_tiles(p) or -(-p.M // 128) * 128 > -(-p.M // 64) * 64:
             return None
         if self.load_modes(p)[0] == LOAD_ELEM_K and p.M % 128:
             return None
-        return opt if tiles_of(p, *self.tile_of(opt)) * p.batch_total >= NARROW_MIN_TILES_PER_SM * dev.sm_count else None
+        blocks = tiles_of(p, *self.tile_of(opt)) * p.batch_total
+        if blocks < NARROW_MIN_TILES_PER_SM * dev.sm_count:
+            return None
+        slots = NARROW_BLOCKS_PER_SM * dev.sm_count
+        return opt if blocks >= NARROW_MIN_WAVE_FILL * -(-blocks // slots) * slots else None
 
     def short_tile(self, p):
         """A 32-row tile for products of at most ``short_rows`` rows: 128 wide against a
@@ -209,11 +241,23 @@ class SimtCpAsync(SimtCore):
             stages -= 1
         return (("STAGES", stages),)
 
+    def default_blocks_per_sm(self, opt):
+        """Blocks of tile ``opt`` an SM holds as its kernel is built by default: the 8 x 8 tiles
+        (THREAD_M 8) SMALL_TILE_WARPS warps' worth (CP_MIN_BLOCKS), the others as any SIMT tile."""
+        if opt[2] == 8:
+            return max(1, SMALL_TILE_WARPS // (opt[0] * opt[1]))
+        return super().default_blocks_per_sm(opt)
+
     def blocks_per_sm(self, opt, p, dev):
         """The 32 x 128 tile: ``short_min_blocks`` where its tiles leave SMs idle and planning that
         many blocks doubles the slices (at 393 tiles, 50257 x 768, twice the slices lost 6-10%);
         only a split plan is built for them (an unsplit one pays the register cap for nothing,
-        and one such build spilled)."""
+        and one such build spilled). The 8 x 8 tiles: as built, at most SMALL_TILE_MAX_SLOTS, on
+        ``small_tile_slots_cc`` (see SMALL_TILE_WARPS), else 2 as any 4-warp tile."""
+        if opt[2] == 8:
+            if self.small_tile_slots and dev.cc >= self.small_tile_slots_cc:
+                return min(self.default_blocks_per_sm(opt), SMALL_TILE_MAX_SLOTS)
+            return SimtCore.default_blocks_per_sm(self, opt)
         per_sm = super().blocks_per_sm(opt, p, dev)
         if self.tile_of(opt) == (32, 128) and self.short_min_blocks > per_sm and dev.cc >= self.short_min_blocks_cc:
             tiles = tiles_of(p, 32, 128)
