@@ -341,6 +341,59 @@ __device__ __forceinline__ void tile_product(const float* Ab, const float* Bb, i
 }
 #endif
 
+#ifndef C_STAGED
+#define C_STAGED 0  // 1: the final tile store goes through shared memory (store_tile_staged)
+#endif
+#if C_STAGED
+// C in single floats with contiguous rows (N % 4 != 0: a vocabulary of 50257, 4095 columns).
+// Stored from the registers, a thread's 4-column groups put 4 bytes a lane 16 bytes apart: an
+// instruction touches 16 sectors where a float4 store of the same lanes fills them, and at one
+// block an SM (the 128 x 256 tile) the tile's store is not hidden: 4096 x 50257 x 768 W^T ran
+// 45.1 TFLOP/s against 49.3 at N = 50256 (NOTES run 33). So the tile goes through the pipeline's
+// buffers, idle after tile_product's last barrier, and leaves in rows of consecutive floats a
+// warp (4-5 sectors an instruction). One pass: the planner asks for it only where the buffers
+// hold the whole tile (in passes, acc stays live across the first and the register-capped
+// builds spilled 4-100 bytes). The row pitch keeps a float4 write of the 8 x 8 tiles' lanes (4
+// along n, 64 bytes a row) on two rows' disjoint banks.
+#define C_PITCH (BN + (LANES_N == 4 ? 16 : 0))
+__device__ __forceinline__ void store_tile_staged(float* stage, float* Cb, int M, int N, i64 sCm, int m0, int n0,
+                                                  int am, int bn, const float acc[THREAD_M][THREAD_N],
+                                                  const Epilogue& epi) {
+    static_assert(BM * C_PITCH <= STAGES * (A_TILE_FLOATS + B_TILE_FLOATS), "the tile must fit the pipeline's buffers");
+#pragma unroll
+    for (int i = 0; i < THREAD_M; ++i) {
+        const int r = am + (i / 4) * A_GROUP_STRIDE + (i % 4);
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+            *(float4*)&stage[r * C_PITCH + bn + h * B_GROUP_STRIDE] =
+                make_float4(acc[i][4 * h], acc[i][4 * h + 1], acc[i][4 * h + 2], acc[i][4 * h + 3]);
+    }
+    __syncthreads();
+    const int rows = min(BM, M - m0), cols = min(BN, N - n0);
+    for (int u = threadIdx.x; u < rows * BN; u += THREADS) {
+        const int r = u / BN, c = u % BN;
+        if (c < cols) {
+            const int m = m0 + r, n = n0 + c;
+            Cb[(i64)m * sCm + n] = epi(stage[r * C_PITCH + c], m, n);
+        }
+    }
+    __syncthreads();  // the reads done before the next tile's prologue writes the buffers
+}
+#endif
+
+// The final store of a tile (or a split slice into its workspace): through shared memory where
+// the planner asks (C_STAGED), else from the registers.
+__device__ __forceinline__ void store_final(float* smem, float* Cb, int M, int N, i64 sCm, i64 sCn, int m0, int n0,
+                                            int am, int bn, const float acc[THREAD_M][THREAD_N], const Epilogue& epi) {
+#if C_STAGED
+    (void)sCn;  // (contiguous rows: the planner's condition)
+    store_tile_staged(smem, Cb, M, N, sCm, m0, n0, am, bn, acc, epi);
+#else
+    (void)smem;
+    store_tile(Cb, M, N, sCm, sCn, m0, n0, am, bn, acc, epi);
+#endif
+}
+
 #ifndef SPLIT_PAIR
 #define SPLIT_PAIR 0  // 1 (sm_90): split-K blocks in cluster pairs that add their partial tiles
 #endif
@@ -529,7 +582,7 @@ extern "C" __global__ void SPLIT_PAIR_ATTR __launch_bounds__(THREADS, CP_MIN_BLO
                                                                   acc, NoEpilogue{});
             }
 #else
-            store_tile(Cb, M, N, sCm, sCn, tm * BM, tn * BN, am, bn, acc, epi);  // (split: a slice, EPILOGUE = 0)
+            store_final(smem, Cb, M, N, sCm, sCn, tm * BM, tn * BN, am, bn, acc, epi);  // (split: a slice, EPILOGUE = 0)
 #endif
         }
     }
@@ -575,8 +628,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, CP_MIN_BLOCKS)
         tile_coords<8>(t, tiles_m, tiles_n, tm, tn);
         float acc[THREAD_M][THREAD_N];
         tile_product(A, B, M, N, K, sAm, sAk, sBk, sBn, tm * BM, tn * BN, kb, ke, As, Bs, am, bn, acc);
-        if (whole)
-            store_tile(C, M, N, sCm, sCn, tm * BM, tn * BN, am, bn, acc, epi);
+        if (whole)  // (uniform over the block)
+            store_final(smem, C, M, N, sCm, sCn, tm * BM, tn * BN, am, bn, acc, epi);
         else  // piece j of block b: its own dense BM x BN slot
             store_tile_as<true>(W + (i64)(b * segs + j) * (BM * BN), BM, BN, BN, 1, 0, 0, am, bn, acc, NoEpilogue{});
         g = (t + 1) * k_tiles;

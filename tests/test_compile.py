@@ -38,6 +38,8 @@ def _problems() -> list[Problem]:
             (8192, 8192, 4096, {}),  # aligned, largest tile
             (1000, 1001, 1003, {}),  # N and K not multiples of 4
             (1024, 1022, 1024, {}),  # N even, not a multiple of 4 (tf32 float2 stores)
+            (4096, 4095, 1024, {}),  # N odd on the largest SIMT tile: C through shared memory (sm_90) ...
+            (8192, 8191, 2048, {}),  # ... on the stream-K entry too
             (1024, 1024, 1024, {"align": 4}),  # storage offset 1
             (1024, 1024, 1024, {"align": 8}),  # storage offset 2
             (1024, 1024, 1024, {"a_t": True}),  # transposed A
@@ -104,7 +106,7 @@ def _fused_split_problems() -> list[Problem]:
     workspace and C), a transposed C, the epilogue. Planned for that family only."""
     dense = [(1024, 1024, 1024, {"b_t": True}), (1024, 2816, 1024, {"b_t": True}), (2816, 1024, 1024, {"a_t": True}),
              (1024, 256, 1024, {"b_t": True}), (999, 1001, 1100, {"a_t": True}), (999, 1001, 4100, {"a_t": True}),
-             (1000, 1000, 1024, {"c_t": True})]
+             (683, 2048, 768, {"b_t": True}), (1000, 1000, 1024, {"c_t": True})]
     out = [Problem.dense(M, N, K, **{k: v for k, v in kw.items() if k != "c_t"}) for M, N, K, kw in dense]
     out[-1] = dataclasses.replace(out[-1], c_strides=(1, 1000))  # C column-major: single-float stores
     return out + [dataclasses.replace(p, epilogue=EPILOGUE_D) for p in out[::2]]
@@ -220,6 +222,9 @@ def _features(cfg) -> set:
     out = {(x3, k, v) for k, v in cfg.macros} | {(x3, "tile", tile)}
     if cfg.family in ("skinny", "skinny_kmajor", "kmajor_mma", "stage_kmajor") or (cfg.family == "wgmma_tf32"):
         out.add(("combination", cfg.macros))
+    if cfg.family == "simt_cp_async":  # the staged C store in each entry
+        m = dict(cfg.macros)
+        out.add(("C_STAGED x STREAM_K", m.get("C_STAGED", 0), m.get("STREAM_K", 0)))
     return out
 
 
@@ -330,6 +335,11 @@ def test_configs_cover_every_family_arch_and_macro_value():
         if arch == "sm_90":
             assert {m["OUT_VEC"] for m in fused} == {0, 1} and {m["C_VEC"] for m in fused} == {0, 1}
             assert {m["SPLIT_FUSED"] for m in fused} == {2, 3, 4}
+    # single-float C through shared memory (C_STAGED), sm_90 only, in the plain and stream-K entries
+    staged = [dict(m) for m in seen[("sm_90", "simt_cp_async")] if dict(m).get("C_STAGED")]
+    assert {m.get("STREAM_K", 0) for m in staged} == {0, 1}
+    assert all((m["WARPS_M"], m["WARPS_N"], m["THREAD_M"]) == (2, 4, 16) and m["C_VEC"] == 0 for m in staged)
+    assert not any(dict(m).get("C_STAGED") for arch in ("sm_80", "sm_86", "sm_89") for m in seen[(arch, "simt_cp_async")])
     # the skinny kernel's own slice sums (decode16 on the H200)
     assert any(dict(m).get("SK_FUSED") == 1 for m in seen[("sm_90", "skinny")])
     # split-K in cluster pairs (largeK on the H200), sm_90 only

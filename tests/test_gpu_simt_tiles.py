@@ -4,6 +4,7 @@ simt_cp_async.py) on a real GPU, against float64 (skipped without CUDA):
   (attention's dV = P^T dO, dK = dS^T Q) or k-contiguous rows of A (P.V, dQ);
 - the 64-row ones (HALF_TILE_OPTIONS): products whose last tile of rows is at most 64 rows
   (decode with 33-64 sequences, a few hundred tokens), against nn.Linear's W^T and a row-major B.
+- the largest tile's single-float C stored through shared memory (C_STAGED: N % 4 != 0).
 Every tile is run (the tuner may take any), over edges of M, N and K, batched, split (a reduce
 pass or the fused sum), into NaN-filled outputs. (Products of K <= 256 and few outputs run the
 scalar kernel whatever the variant: not here.)"""
@@ -143,3 +144,40 @@ def test_half_tiles_with_a_row_major_b_match_float64(a_t, split, M, N, K):
     assert (1, 4, 16) in tiles and ((1, 2, 16) in tiles) == a_t
     for tile in tiles:
         check_tile(a, b, tile, split, a_mode=fam.load_modes(p)[0])
+
+
+#: products with N % 4 != 0 on the largest tile (128 x 256): C stored in single floats through
+#: the pipeline's shared buffers (C_STAGED, sm_90), over edges of M, N and K, W^T / row-major B /
+#: A^T, a batch, stream-K (8192 x 8191 x 2048 leaves a partial last wave)
+STAGED_C = [(300, 301, 70, "row", 1), (129, 257, 33, "w_t", 1), (1000, 1001, 1003, "a_t", 1),
+            (8, 4095, 64, "w_t", 1), (260, 3, 300, "row", 1), (257, 1023, 129, "w_t", 3)]
+
+
+@pytest.mark.parametrize("bias", (False, True))
+@pytest.mark.parametrize("M, N, K, layout, batch", STAGED_C + [(8192, 8191, 2048, "row", 1)])
+def test_single_float_c_through_shared_memory_matches_float64(M, N, K, layout, batch, bias):
+    """Every output of the staged store written once (NaN-filled out), within TOL of float64,
+    with the epilogue (a bias over C's columns) applied as it leaves shared memory."""
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("the planner stages C on sm_90 (measured there)")
+    lead = (batch,) if batch > 1 else ()
+    a = torch.randn(*lead, K, M, device="cuda").transpose(-1, -2) if layout == "a_t" else torch.randn(*lead, M, K, device="cuda")
+    b = torch.randn(N, K, device="cuda").t() if layout == "w_t" else torch.randn(K, N, device="cuda")
+    a0, b0 = a.clone(), b.clone()
+    big = M * N * K > 2**36  # the heuristic's own plan (stream-K) for the large one
+    variants = () if big else (OneTile(option=SimtCpAsync.tile_options[0] + (0,)),)
+    if bias:
+        d = torch.randn(N, device="cuda")
+        out, plan, reason = dispatch.matmul_fused(a, b, d, 1.0, 1.0, "ieee", force="simt_cp_async", variants=variants)
+        ref = a.double() @ b.double() + d.double()
+    else:
+        out = torch.full(lead + (M, N), float("nan"), device="cuda")
+        _, plan, reason = dispatch.matmul_fastmm(a, b, out, "ieee", force="simt_cp_async", variants=variants)
+        ref = a.double() @ b.double()
+    assert reason is None, reason
+    assert dict(plan.kernel.macros).get("C_STAGED") == 1 and plan.kernel.tile[:2] == (128, 256), plan.describe()
+    assert ("stream_k" in plan.kernel.entry) == big
+    assert not torch.isnan(out).any()
+    err = relative_error(out, ref)
+    assert err <= TOL, (err, plan.describe())
+    assert torch.equal(a, a0) and torch.equal(b, b0)

@@ -8,7 +8,8 @@ OPTION is ``-`` (the family's own tile choice) or WARPS_M,WARPS_N,THREAD_M,SPLIT
 tuned choice gives it; the macros are added to or replace the plan's (FRAG_DEPTH=3,
 CP_MIN_BLOCKS=1, ...); ``warps_sm=N`` plans the split-K wave model of the 8 x 8 tiles for N warps
 an SM (a split plan planned for more blocks than the tile's default is built for that many:
-CP_MIN_BLOCKS), ``small_tile_slots=0`` counts them 2 blocks an SM, as before NOTES run 33.
+CP_MIN_BLOCKS), ``small_tile_slots=0`` counts them 2 blocks an SM, as before NOTES run 33; any
+other lower-case name sets that field of the family (``split=8``: K in 8 slices).
 ``--plans`` prints the plans on a simulated H200 and stops (no GPU needed). One line per row:
 torch us, the dispatcher's us, each variant's us (its tile and split in the legend above the
 table), the best. Add ``--precision`` for tf32 or tf32x3 rows (default ieee).
@@ -16,6 +17,7 @@ table), the best. Add ``--precision`` for tf32 or tf32x3 rows (default ieee).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -31,6 +33,10 @@ from fastmm.problem import DeviceFacts  # noqa: E402
 from probe_util import SimtOption, need_gpu, rel_err, time_us  # noqa: E402
 
 
+#: SimtOption's fields with their defaults (lower case; macros are upper case)
+FIELDS = {f.name: getattr(SimtOption(), f.name) for f in dataclasses.fields(SimtOption)}
+
+
 def parse_variant(spec: str) -> tuple[str, SimtOption]:
     name, _, rest = spec.partition("=")
     parts = rest.split("|")
@@ -39,11 +45,9 @@ def parse_variant(spec: str) -> tuple[str, SimtOption]:
     for part in parts[1:]:
         for item in filter(None, part.split(",")):
             k, v = item.split("=")
-            if k == "warps_sm":
-                fields[k] = int(v)
-            elif k == "small_tile_slots":
-                fields[k] = bool(int(v))
-            else:
+            if k in FIELDS:  # a field of the family (warps_sm, split, small_tile_slots, ...)
+                fields[k] = type(FIELDS[k])(int(v)) if FIELDS[k] is not None else int(v)
+            else:  # a macro
                 extra.append((k, int(v)))
     return name, SimtOption(option=option, extra=tuple(extra), **fields)
 

@@ -128,6 +128,11 @@ class SimtCore(Family):
     can_stream_k = False
     can_fuse_split = False
     pair_split = False
+    #: Whether the kernel can store single-float C tiles through shared memory (C_STAGED), and
+    #: from which compute capability the planner asks it to (measured there only): for the
+    #: largest tile (one block an SM: nothing hides its store), where its buffers hold the tile.
+    stage_c = False
+    stage_c_cc = (9, 0)
     #: Least K per slice, and least M, for the largest tile to be split instead of taking a
     #: smaller tile (the range measured: M 77 .. 4096, slices 438 .. 2048; at 341 a slice,
     #: 1024 x 2816 x 1024 in 3, the 128 x 128 tile ran 10% ahead). Above 64 rows every tile pads
@@ -319,11 +324,19 @@ class SimtCore(Family):
             extra += (("CP_MIN_BLOCKS", per_sm),)
         if fused:  # (OUT_VEC: C itself, where C_VEC describes the workspace)
             extra += (("SPLIT_FUSED", split), ("OUT_VEC", int(out_vec)))
+        # single-float stores of contiguous rows (C's, or a split slice's workspace) through shared
+        # memory, where the family has it (see stage_c); not the fused and paired splits' own stores
+        staged_c = (self.stage_c and dev.cc >= self.stage_c_cc and not c_vec and not fused and not pair
+                    and (split > 1 or p.c_strides[1] == 1) and opt == self.tile_options[0]
+                    and self.smem_bytes(bm, bn, dict(extra).get("STAGES", 2)) >= bm * bn * 4)
+        if staged_c:
+            extra += (("C_STAGED", 1),)
         macros = (("WARPS_M", wm), ("WARPS_N", wn), ("THREAD_M", tm), ("BK", self.bk), ("A_MODE", a),
                   ("B_MODE", b), ("C_VEC", int(c_vec))) + extra
         smem = self.smem_bytes(bm, bn, dict(extra).get("STAGES", 2)) + region
         details = (("A loads", LOAD_NAMES[a]), ("B loads", LOAD_NAMES[b]),
-                   ("C stores", "float4" if c_vec else "single floats"),
+                   ("C stores", "float4" if c_vec else "single floats, a warp's row at a time through shared "
+                    "memory (coalesced)" if staged_c else "single floats"),
                    ("math", f"fp32 FFMA, {tm}x8 outputs per thread"))
         if fused:
             details += (("split-K", f"{split} slices of K, summed in slice order by the last block of each tile "

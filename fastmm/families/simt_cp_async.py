@@ -144,6 +144,13 @@ class SimtCpAsync(SimtCore):
     #: partials in ~3.9 us, and its reduce took 5.3 us for 66 slices, 4.1 for 33; paired, the
     #: plan took 177.2 us against 180.1 (torch 179.1; NOTES run 14).
     pair_split = True
+    #: Single-float C (N % 4 != 0, contiguous rows) stored through the idle pipeline buffers in
+    #: whole rows a warp (C_STAGED in simt_cp_async.cu): from registers a warp's store touched 16
+    #: sectors, and at one block an SM the 128 x 256 tile's store is not hidden. H200 (NOTES run
+    #: 33, bench.py on probes/vocab_rows.json, TFLOP/s, torch 50.9 / 50.1 / 48.7): 4096 x 50257 x 768
+    #: W^T 45.1 -> 47.2, 4096 x 32001 x 768 W^T 44.4 -> 46.6, 4096 x 50257 x 768 row-major W 45.1
+    #: -> 47.2 (at N = 50256, float4 stores: 49.3); 4097 x 4095 x 4093 47.6-47.8 -> 48.8.
+    stage_c = True
 
     def smem_bytes(self, bm, bn, stages):
         return stages * self.bk * ((bm + 4) + (bn + 4)) * 4
