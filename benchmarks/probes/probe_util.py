@@ -19,9 +19,9 @@ from fastmm.families import SimtCpAsync
 @dataclasses.dataclass(frozen=True)
 class SimtOption(SimtCpAsync):
     """simt_cp_async planned with ``option`` (tile + split flag, as a tuned choice gives it; None:
-    its own choice), ``warps_sm`` warps an SM in its split model (8 x 8 tiles), and ``extra`` macros added to or
-    replacing its own in every kernel it plans:
-    a variant for ``fastmm.dispatch.matmul_fastmm(..., force="simt_cp_async", variants=(v,))``."""
+    its own choice), ``warps_sm`` warps an SM in its split model (8 x 8 tiles), and ``extra``
+    macros added to or replacing its own in every kernel it plans: a variant for
+    ``fastmm.dispatch.matmul_fastmm(..., force="simt_cp_async", variants=(v,))``."""
 
     option: tuple | None = None
     extra: tuple[tuple[str, int], ...] = ()

@@ -2,11 +2,13 @@
 """Small and mid-size fp32 products on simt_cp_async: how many K slices fill the H200? The split
 model counts a tile's blocks per SM as ``blocks_per_sm`` (until NOTES run 33 2 for tiles of up
 to 4 warps, while the 2-warp 64 x 64 tile is built for 6, CP_MIN_BLOCKS; now the 8 x 8 tiles as
-built, at most 4): which count puts the planned split nearest the best? For each product: torch.matmul, the planned plan, and the planner's tile with K split
-S ways (the variant SimtCpAsync(split=S, stream_k=False); up to 4 slices summed by their last
-block, more by splitk_reduce), GPU us by CUDA graph replay, each checked against float64.
+built, at most 4): which count puts the planned split nearest the best? For each product:
+torch.matmul, the planned plan, and the planner's tile with K split S ways (the variant
+SimtCpAsync(split=S, stream_k=False); up to 4 slices summed by their last block, more by
+splitk_reduce), GPU us by CUDA graph replay, each checked against float64.
 
-    python benchmarks/probes/simt_split_probe.py [--splits 1,2,3,4,6,8,12,16] [--shapes FILE [--rows a,b]]
+    python benchmarks/probes/simt_split_probe.py [--splits 1,2,3,4,6,8,12,16] \\
+        [--shapes FILE [--rows a,b]]
 
 ``--shapes``: the products of a suite file's model rows (their layouts as bench.py lays them out)
 in place of the list below; every kernel is compiled first, on all cores. A summary line a
@@ -61,18 +63,15 @@ def main(argv=None) -> int:
     splits = [int(x) for x in o.splits.split(",")]
     items = list(products(o))
     dev = dispatch.device_facts(torch.cuda.current_device())
-    plans = []  # every kernel first, on all cores
-    for _, a, b in items:
-        p = fastmm.explain(a, b, precision="ieee").plan
-        plans += [p] + [select(p.problem, dev, "simt_cp_async", None, (SimtCpAsync(split=S, stream_k=False),))
-                        for S in splits]
-    print(f"compiled {compile_plans(plans, dev.arch)} kernels", flush=True)
+    planned_plans = [fastmm.explain(a, b, precision="ieee").plan for _, a, b in items]
+    swept = [select(p.problem, dev, "simt_cp_async", None, (SimtCpAsync(split=S, stream_k=False),))
+             for p in planned_plans for S in splits]
+    print(f"compiled {compile_plans(planned_plans + swept, dev.arch)} kernels", flush=True)  # all first, on all cores
     summary = []
-    for name, a, b in items:
+    for (name, a, b), plan in zip(items, planned_plans):
         out = torch.empty(a.shape[:-1] + b.shape[-1:], device="cuda")
         t_torch = graph_us(lambda: torch.matmul(a, b, out=out))
         t_plan = graph_us(lambda: fastmm.matmul(a, b, out=out, precision="ieee"))
-        plan = fastmm.explain(a, b, precision="ieee").plan
         cfg = plan.kernel
         planned = cfg.split_slices if cfg.split_k > 1 else 1
         print(f"{name}: torch {t_torch:.1f} us, planned {t_plan:.1f} us "

@@ -66,7 +66,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="variant_rows.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", required=True)
     ap.add_argument("--rows", default=None)
-    ap.add_argument("--variant", action="append", default=[], help="NAME=OPTION[|MACRO=V,...][|warps_sm=N][|small_tile_slots=0]")
+    ap.add_argument("--variant", action="append", default=[],
+                    help="NAME=OPTION[|MACRO=V,...][|field=V,...] (fields: warps_sm, split, small_tile_slots, ...)")
     ap.add_argument("--precision", default="ieee")
     ap.add_argument("--plans", action="store_true", help="print the plans on a simulated H200 and stop")
     ap.add_argument("--inner", type=int, default=10)

@@ -243,7 +243,8 @@ class SimtCore(Family):
         ``tile_options`` (none here: :class:`.simt_cp_async.SimtCpAsync` has them)."""
         return ()
 
-    def default_blocks_per_sm(self, opt) -> int:
+    @staticmethod
+    def default_blocks_per_sm(opt) -> int:
         """Blocks of tile ``opt`` an SM holds as its kernel is built by default."""
         return 2 if opt[0] * opt[1] <= 4 else 1
 
@@ -326,14 +327,15 @@ class SimtCore(Family):
             extra += (("SPLIT_FUSED", split), ("OUT_VEC", int(out_vec)))
         # single-float stores of contiguous rows (C's, or a split slice's workspace) through shared
         # memory, where the family has it (see stage_c); not the fused and paired splits' own stores
+        pipeline = self.smem_bytes(bm, bn, dict(extra).get("STAGES", 2))
         staged_c = (self.stage_c and dev.cc >= self.stage_c_cc and not c_vec and not fused and not pair
                     and (split > 1 or p.c_strides[1] == 1) and opt == self.tile_options[0]
-                    and self.smem_bytes(bm, bn, dict(extra).get("STAGES", 2)) >= bm * bn * 4)
+                    and pipeline >= bm * bn * 4)
         if staged_c:
             extra += (("C_STAGED", 1),)
         macros = (("WARPS_M", wm), ("WARPS_N", wn), ("THREAD_M", tm), ("BK", self.bk), ("A_MODE", a),
                   ("B_MODE", b), ("C_VEC", int(c_vec))) + extra
-        smem = self.smem_bytes(bm, bn, dict(extra).get("STAGES", 2)) + region
+        smem = pipeline + region
         details = (("A loads", LOAD_NAMES[a]), ("B loads", LOAD_NAMES[b]),
                    ("C stores", "float4" if c_vec else "single floats, a warp's row at a time through shared "
                     "memory (coalesced)" if staged_c else "single floats"),

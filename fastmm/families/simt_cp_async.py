@@ -248,12 +248,13 @@ class SimtCpAsync(SimtCore):
             stages -= 1
         return (("STAGES", stages),)
 
-    def default_blocks_per_sm(self, opt):
+    @staticmethod
+    def default_blocks_per_sm(opt):
         """Blocks of tile ``opt`` an SM holds as its kernel is built by default: the 8 x 8 tiles
         (THREAD_M 8) SMALL_TILE_WARPS warps' worth (CP_MIN_BLOCKS), the others as any SIMT tile."""
         if opt[2] == 8:
             return max(1, SMALL_TILE_WARPS // (opt[0] * opt[1]))
-        return super().default_blocks_per_sm(opt)
+        return SimtCore.default_blocks_per_sm(opt)
 
     def blocks_per_sm(self, opt, p, dev):
         """The 32 x 128 tile: ``short_min_blocks`` where its tiles leave SMs idle and planning that
@@ -264,7 +265,7 @@ class SimtCpAsync(SimtCore):
         if opt[2] == 8:
             if self.small_tile_slots and dev.cc >= self.small_tile_slots_cc:
                 return min(self.default_blocks_per_sm(opt), SMALL_TILE_MAX_SLOTS)
-            return SimtCore.default_blocks_per_sm(self, opt)
+            return SimtCore.default_blocks_per_sm(opt)
         per_sm = super().blocks_per_sm(opt, p, dev)
         if self.tile_of(opt) == (32, 128) and self.short_min_blocks > per_sm and dev.cc >= self.short_min_blocks_cc:
             tiles = tiles_of(p, 32, 128)
