@@ -158,16 +158,32 @@ def errors(model, ref64, batch, loss_fn) -> tuple[float, float]:
     return rel(logits, _logits(ref64._last_out).detach()), (num ** 0.5) / (den ** 0.5 or 1.0)
 
 
-def generate_tps(model, prompt, new_tokens: int) -> tuple[float, torch.Tensor]:
-    """Greedy decoding, batch 1, KV cache: (tokens per second, the tokens)."""
+def generate_tps(models, prompt, new_tokens: int, rounds: int = 5) -> list[tuple[float, torch.Tensor]]:
+    """Greedy decoding, batch 1, KV cache, of each of ``models``: (tokens per second, the tokens)
+    each. A generate call is paced by the host (hundreds of small launches and Hugging Face's
+    Python per token), whose speed drifts by 20-40% over a run (NOTES.md run 19); so, as
+    step_ms does for steps, the models' timed calls are interleaved (A B B A A ...) over
+    ``rounds`` rounds and each rate is the median of its rounds. Every round of a model must
+    give the same tokens (greedy decoding is deterministic); the tokens of its first round are
+    returned."""
     kw = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, use_cache=True, pad_token_id=0)
+    rates = [[] for _ in models]
+    tokens: list[torch.Tensor | None] = [None] * len(models)
     with torch.no_grad():
-        model.generate(prompt, **kw)  # warm-up: kernels compiled and loaded
-        _sync(prompt.device)
-        t0 = time.perf_counter()
-        tokens = model.generate(prompt, **kw)
-        _sync(prompt.device)
-    return new_tokens / (time.perf_counter() - t0), tokens
+        for model in models:
+            model.generate(prompt, **kw)  # warm-up: kernels compiled and loaded
+        for r in range(rounds):
+            for i in (range(len(models)) if r % 2 == 0 else reversed(range(len(models)))):
+                _sync(prompt.device)
+                t0 = time.perf_counter()
+                out = models[i].generate(prompt, **kw)
+                _sync(prompt.device)
+                rates[i].append(new_tokens / (time.perf_counter() - t0))
+                if tokens[i] is None:
+                    tokens[i] = out
+                elif not torch.equal(tokens[i], out):
+                    raise RuntimeError(f"greedy decoding of model {i} gave different tokens in round {r}")
+    return [(statistics.median(rs), t) for rs, t in zip(rates, tokens)]
 
 
 def _sync(device) -> None:
@@ -204,8 +220,8 @@ def bench_model(name: str, precisions, opts, device) -> list[dict]:
             if decoder and not opts.no_generate:
                 prompt = batch["input_ids"][:1, :min(32, batch["input_ids"].shape[1])]
                 model.eval(), patched.eval()
-                row["torch_tok_s"], t_tokens = generate_tps(model, prompt, opts.new_tokens)
-                row["fastmm_tok_s"], f_tokens = generate_tps(patched, prompt, opts.new_tokens)
+                (row["torch_tok_s"], t_tokens), (row["fastmm_tok_s"], f_tokens) = generate_tps(
+                    [model, patched], prompt, opts.new_tokens, opts.decode_rounds)
                 row["decode_ratio"] = row["fastmm_tok_s"] / row["torch_tok_s"]
                 row["same_tokens"] = bool(torch.equal(t_tokens, f_tokens))
                 model.train(), patched.train()
@@ -278,6 +294,8 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=20, help="timed training steps (median)")
     parser.add_argument("--new-tokens", type=int, default=32, help="greedy tokens generated")
     parser.add_argument("--no-generate", action="store_true")
+    parser.add_argument("--decode-rounds", type=int, default=5,
+                        help="timed generate calls a model, interleaved with the other side's (median)")
     parser.add_argument("--compile", default="", help="models to time under torch.compile as well (comma list)")
     parser.add_argument("--json", help="write the rows here")
     parser.add_argument("--no-host", action="store_true", help="skip the host-time table of one Linear layer")

@@ -23,8 +23,19 @@
 // kernel's own (FASTMM_EPILOGUE_PARAMS), alpha and beta as the bits of a float32 (the launcher
 // passes 64-bit integers only). Stores of partial sums (split-K slices, stream-K pieces) never
 // apply it: the pass that finishes an output does (its reduce, fixup or last-arriving block).
+//
+// EPILOGUE_FORM (set by the planner from D's strides, which it knows when it plans): 0 = D of any
+// strides, read per output; 1 = one value per column (sDm = 0: F.linear's bias), which a store
+// loop that knows it may read once for all the outputs of a column (Epilogue::column; the SIMT
+// tile's C through shared memory, simt_cp_async.cu).
 #ifndef EPILOGUE
 #define EPILOGUE 0
+#endif
+#ifndef EPILOGUE_FORM
+#define EPILOGUE_FORM 0
+#endif
+#if EPILOGUE_FORM && !EPILOGUE
+#error "EPILOGUE_FORM describes the fused epilogue's D: it needs EPILOGUE = 1"
 #endif
 #if EPILOGUE
 #define FASTMM_EPILOGUE_PARAMS , const float* __restrict__ D_, i64 sDm_, i64 sDn_, i64 alpha_bits_, i64 beta_bits_
@@ -37,13 +48,16 @@
 
 struct Epilogue {
 #if EPILOGUE
+    static constexpr int form = EPILOGUE_FORM;
     const float* D;
     i64 sDm, sDn;
     float alpha, beta;
     // D at output (m, n): read only where beta != 0 (beta = 0 never reads D, NaN included).
     __device__ __forceinline__ float d_at(int m, int n) const { return D[(i64)m * sDm + (i64)n * sDn]; }
+    // Form 1: D's value for column n of every row (0 past N, or where beta = 0: then not read).
+    __device__ __forceinline__ float column(int n, int N) const { return beta != 0.f && n < N ? D[(i64)n * sDn] : 0.f; }
     // The output from its product ``acc`` and D's value ``d`` there (unused where beta = 0): for a
-    // kernel that loads D ahead of the store (wgmma's EPILOGUE_VECTOR).
+    // kernel that loads D ahead of the store (wgmma's EPILOGUE_VECTOR, form 1's staged store).
     __device__ __forceinline__ float apply(float acc, float d) const {
         const float v = alpha * acc;  // (exact for alpha = 1: a bias is acc + D, as an add after would be)
         return beta != 0.f ? fmaf(beta, d, v) : v;
@@ -52,6 +66,9 @@ struct Epilogue {
         return apply(acc, beta != 0.f ? d_at(m, n) : 0.f);
     }
 #else
+    static constexpr int form = 0;
+    __device__ __forceinline__ float column(int, int) const { return 0.f; }
+    __device__ __forceinline__ float apply(float acc, float) const { return acc; }
     __device__ __forceinline__ float operator()(float acc, int, int) const { return acc; }
 #endif
 };

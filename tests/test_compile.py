@@ -170,6 +170,12 @@ def _epilogue_problems() -> list[Problem]:
              (8192, 8192, 4096, {}), (16, 4096, 4096, {}), (3, 5, 4, {})]
     out = [dataclasses.replace(Problem.dense(M, N, K, precision=precision, **kw), epilogue=EPILOGUE_D)
            for precision in ("ieee", "tf32", "tf32x3") for M, N, K, kw in dense]
+    # a bias over C's columns or rows: on sm_90 the largest SIMT tile stores C through shared
+    # memory with a bias over its columns (EPILOGUE_FORM 1), float4-able or not, plain and stream-K
+    biased = [(8192, 1024, 1024, {"b_t": True}), (8192, 8192, 4096, {}), (4096, 4095, 1024, {}),
+              (1024, 1024, 1024, {"b_t": True}), (1000, 1001, 1003, {})]
+    out += [dataclasses.replace(Problem.dense(M, N, K, **kw), epilogue=form)
+            for M, N, K, kw in biased for form in (EPILOGUE_BIAS_N, EPILOGUE_BIAS_M)]
     return out + [dataclasses.replace(p, epilogue=EPILOGUE_D) for p in _kmajor_problems()[:2]]
 
 
@@ -222,9 +228,11 @@ def _features(cfg) -> set:
     out = {(x3, k, v) for k, v in cfg.macros} | {(x3, "tile", tile)}
     if cfg.family in ("skinny", "skinny_kmajor", "kmajor_mma", "stage_kmajor") or (cfg.family == "wgmma_tf32"):
         out.add(("combination", cfg.macros))
-    if cfg.family == "simt_cp_async":  # the staged C store in each entry
+    if cfg.family == "simt_cp_async":  # the staged C store in each entry, with each form of a fused epilogue
         m = dict(cfg.macros)
         out.add(("C_STAGED x STREAM_K", m.get("C_STAGED", 0), m.get("STREAM_K", 0)))
+        if m.get("EPILOGUE_FORM"):
+            out.add(("EPILOGUE_FORM x C_VEC x STREAM_K", m["EPILOGUE_FORM"], m["C_VEC"], m.get("STREAM_K", 0)))
     return out
 
 
@@ -338,8 +346,17 @@ def test_configs_cover_every_family_arch_and_macro_value():
     # single-float C through shared memory (C_STAGED), sm_90 only, in the plain and stream-K entries
     staged = [dict(m) for m in seen[("sm_90", "simt_cp_async")] if dict(m).get("C_STAGED")]
     assert {m.get("STREAM_K", 0) for m in staged} == {0, 1}
-    assert all((m["WARPS_M"], m["WARPS_N"], m["THREAD_M"]) == (2, 4, 16) and m["C_VEC"] == 0 for m in staged)
+    assert all((m["WARPS_M"], m["WARPS_N"], m["THREAD_M"]) == (2, 4, 16) for m in staged)
+    assert all(m["C_VEC"] == 0 or m.get("EPILOGUE_FORM") == 1 for m in staged)  # (float4-able C: with a bias)
     assert not any(dict(m).get("C_STAGED") for arch in ("sm_80", "sm_86", "sm_89") for m in seen[(arch, "simt_cp_async")])
+    # a bias over C's columns stored through shared memory (EPILOGUE_FORM 1 with C_STAGED), sm_90
+    # only: float4-able C and not, the plain and stream-K entries
+    biased = {(m["C_VEC"], m.get("STREAM_K", 0)) for m in map(dict, seen[("sm_90", "simt_cp_async")])
+              if m.get("EPILOGUE_FORM")}
+    assert biased == {(0, 0), (1, 0), (1, 1)}, biased
+    assert all(m.get("C_STAGED") and m.get("EPILOGUE") for m in map(dict, seen[("sm_90", "simt_cp_async")])
+               if m.get("EPILOGUE_FORM"))
+    assert not any(dict(m).get("EPILOGUE_FORM") for (arch, _), ms in seen.items() if arch != "sm_90" for m in ms)
     # the skinny kernel's own slice sums (decode16 on the H200)
     assert any(dict(m).get("SK_FUSED") == 1 for m in seen[("sm_90", "skinny")])
     # split-K in cluster pairs (largeK on the H200), sm_90 only
@@ -587,6 +604,11 @@ def test_stream_k_entries_the_planner_can_choose_build_without_spills(arch):
     stages = dict(fam.extra_macros(None, DeviceFacts.simulated_device(arch), *fam.tile_of(fam.tile_options[0])))["STAGES"]
     macros = [tuple({**base, "BK": fam.bk, "A_MODE": a, "B_MODE": b, "C_VEC": c, "STAGES": stages,
                      "STREAM_K": 1, "EPILOGUE": e}.items()) for a, b in combos for c in (0, 1) for e in (0, 1)]
+    if arch == "sm_90":  # a third of those with the epilogue: C through shared memory with a bias (sm_90 only)
+        with_epi = [i for i, m in enumerate(macros) if dict(m)["EPILOGUE"]]
+        for i in with_epi[::3]:
+            macros[i] += (("C_STAGED", 1), ("EPILOGUE_FORM", 1))
+        assert {dict(macros[i])["C_VEC"] for i in with_epi[::3]} == {0, 1}
     _assert_no_spills("simt_cp_async.cu", arch, macros)
 
 

@@ -123,6 +123,38 @@ def test_a_bias_of_a_product_computed_transposed_runs_along_the_kernels_rows():
     assert dict(plan_of(8192, 4096, 1024, "tf32", form=EPILOGUE_BIAS_M).kernel.macros)["EPILOGUE_VECTOR"] == 1
 
 
+@pytest.mark.parametrize("form", [EPILOGUE_BIAS_N, EPILOGUE_BIAS_M, EPILOGUE_D])
+def test_the_largest_simt_tile_stores_a_bias_over_columns_through_shared_memory(form):
+    """On sm_90 the 128 x 256 SIMT tile that finishes C with a bias over its columns stores the
+    tile through shared memory (C_STAGED), each thread reading its column's bias once
+    (EPILOGUE_FORM 1): from the registers, any read of the bias slowed the main loop (ptxas
+    allocates its registers around the epilogue), 3.2-3.4% of the product (NOTES run 34). Plain
+    and stream-K plans; not a split's slices (the pass that sums them applies it), not a D of
+    any strides or a bias over rows (read per output, as before), not other GPUs or tiles."""
+    def staged(plan):
+        m = dict(plan.kernel.macros)
+        return m.get("C_STAGED") == 1, m.get("EPILOGUE_FORM")
+
+    bias = form == EPILOGUE_BIAS_N
+    plain = plan_of(8192, 1024, 1024, form=form, b_t=True)  # (W^T: B copied row-major first)
+    assert plain.kernel.tile == (128, 256, 8) and plain.reduce is None and fused(plain.kernel)
+    assert staged(plain) == ((True, 1) if bias else (False, None))
+    stream_k = plan_of(8192, 4096, 6144, form=form)
+    assert stream_k.kernel.stream_k is not None and fused(stream_k.kernel) and fused(stream_k.reduce)
+    assert staged(stream_k) == ((True, 1) if bias else (False, None))
+    assert "EPILOGUE_FORM" not in dict(stream_k.reduce.macros)
+    odd = plan_of(4096, 4095, 1024, form=form)  # single-float C: staged with or without a bias
+    assert staged(odd) == (True, 1 if bias else None)
+    assert staged(plan_of(1024, 2816, 1024, form=form, b_t=True)) == (False, None)  # a fused split
+    assert staged(plan_of(256, 256, 65536, form=form)) == (False, None)  # cluster pairs + reduce
+    assert staged(plan_of(8192, 1024, 1024, form=form, b_t=True, dev=DeviceFacts.simulated_device("sm_80"))) == (False, None)
+    tf32 = plan_of(8192, 1024, 1024, "tf32", form=form, b_t=True)
+    assert tf32.kernel.family == "wgmma_tf32" and "EPILOGUE_FORM" not in dict(tf32.kernel.macros)
+    if bias:
+        assert "reads once" in dict(plain.kernel.details)["epilogue"]
+        assert "through shared memory" in dict(plain.kernel.details)["C stores"]
+
+
 def test_a_wgmma_split_sums_its_slices_through_the_general_epilogue():
     """SPLIT applies the epilogue where the last block sums the slices: no EPILOGUE_VECTOR."""
     plan = plan_of(48, 11008, 4096, "tf32", form=EPILOGUE_BIAS_N, b_t=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ..problem import DeviceFacts, Problem
+from ..problem import EPILOGUE_BIAS_N, DeviceFacts, Problem
 from .base import (LOAD_ELEM_FAST, LOAD_ELEM_K, LOAD_NAMES, LOAD_VEC_FAST, LOAD_VEC_K, PAD_SLACK, Family,
                    KernelConfig, grid_of, k_dominant, pick_tile, round4, tiles_of, vec_ok, with_split_flags)
 from .work_split import effective_split, split_k_for, stream_k_for
@@ -133,6 +133,9 @@ class SimtCore(Family):
     #: largest tile (one block an SM: nothing hides its store), where its buffers hold the tile.
     stage_c = False
     stage_c_cc = (9, 0)
+    #: ... and whether it does so for a C of any width the GEMM finishes with a bias over its
+    #: columns (F.linear's; EPILOGUE_FORM 1 in cuda_src/common.cuh), where stage_c holds.
+    stage_biased_c = False
     #: Least K per slice, and least M, for the largest tile to be split instead of taking a
     #: smaller tile (the range measured: M 77 .. 4096, slices 438 .. 2048; at 341 a slice,
     #: 1024 x 2816 x 1024 in 3, the 128 x 128 tile ran 10% ahead). Above 64 rows every tile pads
@@ -326,9 +329,11 @@ class SimtCore(Family):
         if fused:  # (OUT_VEC: C itself, where C_VEC describes the workspace)
             extra += (("SPLIT_FUSED", split), ("OUT_VEC", int(out_vec)))
         # single-float stores of contiguous rows (C's, or a split slice's workspace) through shared
-        # memory, where the family has it (see stage_c); not the fused and paired splits' own stores
+        # memory, where the family has it (see stage_c); not the fused and paired splits' own stores.
+        # So too any C the GEMM finishes with a bias over its columns (see stage_biased_c).
         pipeline = self.smem_bytes(bm, bn, dict(extra).get("STAGES", 2))
-        staged_c = (self.stage_c and dev.cc >= self.stage_c_cc and not c_vec and not fused and not pair
+        biased = self.stage_biased_c and p.epilogue == EPILOGUE_BIAS_N and split == 1
+        staged_c = (self.stage_c and dev.cc >= self.stage_c_cc and (not c_vec or biased) and not fused and not pair
                     and (split > 1 or p.c_strides[1] == 1) and opt == self.tile_options[0]
                     and pipeline >= bm * bn * 4)
         if staged_c:
@@ -337,8 +342,8 @@ class SimtCore(Family):
                   ("B_MODE", b), ("C_VEC", int(c_vec))) + extra
         smem = pipeline + region
         details = (("A loads", LOAD_NAMES[a]), ("B loads", LOAD_NAMES[b]),
-                   ("C stores", "float4" if c_vec else "single floats, a warp's row at a time through shared "
-                    "memory (coalesced)" if staged_c else "single floats"),
+                   ("C stores", "single floats, a warp's row at a time through shared memory (coalesced)"
+                    if staged_c else "float4" if c_vec else "single floats"),
                    ("math", f"fp32 FFMA, {tm}x8 outputs per thread"))
         if fused:
             details += (("split-K", f"{split} slices of K, summed in slice order by the last block of each tile "

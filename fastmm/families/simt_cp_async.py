@@ -151,6 +151,13 @@ class SimtCpAsync(SimtCore):
     #: W^T 45.1 -> 47.2, 4096 x 32001 x 768 W^T 44.4 -> 46.6, 4096 x 50257 x 768 row-major W 45.1
     #: -> 47.2 (at N = 50256, float4 stores: 49.3); 4097 x 4095 x 4093 47.6-47.8 -> 48.8.
     stage_c = True
+    #: A bias in float4 stores from the registers cost the 128 x 256 tile 3.2-3.4% of the whole
+    #: product (the main loop's registers are allocated around the epilogue's reads, and it came
+    #: out slower; reading the bias once per column before the stores: 4.8-5.8%). Staged, each
+    #: thread reads one value (H200, NOTES run 34, GPU us, no bias / in the float4 stores /
+    #: staged): 8192 x 1024 x 1024 354.8 / 366.1 / 359.9, 8192 x 3072 x 1024 1049.2 / 1085.1 /
+    #: 1065.1, 8192 x 1024 x 4096 1363.5 / 1408.3 / 1349.9.
+    stage_biased_c = True
 
     def smem_bytes(self, bm, bn, stages):
         return stages * self.bk * ((bm + 4) + (bn + 4)) * 4
