@@ -163,9 +163,8 @@ def generate_tps(models, prompt, new_tokens: int, rounds: int = 5) -> list[tuple
     each. A generate call is paced by the host (hundreds of small launches and Hugging Face's
     Python per token), whose speed drifts by 20-40% over a run (NOTES.md run 19); so, as
     step_ms does for steps, the models' timed calls are interleaved (A B B A A ...) over
-    ``rounds`` rounds and each rate is the median of its rounds. Every round of a model must
-    give the same tokens (greedy decoding is deterministic); the tokens of its first round are
-    returned."""
+    ``rounds`` rounds and each rate is the median of its rounds. The tokens returned are a
+    model's first round's, or None where a later round gave others (greedy decoding should not)."""
     kw = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, use_cache=True, pad_token_id=0)
     rates = [[] for _ in models]
     tokens: list[torch.Tensor | None] = [None] * len(models)
@@ -179,10 +178,10 @@ def generate_tps(models, prompt, new_tokens: int, rounds: int = 5) -> list[tuple
                 out = models[i].generate(prompt, **kw)
                 _sync(prompt.device)
                 rates[i].append(new_tokens / (time.perf_counter() - t0))
-                if tokens[i] is None:
+                if r == 0:
                     tokens[i] = out
-                elif not torch.equal(tokens[i], out):
-                    raise RuntimeError(f"greedy decoding of model {i} gave different tokens in round {r}")
+                elif tokens[i] is not None and not torch.equal(tokens[i], out):
+                    tokens[i] = None
     return [(statistics.median(rs), t) for rs, t in zip(rates, tokens)]
 
 
@@ -223,7 +222,7 @@ def bench_model(name: str, precisions, opts, device) -> list[dict]:
                 (row["torch_tok_s"], t_tokens), (row["fastmm_tok_s"], f_tokens) = generate_tps(
                     [model, patched], prompt, opts.new_tokens, opts.decode_rounds)
                 row["decode_ratio"] = row["fastmm_tok_s"] / row["torch_tok_s"]
-                row["same_tokens"] = bool(torch.equal(t_tokens, f_tokens))
+                row["same_tokens"] = t_tokens is not None and f_tokens is not None and bool(torch.equal(t_tokens, f_tokens))
                 model.train(), patched.train()
             if name in opts.compile:
                 torch._dynamo.reset()
@@ -287,6 +286,13 @@ def table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def _positive(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+    return n
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="benchmarks/models.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="llama,bert,gpt2,vit,encoder")
@@ -294,7 +300,7 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=20, help="timed training steps (median)")
     parser.add_argument("--new-tokens", type=int, default=32, help="greedy tokens generated")
     parser.add_argument("--no-generate", action="store_true")
-    parser.add_argument("--decode-rounds", type=int, default=5,
+    parser.add_argument("--decode-rounds", type=_positive, default=5,
                         help="timed generate calls a model, interleaved with the other side's (median)")
     parser.add_argument("--compile", default="", help="models to time under torch.compile as well (comma list)")
     parser.add_argument("--json", help="write the rows here")

@@ -145,8 +145,10 @@ def test_the_largest_simt_tile_stores_a_bias_over_columns_through_shared_memory(
     assert "EPILOGUE_FORM" not in dict(stream_k.reduce.macros)
     odd = plan_of(4096, 4095, 1024, form=form)  # single-float C: staged with or without a bias
     assert staged(odd) == (True, 1 if bias else None)
-    assert staged(plan_of(1024, 2816, 1024, form=form, b_t=True)) == (False, None)  # a fused split
-    assert staged(plan_of(256, 256, 65536, form=form)) == (False, None)  # cluster pairs + reduce
+    split = plan_of(2048, 1024, 1024, form=form, b_t=True)  # the same tile in 2 slices: the reduce adds D
+    assert split.kernel.tile == (128, 256, 8) and split.kernel.split_k == 2 and not split.kernel.split_fused
+    assert dict(split.kernel.macros)["C_VEC"] == 1 and fused(split.reduce) and not fused(split.kernel)
+    assert staged(split) == (False, None)
     assert staged(plan_of(8192, 1024, 1024, form=form, b_t=True, dev=DeviceFacts.simulated_device("sm_80"))) == (False, None)
     tf32 = plan_of(8192, 1024, 1024, "tf32", form=form, b_t=True)
     assert tf32.kernel.family == "wgmma_tf32" and "EPILOGUE_FORM" not in dict(tf32.kernel.macros)

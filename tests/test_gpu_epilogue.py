@@ -28,10 +28,12 @@ SHAPES = [(1, 1, 1), (3, 5, 4), (17, 19, 23), (31, 96, 132), (129, 96, 132), (25
 FORMS = [("linear_bias", 1, 1, lambda M, N: (N,), True),
          ("addmm_full_t", 0.5, -2.0, lambda M, N: (N, M), False),  # D transposed: read through its strides
          ("addmm_column_beta0_nan", 0, 3.0, lambda M, N: (M, 1), False),
-         # a bias over rows that is read, and one over columns with beta = 0 (the largest SIMT tile
-         # stores that one through shared memory, each thread reading its column's value once: not here)
-         ("addmm_column", -0.5, 1.5, lambda M, N: (M, 1), False),
-         ("addmm_row_beta0_nan", 0, 0.25, lambda M, N: (N,), True)]
+         ("addmm_column", -0.5, 1.5, lambda M, N: (M, 1), False),  # D one value a row, read
+         # D one value a column (a bias over C's columns: the largest SIMT tile stores C through
+         # shared memory then, each thread reading its column's value once), with alpha and beta,
+         # and with beta = 0 and NaN in D (not read)
+         ("addmm_bias_alpha_beta", 0.5, -2.0, lambda M, N: (N,), True),
+         ("addmm_bias_beta0_nan", 0, 0.25, lambda M, N: (N,), True)]
 
 
 def randn(*shape) -> torch.Tensor:
@@ -87,7 +89,8 @@ PLANS = [(1024, 2816, 1024, "ieee", "split-K + reduce"), (256, 256, 65536, "ieee
          (8192, 4096, 6144, "ieee", "stream-K + fixup"), (1, 4096, 4096, "ieee", "decode, fused split"),
          (7, 11008, 4096, "tf32", "decode, fused split"), (1024, 2816, 1024, "tf32x3", "wgmma staged x3"),
          (2048, 2048, 2048, "tf32", "wgmma"), (512, 768, 3072, "tf32", "heuristic"),
-         (2048, 1024, 1024, "ieee", "the 128 x 256 SIMT tile"), (4096, 4095, 1024, "ieee", "C through shared memory")]
+         (4096, 1024, 1024, "ieee", "the 128 x 256 SIMT tile, one pass"),
+         (4096, 4095, 1024, "ieee", "single-float C through shared memory")]
 
 
 @pytest.mark.parametrize("form", FORMS, ids=[f[0] for f in FORMS])

@@ -6,11 +6,13 @@ probe_util.time_us), each checked against float64:
     python benchmarks/probes/bias_store_variants.py
 
 - none: the same kernel without the epilogue (C = x @ W, float4 stores from the registers);
+- staged none: that product stored through shared memory (C_STAGED; not timed in run 34: staged
+  with a bias beat none at K = 4096, so it may pay without one too);
 - form0: the epilogue in the float4 stores, D read per output (the kernel before NOTES run 34);
 - staged+form0 / staged+form1: C through shared memory (C_STAGED), D read per output / each
   thread reading its column's bias once (EPILOGUE_FORM 1: the planner's choice since NOTES run 34).
 
-(Run 35 also timed a build that read the thread's 8 bias values before the float4 stores: slower
+(NOTES run 34 also timed a build that read the thread's 8 bias values before the float4 stores: slower
 than form0, 4.8-5.8% over none; it is not in the source any more.)
 """
 from __future__ import annotations
@@ -30,8 +32,10 @@ from fastmm.runtime import launcher, runners  # noqa: E402
 from fastmm.runtime.device import device_facts  # noqa: E402
 from probe_util import need_gpu, time_us  # noqa: E402
 
-VARIANTS = {"none": None, "form0": (), "staged+form0": (("C_STAGED", 1),),
-            "staged+form1": (("C_STAGED", 1), ("EPILOGUE_FORM", 1))}
+#: name -> (macros added to the plan's, without EPILOGUE / EPILOGUE_FORM / C_STAGED; with a bias?)
+VARIANTS = {"none": ((), False), "staged none": ((("C_STAGED", 1),), False),
+            "form0": ((("EPILOGUE", 1),), True), "staged+form0": ((("EPILOGUE", 1), ("C_STAGED", 1)), True),
+            "staged+form1": ((("EPILOGUE", 1), ("C_STAGED", 1), ("EPILOGUE_FORM", 1)), True)}
 SHAPES = ((8192, 1024, 1024), (8192, 3072, 1024), (8192, 1024, 4096))
 
 
@@ -49,11 +53,10 @@ def main() -> int:
         assert base.stream_k is None and base.split_k == 1, base.describe()  # (one plain launch)
         plain = tuple(m for m in base.macros if m[0] not in ("EPILOGUE", "EPILOGUE_FORM", "C_STAGED"))
         line = [f"{M}x{N}x{K}"]
-        for name, extra in VARIANTS.items():
-            macros = plain + ((("EPILOGUE", 1),) + extra if extra is not None else ())
-            loaded = launcher.load(dev, dataclasses.replace(base, macros=macros))
+        for name, (extra, biased) in VARIANTS.items():
+            loaded = launcher.load(dev, dataclasses.replace(base, macros=plain + extra))
             args = (a.data_ptr(), b.data_ptr(), c.data_ptr()) + runners.gemm_args(p)
-            if extra is not None:  # D = bias over the columns (strides 0, 1), alpha = beta = 1
+            if biased:  # D = bias over the columns (strides 0, 1), alpha = beta = 1
                 args += (bias.data_ptr(), 0, 1, runners.float_bits(1.0), runners.float_bits(1.0))
 
             def fn(loaded=loaded, args=args):
@@ -61,7 +64,7 @@ def main() -> int:
             c.fill_(float("nan"))
             fn()
             torch.cuda.synchronize()
-            want = prod + bias.double() if extra is not None else prod
+            want = prod + bias.double() if biased else prod
             err = ((c.double() - want).norm() / want.norm()).item()
             line.append(f"{name} {time_us(fn):.1f} ({err:.0e})")
         print(" | ".join(line), flush=True)
