@@ -26,8 +26,8 @@
 //
 // EPILOGUE_FORM (set by the planner from D's strides, which it knows when it plans): 0 = D of any
 // strides, read per output; 1 = one value per column (sDm = 0: F.linear's bias), which a store
-// loop that knows it may read once for all the outputs of a column (Epilogue::column; the SIMT
-// tile's C through shared memory, simt_cp_async.cu).
+// loop may then read once for all the outputs of a column (Epilogue::column; the SIMT tile's C
+// through shared memory, simt_cp_async.cu).
 #ifndef EPILOGUE
 #define EPILOGUE 0
 #endif
@@ -48,7 +48,6 @@
 
 struct Epilogue {
 #if EPILOGUE
-    static constexpr int form = EPILOGUE_FORM;
     const float* D;
     i64 sDm, sDn;
     float alpha, beta;
@@ -66,9 +65,6 @@ struct Epilogue {
         return apply(acc, beta != 0.f ? d_at(m, n) : 0.f);
     }
 #else
-    static constexpr int form = 0;
-    __device__ __forceinline__ float column(int, int) const { return 0.f; }
-    __device__ __forceinline__ float apply(float acc, float) const { return acc; }
     __device__ __forceinline__ float operator()(float acc, int, int) const { return acc; }
 #endif
 };

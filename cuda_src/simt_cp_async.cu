@@ -376,15 +376,21 @@ __device__ __forceinline__ void store_tile_staged(float* stage, float* Cb, int M
     }
     __syncthreads();
     const int rows = min(BM, M - m0), cols = min(BN, N - n0);
-    // A bias over columns (EPILOGUE_FORM 1) where the threads tile whole rows: a thread stores
-    // the same column on every row, so it reads that column's value once.
-    constexpr bool fixed_column = Epilogue::form == 1 && THREADS % BN == 0;
-    const float d = fixed_column ? epi.column(n0 + threadIdx.x % BN, N) : 0.f;
+#if EPILOGUE_FORM == 1
+    // A bias over columns: the threads tile whole rows, so a thread stores the same column on
+    // every row and reads that column's value once.
+    static_assert(THREADS % BN == 0, "a thread's column must be the same on every row");
+    const float d = epi.column(n0 + threadIdx.x % BN, N);
+#endif
     for (int u = threadIdx.x; u < rows * BN; u += THREADS) {
         const int r = u / BN, c = u % BN;
         if (c < cols) {
             const int m = m0 + r, n = n0 + c;
-            Cb[(i64)m * sCm + n] = fixed_column ? epi.apply(stage[r * C_PITCH + c], d) : epi(stage[r * C_PITCH + c], m, n);
+#if EPILOGUE_FORM == 1
+            Cb[(i64)m * sCm + n] = epi.apply(stage[r * C_PITCH + c], d);
+#else
+            Cb[(i64)m * sCm + n] = epi(stage[r * C_PITCH + c], m, n);
+#endif
         }
     }
     __syncthreads();  // the reads done before the next tile's prologue writes the buffers

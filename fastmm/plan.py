@@ -12,7 +12,7 @@ from . import cost
 from .families import FAMILIES, Family, KernelConfig, second_pass_config
 from .families.simt_cp_async import short_rows_first
 from .families.wgmma_tf32 import splits_decode
-from .problem import EPILOGUE_BIAS_N, DeviceFacts, Problem
+from .problem import DeviceFacts, Problem
 from .tuned import TunedChoice
 
 INT32_MAX = 2**31 - 1
@@ -201,7 +201,7 @@ def _select_in_order(p: Problem, dev: DeviceFacts, force: str | None, variants: 
     launch_p, staging, swap = fam.staging(p, dev)
     if staging or swap:
         chosen = fam.configure(launch_p, dev)
-    chosen, reduce = with_epilogue(p, chosen, second_pass_config(p, dev, chosen), launch_p)
+    chosen, reduce = with_epilogue(p, chosen, second_pass_config(p, dev, chosen))
     stagers = _stagers(fam, p, staging)
     return Plan(p, dev, chosen, used, tuple(rejected), None, reduce, staging, launch_p if staging or swap else None,
                 stagers, swap_ab=swap, variants=variants)
@@ -210,17 +210,11 @@ def _select_in_order(p: Problem, dev: DeviceFacts, force: str | None, variants: 
 EPILOGUE_MACRO = ("EPILOGUE", 1)
 
 
-#: EPILOGUE_FORM (cuda_src/common.cuh) of a GEMM that stores C through shared memory (C_STAGED)
-#: with a bias over C's columns: each thread reads its column's value once.
-EPILOGUE_FORM_STAGED_BIAS = ("EPILOGUE_FORM", 1)
-
-
-def with_epilogue(p: Problem, kernel: KernelConfig, second: KernelConfig | None, launch_p: Problem | None = None):
+def with_epilogue(p: Problem, kernel: KernelConfig, second: KernelConfig | None):
     """``(kernel, second)`` built to apply ``p``'s fused epilogue (``p.epilogue``) in the stores
     that finish outputs: the GEMM's own where it writes C (no split, a split summed by its last
     block, stream-K's whole tiles), the second pass's where there is one (split-K's reduce,
-    stream-K's fixup). A GEMM that writes only partial slices is built without it. D's form is
-    the one the kernels see: ``launch_p``'s (a plan computing C^T sees D^T), else ``p``'s."""
+    stream-K's fixup). A GEMM that writes only partial slices is built without it."""
     if not p.epilogue:
         return kernel, second
     what = ("epilogue", "alpha * product + beta * D (a bias, addmm's input) in the store that finishes each "
@@ -228,12 +222,7 @@ def with_epilogue(p: Problem, kernel: KernelConfig, second: KernelConfig | None,
     if second is not None:
         second = replace(second, macros=second.macros + (EPILOGUE_MACRO,), details=second.details + (what,))
     if second is None or kernel.stream_k is not None:
-        macros = (EPILOGUE_MACRO,)
-        if ("C_STAGED", 1) in kernel.macros and (launch_p or p).epilogue == EPILOGUE_BIAS_N:
-            macros += (EPILOGUE_FORM_STAGED_BIAS,)
-            what = (what[0], what[1] + "; D a bias over C's columns, which a thread reads once as it stores its "
-                                       "column of the tile from shared memory")
-        kernel = replace(kernel, macros=kernel.macros + macros, details=kernel.details + (what,))
+        kernel = replace(kernel, macros=kernel.macros + (EPILOGUE_MACRO,), details=kernel.details + (what,))
     return kernel, second
 
 
@@ -261,7 +250,7 @@ def select(p: Problem, dev: DeviceFacts, force: str | None = None, tuned: TunedC
     launch_p, staging, swap = fam.staging(p, dev, tuple(tuned.option) or None)
     stagers = _stagers(fam, p, staging)
     chosen = _configure(fam, launch_p, dev, tuned.option)
-    chosen, reduce = with_epilogue(p, chosen, second_pass_config(p, dev, chosen), launch_p)
+    chosen, reduce = with_epilogue(p, chosen, second_pass_config(p, dev, chosen))
     rejected = tuple((name, reason.replace(" (forced)", " (tuned)")) for name, reason in plan.rejected)
     origin = "tuned" + (f": {tuned.provenance}" if tuned.provenance else "")
     return replace(plan, kernel=chosen, reduce=reduce, rejected=rejected, origin=origin, staging=staging,

@@ -338,11 +338,17 @@ class SimtCore(Family):
                     and pipeline >= bm * bn * 4)
         if staged_c:
             extra += (("C_STAGED", 1),)
+        # (a bias the GEMM adds, one value a column: each thread reads its column's once; the
+        # kernel's EPILOGUE comes with the plan's epilogue, plan.with_epilogue)
+        staged_bias = staged_c and p.epilogue == EPILOGUE_BIAS_N and split == 1
+        if staged_bias:
+            extra += (("EPILOGUE_FORM", 1),)
         macros = (("WARPS_M", wm), ("WARPS_N", wn), ("THREAD_M", tm), ("BK", self.bk), ("A_MODE", a),
                   ("B_MODE", b), ("C_VEC", int(c_vec))) + extra
         smem = pipeline + region
         details = (("A loads", LOAD_NAMES[a]), ("B loads", LOAD_NAMES[b]),
                    ("C stores", "single floats, a warp's row at a time through shared memory (coalesced)"
+                    + (", the bias read once a thread" if staged_bias else "")
                     if staged_c else "float4" if c_vec else "single floats"),
                    ("math", f"fp32 FFMA, {tm}x8 outputs per thread"))
         if fused:
