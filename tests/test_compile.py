@@ -43,6 +43,8 @@ def _problems() -> list[Problem]:
             (1024, 1024, 1024, {"align": 4}),  # storage offset 1
             (1024, 1024, 1024, {"align": 8}),  # storage offset 2
             (1024, 1024, 1024, {"a_t": True}),  # transposed A
+            (4096, 1024, 8192, {"a_t": True}),  # grad_W on the largest SIMT tile (sm_90: A in single floats) ...
+            (1024, 1024, 8192, {"a_t": True}),  # ... split in cluster pairs
             (1024, 1024, 1024, {"b_t": True}),  # transposed B
             (1024, 1024, 1024, {"a_t": True, "b_t": True}),
             (1023, 1024, 1023, {"a_t": True, "b_t": True}),  # transposed, odd extents
@@ -231,6 +233,10 @@ def _features(cfg) -> set:
     if cfg.family == "simt_cp_async":  # the staged C store in each entry, with each form of a fused epilogue
         m = dict(cfg.macros)
         out.add(("C_STAGED x STREAM_K", m.get("C_STAGED", 0), m.get("STREAM_K", 0)))
+        # grad_W's A in single floats beside a float4 B: the largest tile's own build on sm_90
+        # (SimtCpAsync.a_single_float_tiles), unsplit and in cluster pairs, per tile
+        if (m["A_MODE"], m["B_MODE"]) == (3, 0):
+            out.add(("A single floats, B float4", tile, m.get("SPLIT_PAIR", 0), m.get("SPLIT_FUSED", 0)))
         if m.get("EPILOGUE_FORM"):
             out.add(("EPILOGUE_FORM x C_VEC x STREAM_K", m["EPILOGUE_FORM"], m["C_VEC"], m.get("STREAM_K", 0)))
     return out

@@ -657,6 +657,41 @@ def test_transposed_views_get_matching_load_modes_and_smem_layouts(arch, no_stag
 
 
 @pytest.mark.parametrize("arch", SM80_PLUS)
+def test_grad_w_copies_its_m_contiguous_a_in_single_floats_on_the_largest_tile_of_sm90(arch, no_staging):
+    # G^T @ X (grad_W: A contiguous along m, B row-major) in every plan form of the 128 x 256 tile:
+    # one launch, split-K in cluster pairs, split-K, stream-K
+    sm90 = arch == "sm_90"
+    for M, N, K in ((4096, 1024, 8192), (1024, 1024, 8192), (768, 768, 4096), (32000, 1024, 8192)):
+        plan = forced(Problem.dense(M, N, K, a_t=True), arch, "simt_cp_async")
+        m = macros(plan)
+        if sm90:
+            assert plan.kernel.tile[:2] == (128, 256)
+        want = LOAD_ELEM_FAST if sm90 and plan.kernel.tile[:2] == (128, 256) else LOAD_VEC_FAST
+        assert m["A_MODE"] == want and m["B_MODE"] == LOAD_VEC_FAST
+        assert dict(plan.kernel.details)["A loads"] == LOAD_NAMES[want]
+    if not sm90:
+        return
+    forms = [(k.split_k > 1, k.split_pair, k.stream_k is not None) for k in
+             (forced(Problem.dense(*s, a_t=True), arch, "simt_cp_async").kernel
+              for s in ((4096, 1024, 8192), (1024, 1024, 8192), (768, 768, 4096), (32000, 1024, 8192)))]
+    assert forms == [(False, False, False), (True, True, False), (True, False, False), (False, False, True)]
+    # that build's stream-K kernel is ~4.5% slower a k-tile than its plain one: 13.58 waves of
+    # tiles take the plain kernel (7.58 keep stream-K, above)
+    up = forced(Problem.dense(14336, 4096, 2048, a_t=True), arch, "simt_cp_async").kernel
+    assert up.stream_k is None and up.split_k == 1 and dict(up.macros)["A_MODE"] == LOAD_ELEM_FAST
+    # a B in single floats (its rows not float4-aligned, read in place) keeps A's float4 units: both operands
+    # in single floats ran slower; so do the smaller tiles (not measured) and the variant switch
+    odd_b = forced(Problem.dense(4096, 1022, 8192, a_t=True), arch, "simt_cp_async")
+    assert odd_b.kernel.tile[:2] == (128, 256) and macros(odd_b)["B_MODE"] == LOAD_ELEM_FAST
+    assert macros(odd_b)["A_MODE"] == LOAD_VEC_FAST
+    small = forced(Problem.dense(2816, 1024, 1024, a_t=True), arch, "simt_cp_async")
+    assert small.kernel.tile[:2] == (128, 128) and macros(small)["A_MODE"] == LOAD_VEC_FAST
+    switched_off = dataclasses.replace(FAMILIES["simt_cp_async"], a_single_float_tiles=())
+    plan = forced(Problem.dense(4096, 1024, 8192, a_t=True), arch, "simt_cp_async", variants=(switched_off,))
+    assert macros(plan)["A_MODE"] == LOAD_VEC_FAST
+
+
+@pytest.mark.parametrize("arch", SM80_PLUS)
 def test_transposed_views_with_odd_extent_use_single_floats(arch):
     # A^T view is m-contiguous: M = 1023 forbids float4 along m
     m = macros(forced(Problem.dense(1023, 1024, 1024, a_t=True), arch, "simt_float4"))

@@ -129,6 +129,21 @@ def test_stream_k_is_not_taken_where_it_cannot_pay(M, N, K, tiles, why):
     assert stream_k_for(Problem.dense(M, N, K), H200, tiles, 8, 128, 256) is None, why
 
 
+def test_a_stream_k_kernel_slower_per_k_tile_is_taken_only_where_the_last_wave_costs_more():
+    """iter_penalty 0.045 (grad_W's A in single floats, NOTES run 35). 14336 x 4096 x 2048: 1792
+    tiles = 13 waves + 76 tiles of 256 k-tiles: stream-K (13 x 256 + 148) x 1.045 + 3 x 2 pieces'
+    fill + 2 x 208 pieces x 128 KiB / 6 MB (9.1) = 3647.5 > 14 x 256 = 3584. 32000 x 1024 x 8192:
+    7 waves + 76 tiles of 1024: (7168 + 590) x 1.045 + 6 + 9.1 = 8122 < 8 x 1024 = 8192 (and with
+    the penalty modelled no 1.5% margin is asked: 8122 > 0.985 x 8192). Without the penalty both
+    take stream-K (hand-computed)."""
+    up, head = Problem.dense(14336, 4096, 2048, a_t=True), Problem.dense(32000, 1024, 8192, a_t=True)
+    assert stream_k_for(up, H200, 1792, 8, 128, 256) is not None
+    assert stream_k_for(up, H200, 1792, 8, 128, 256, iter_penalty=0.045) is None
+    sk = stream_k_for(head, H200, 1000, 8, 128, 256, iter_penalty=0.045)
+    assert (sk.whole_tiles, sk.blocks, sk.iters) == (924, 132, 590)
+    assert stream_k_for(head, H200, 1000, 8, 128, 256, iter_penalty=0.06) is None  # (7758 x 1.06 > 8192)
+
+
 def test_stream_k_needs_a_batch_of_1_and_k_tile_counts_within_32_bits():
     assert stream_k_for(Problem.dense(8192, 4096, 6144, batch=2), H200, 1024, 8, 128, 256) is None
     # a long K over broadcast (stride-0) operands: the last block's stretch would end past 2^31

@@ -9,6 +9,7 @@ planned with one tile option and extra macros (``SimtOption``). Import it after 
 from __future__ import annotations
 
 import dataclasses
+import statistics
 import sys
 
 import torch
@@ -111,11 +112,19 @@ def time_us(fn, inner: int = 10, samples: int = 15, sleep_cycles: int = 5_000_00
     return 1000.0 * t[len(t) // 2] / inner
 
 
+def timing_line(label: str, rounds: list[float], flop: float, err: float, base: float | None = None,
+                width: int = 9) -> str:
+    """A probe's row for one variant timed over alternating rounds: the median GPU us, its TFLOP/s
+    (``flop`` a call), its ratio to ``base`` us where given, the error and the rounds."""
+    t = statistics.median(rounds)
+    rel = f"  x{t / base:.3f}" if base else ""
+    return (f"   {label:{width}s} {t:9.1f} us  {flop / t / 1e6:6.2f} TFLOP/s{rel}  err {err:.1e}  "
+            f"rounds {' '.join(f'{x:.1f}' for x in rounds)}")
+
+
 def graph_us(fn, calls: int = 20, reps: int = 15) -> float:
     """GPU us per call with no host in the way: ``calls`` calls captured in a CUDA graph once
     (after 3 warm-up calls on a side stream), the graph replayed ``reps`` times; the median."""
-    import statistics
-
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):

@@ -46,8 +46,8 @@ def with_macros(cfg, M, N, **over):
     grid and shared memory recomputed. Always the plain kernel (one launch over every tile, no
     split-K, no cluster pairs), also where the planner took stream-K or split-K."""
     m = dict(cfg.macros)
-    m.pop("STREAM_K", None)
-    m.pop("SPLIT_PAIR", None)
+    for split_macro in ("STREAM_K", "SPLIT_PAIR", "SPLIT_FUSED", "OUT_VEC"):
+        m.pop(split_macro, None)
     m.update(over)
     wm, wn = m.get("WARPS_M", 2), m.get("WARPS_N", 4)
     if cfg.family == "tf32_mma":

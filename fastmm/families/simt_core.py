@@ -118,6 +118,15 @@ class SimtCore(Family):
     #: K slices of a plan that may split (a variant for probes: benchmarks/probes/simt_split_probe.py);
     #: None: the wave model's choice.
     split: int | None = None
+    #: Tiles (BM, BN) that copy an m-contiguous A in single floats along m (LOAD_ELEM_FAST)
+    #: where it could go in float4 units, when B goes in float4 units too, from
+    #: ``a_single_floats_cc`` (see SimtCpAsync); a variant switch for probes.
+    a_single_float_tiles: tuple[tuple[int, int], ...] = ()
+    #: ... and how much longer such a build takes per k-tile in the stream-K kernel than in the
+    #: plain one (work_split.stream_k_for's iter_penalty; see SimtCpAsync). Only where the rule
+    #: above chose single floats: an A that could only go in single floats keeps the old model.
+    a_single_floats_stream_k_penalty: float = 0.0
+    a_single_floats_cc = (9, 0)
 
     precisions = ("ieee", "tf32", "tf32x3")  # full fp32; serves tf32 requests where no TF32 path can
     # (WARPS_M, WARPS_N, THREAD_M), largest tile first: 128x256, 128x128, 128x64, 64x64.
@@ -304,6 +313,10 @@ class SimtCore(Family):
         if may_split and self.split is not None and p.batch_total == 1:
             split = effective_split(-(-p.K // self.bk), self.split)
         a, b, c_vec = self.load_modes(p)
+        a_single = ((a, b) == (LOAD_VEC_FAST, LOAD_VEC_FAST) and (bm, bn) in self.a_single_float_tiles
+                    and dev.cc >= self.a_single_floats_cc)
+        if a_single:
+            a = LOAD_ELEM_FAST
         # stream-K where the model has it beat split-K as well, for the 8-warp tile (one block
         # per SM; the 4-warp 128x128 one spills with the stream-K loop), except with an
         # m-contiguous A and single-float B copies along k, which spill (sm_80 .. sm_89) at 255
@@ -311,7 +324,8 @@ class SimtCore(Family):
         sk = None
         spills = (a, b) == (LOAD_VEC_FAST, LOAD_ELEM_K)
         if may_split and self.can_stream_k and self.stream_k and opt == self.tile_options[0] and not spills:
-            sk = stream_k_for(p, dev, tiles_of(p, bm, bn), self.bk, bm, bn, per_sm, split)
+            penalty = self.a_single_floats_stream_k_penalty if a_single else 0.0
+            sk = stream_k_for(p, dev, tiles_of(p, bm, bn), self.bk, bm, bn, per_sm, split, penalty)
             split = 1 if sk is not None else split
         out_vec = c_vec
         if split > 1:

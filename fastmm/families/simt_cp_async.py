@@ -122,6 +122,24 @@ class SimtCpAsync(SimtCore):
     #: before NOTES run 33, a switch for probes).
     small_tile_slots: bool = True
     small_tile_slots_cc = (9, 0)
+    #: grad_W's A (G^T: contiguous along m) in single floats along m, not float4 units, on the
+    #: 128 x 256 tile with a row-major B: the same kernel with both operands in float4 units ran
+    #: 2.7-2.8% slower, with both in single floats 6.5-6.6% (ptxas schedules the main loop
+    #: around the copies; the SASS loops differ little in length). H200 (NOTES run 35,
+    #: probes/copy_unit_probe.py, GPU us, A float4 / A single floats / both single floats,
+    #: torch): 4096 x 1024 x 8192 1381.3 / 1345.0 / 1431.8 (1311.2), 32000 x 1024 x 8192 11019.3
+    #: / 10722.5 / 11435.0 (10114.7); with a row-major A (single floats along k), a B in single
+    #: floats ran 4.0-4.8% slower: B keeps its float4 units. On the smaller tiles single floats
+    #: did not pay (128 x 128 in its planned split plans: 141.8 against 141.0 us; 128 x 64 and
+    #: 64 x 64: 6-8% slower). Batched products (measured: none) run the same build: the batch is
+    #: a launch argument.
+    a_single_float_tiles: tuple[tuple[int, int], ...] = ((128, 256),)
+    #: That build's stream-K kernel does not share the plain kernel's gain: per k-tile it took
+    #: ~4.5% longer (H200, NOTES run 35, GPU us, plain / stream-K: 14336 x 4096 x 2048, 13.58
+    #: waves of tiles, 4745.8 / 4830.1; 32000 x 1024 x 8192, 7.58 waves, 10722.9 / 10608.4; with
+    #: float4 units ~2%: 4870.0 / 4834.9, 11013.2 / 10668.4). So stream-K is taken for it only
+    #: where the last wave's idle SMs cost more than that.
+    a_single_floats_stream_k_penalty: float = 0.045
 
     name, source, entry = "simt_cp_async", "simt_cp_async.cu", "fastmm_simt_cp_async"
     min_cc = (8, 0)

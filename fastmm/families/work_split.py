@@ -65,9 +65,12 @@ STREAM_K_BYTES_PER_ITER = 6e6
 
 
 def stream_k_for(p: Problem, dev: DeviceFacts, tiles: int, bk: int, bm: int, bn: int,
-                 blocks_per_sm: int = 1, split: int = 1) -> StreamK | None:
+                 blocks_per_sm: int = 1, split: int = 1, iter_penalty: float = 0.0) -> StreamK | None:
     """A stream-K plan where the last wave of tiles would leave SMs idle, else None. ``split``:
-    the split-K alternative (1: none) it must beat.
+    the split-K alternative (1: none) it must beat. ``iter_penalty``: how much longer a k-tile
+    takes in the stream-K kernel than in the plain one, where measured (its whole tiles too:
+    one loop serves both kinds of block); then the plan is taken wherever the model has it
+    faster, else only where it saves STREAM_K_MIN_GAIN.
 
     Blocks of equal tiles run in waves of ``slots``: 1024 tiles of 128x256 (8192x4096x6144) on
     132 SMs take 8 waves of time for 7.76 waves of work (measured on the H200: 8448x4096, exactly
@@ -92,10 +95,13 @@ def stream_k_for(p: Problem, dev: DeviceFacts, tiles: int, bk: int, bm: int, bn:
     if sk.whole_tiles * k_tiles + blocks * iters >= 2**31:
         return None  # the kernel counts k-tiles in 32 bits, up to the last block's stretch end
     pieces = rest + blocks  # each block's stretch starts one piece more, at most
-    cost = (waves * k_tiles + iters + STREAM_K_PIECE_ITERS * sk.segments
+    cost = ((waves * k_tiles + iters) * (1 + iter_penalty) + STREAM_K_PIECE_ITERS * sk.segments
             + 2 * pieces * bm * bn * 4 / STREAM_K_BYTES_PER_ITER)
     plain = split_time(tiles, split, slots) * k_tiles
-    return sk if cost <= (1 - STREAM_K_MIN_GAIN) * plain else None
+    # (the margin stands in for the stream-K kernel's own cost per k-tile where that is not
+    # measured; where it is, the model has it)
+    margin = STREAM_K_MIN_GAIN if iter_penalty == 0 else 0.0
+    return sk if cost <= (1 - margin) * plain else None
 
 
 def splitk_reduce_config(p: Problem, dev: DeviceFacts, split: int) -> KernelConfig:
