@@ -1,14 +1,17 @@
 """Stream-K on and off for the SIMT ieee kernel, against torch.matmul, in alternating rounds
 (NOTES.md run 13):
 
-    python benchmarks/probes/stream_k_probe.py [rounds]
+    python benchmarks/probes/stream_k_probe.py [rounds] [--model]
 
 Per shape: the planner's simt_cp_async plan (stream-K where the last wave of tiles is partial),
 the plan of the variant SimtCpAsync(stream_k=False) handed to the planner (the same tile, split-K
 or one launch), and torch.matmul; each plan launched as fastmm launches it, each result checked
 against float64 first. Shapes whose tiles make whole waves (8448x4096: 1056 = 8 x 132 tiles of
 128x256 on an H200) show what the partial last wave costs: with no stream-K plan there, both
-fastmm columns run the same kernel.
+fastmm columns run the same kernel. ``--model``: products of a model's training step in the
+layouts it hands them over (x @ W^T, grad_x with a row-major W, grad_W's A^T) instead, where
+stream-K's own kernel may cost more per k-tile than the plain one (grad_W's build: ~4.5%, NOTES
+run 35).
 """
 import argparse
 import sys
@@ -27,6 +30,15 @@ from probe_util import need_gpu, rel_err, time_ms  # noqa: E402
 
 SHAPES = [(8192, 4096, 6144), (8448, 4096, 6144), (8192, 8192, 4096), (4096, 4096, 4096), (4224, 4096, 4096),
           (4096, 11008, 4096), (3000, 3000, 3000)]
+# (M, N, K, layout): "nn" row-major, "wt" B = W^T (W stored [N, K]), "at" A = G^T (G stored [K, M])
+MODEL_SHAPES = [(8192, 1024, 32000, "nn"), (8192, 1024, 30522, "nn"), (8192, 2816, 4096, "wt"),
+                (8192, 4096, 6144, "wt"), (4096, 4100, 1000, "at"), (32000, 1024, 8192, "at")]
+
+
+def operands(M, N, K, layout):
+    a = torch.randn(K, M, device="cuda").t() if layout == "at" else torch.randn(M, K, device="cuda")
+    b = torch.randn(N, K, device="cuda").t() if layout == "wt" else torch.randn(K, N, device="cuda")
+    return a, b
 
 
 def planned(a, b, c, stream_k: bool):
@@ -46,6 +58,7 @@ def planned(a, b, c, stream_k: bool):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="stream_k_probe.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("rounds", nargs="?", type=int, default=3)
+    ap.add_argument("--model", action="store_true", help="model products in their own layouts")
     o = ap.parse_args(argv)
     if not need_gpu(ap.prog):
         return 2
@@ -53,10 +66,10 @@ def main(argv=None) -> int:
     torch.backends.cuda.matmul.allow_tf32 = False
     res: dict = {}
     for r in range(rounds):
-        for M, N, K in SHAPES:
-            a, b = torch.randn(M, K, device="cuda"), torch.randn(K, N, device="cuda")
+        for M, N, K, layout in MODEL_SHAPES if o.model else [shape + ("nn",) for shape in SHAPES]:
+            a, b = operands(M, N, K, layout)
             c = torch.full((M, N), float("nan"), device="cuda")
-            row = res.setdefault((M, N, K), {"sk": [], "plain": [], "torch": []})
+            row = res.setdefault((M, N, K, layout), {"sk": [], "plain": [], "torch": []})
             for name in ("sk", "plain"):
                 run, cfg = planned(a, b, c, name == "sk")
                 if r == 0:
@@ -67,16 +80,17 @@ def main(argv=None) -> int:
                     row[name + "_cfg"] = cfg
                 row[name].append(time_ms(run, reps=15))
             row["torch"].append(time_ms(lambda: torch.matmul(a, b, out=c), reps=15))
-    print("| shape | tiles | stream-K plan | fastmm stream-K | fastmm plain | torch | stream-K / torch | plain / torch |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
-    for (M, N, K), row in res.items():
+    print("| shape | layout | tiles | stream-K plan | fastmm stream-K | fastmm plain | torch | stream-K / torch | "
+          "plain / torch |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for (M, N, K, layout), row in res.items():
         f = 2 * M * N * K / 1e9
         med = {k: sorted(v)[len(v) // 2] for k, v in row.items() if isinstance(v, list)}
         sk = row["sk_cfg"].stream_k
         plan = f"{sk.whole_tiles} whole + {sk.blocks} x {sk.iters} k-tiles" if sk else "none"
         pcfg = row["plain_cfg"]
         tiles = pcfg.grid[0] if pcfg.split_k == 1 else f"{pcfg.grid[0]} (split {pcfg.split_k})"
-        print(f"| {M}x{N}x{K} | {tiles} | {plan} | {f / med['sk']:.2f} | {f / med['plain']:.2f} | "
+        print(f"| {M}x{N}x{K} | {layout} | {tiles} | {plan} | {f / med['sk']:.2f} | {f / med['plain']:.2f} | "
               f"{f / med['torch']:.2f} | {med['torch'] / med['sk']:.3f} | {med['torch'] / med['plain']:.3f} |")
     return 0
 
