@@ -669,6 +669,7 @@ def test_grad_w_copies_its_m_contiguous_a_in_single_floats_on_the_largest_tile_o
         want = LOAD_ELEM_FAST if sm90 and plan.kernel.tile[:2] == (128, 256) else LOAD_VEC_FAST
         assert m["A_MODE"] == want and m["B_MODE"] == LOAD_VEC_FAST
         assert dict(plan.kernel.details)["A loads"] == LOAD_NAMES[want]
+        assert ("A copy choice" in dict(plan.kernel.details)) == (want == LOAD_ELEM_FAST)  # explain says why
     if not sm90:
         return
     forms = [(k.split_k > 1, k.split_pair, k.stream_k is not None) for k in

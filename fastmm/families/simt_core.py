@@ -365,6 +365,9 @@ class SimtCore(Family):
                     + (", the bias read once a thread" if staged_bias else "")
                     if staged_c else "float4" if c_vec else "single floats"),
                    ("math", f"fp32 FFMA, {tm}x8 outputs per thread"))
+        if a_single:
+            details += (("A copy choice", "single floats where float4 units fit: beside B's float4 units this "
+                                          "tile's main loop runs faster (see SimtCpAsync.a_single_float_tiles)"),)
         if fused:
             details += (("split-K", f"{split} slices of K, summed in slice order by the last block of each tile "
                                     f"(no second launch); C stores {'float4' if out_vec else 'single floats'}"),)
