@@ -27,6 +27,7 @@ import torch  # noqa: E402
 from fastmm import dispatch  # noqa: E402
 from fastmm.families import FAMILIES  # noqa: E402
 from probe_util import need_gpu, rel_err, time_us, timing_line  # noqa: E402
+from variants import layout_operands  # noqa: E402
 
 PRODUCTS = {  # name: (M, N, K) of G^T @ X, G of K x M
     "gradw_4k": (4096, 1024, 8192),      # bert up: one launch, 128 tiles
@@ -60,8 +61,7 @@ def main(argv=None) -> int:
     for name in names:
         M, N, K = PRODUCTS[name]
         torch.manual_seed(0)
-        a = torch.randn(K, M, device="cuda").t()
-        b = torch.randn(K, N, device="cuda")
+        a, b = layout_operands(M, N, K, "tn")
         c = torch.empty(M, N, device="cuda")
         fns = {"planned": lambda: dispatch.matmul_fastmm(a, b, c, "ieee"),
                "float4 A": lambda: dispatch.matmul_fastmm(a, b, c, "ieee", variants=float4_a),

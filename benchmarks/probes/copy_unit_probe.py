@@ -30,29 +30,24 @@ import torch  # noqa: E402
 from fastmm import dispatch  # noqa: E402
 from fastmm.families import LOAD_ELEM_FAST, LOAD_VEC_FAST  # noqa: E402
 from probe_util import need_gpu, rel_err, time_us, timing_line  # noqa: E402
-from variants import run_cfg, with_macros  # noqa: E402
+from variants import layout_operands, run_cfg, with_macros  # noqa: E402
 
 TILES = {"128x256": (2, 4, 16), "128x128": (2, 2, 16), "128x64": (2, 2, 8), "64x64": (1, 2, 8)}
-# name: (M, N, K, layout, tile); layout "a_t": A = G^T (m-contiguous), B row-major; "nn": both
-# row-major (as x @ W^T's B after its row-major staging copy, grad_x's W, Conv1D's W)
+# name: (M, N, K, layout, tile); layout (variants.layout_operands) "tn": A = G^T (m-contiguous),
+# B row-major; "nn": both row-major (as x @ W^T's B after its row-major staging copy, grad_x's W, Conv1D's W)
 ROWS = {
-    "gradw_4k": (4096, 1024, 8192, "a_t", "128x256"),
-    "gradw_head": (32000, 1024, 8192, "a_t", "128x256"),
+    "gradw_4k": (4096, 1024, 8192, "tn", "128x256"),
+    "gradw_head": (32000, 1024, 8192, "tn", "128x256"),
     "gradx_4k": (8192, 1024, 4096, "nn", "128x256"),
     "fwd_up_rm": (8192, 4096, 1024, "nn", "128x256"),
     "fwd_1k_rm": (8192, 1024, 1024, "nn", "128x256"),
-    "gradw_1k_128": (1024, 1024, 1576, "a_t", "128x128"),
+    "gradw_1k_128": (1024, 1024, 1576, "tn", "128x128"),
     "nn_2k_128": (2048, 2048, 1024, "nn", "128x128"),
-    "gradw_768_64": (768, 768, 4096, "a_t", "128x64"),
+    "gradw_768_64": (768, 768, 4096, "tn", "128x64"),
     "nn_1k_64": (1024, 768, 1024, "nn", "128x64"),
-    "gradw_512_6464": (512, 768, 4096, "a_t", "64x64"),
+    "gradw_512_6464": (512, 768, 4096, "tn", "64x64"),
     "nn_512_6464": (512, 512, 2048, "nn", "64x64"),
 }
-
-
-def operands(M, N, K, layout):
-    a = torch.randn(K, M, device="cuda").t() if layout == "a_t" else torch.randn(M, K, device="cuda")
-    return a, torch.randn(K, N, device="cuda")
 
 
 def main(argv=None) -> int:
@@ -68,14 +63,14 @@ def main(argv=None) -> int:
     for name in names:
         M, N, K, layout, tile = ROWS[name]
         torch.manual_seed(0)
-        a, b = operands(M, N, K, layout)
+        a, b = layout_operands(M, N, K, layout)
         c = torch.empty(M, N, device="cuda")
         wm, wn, tm = TILES[tile]
         with torch.no_grad():
             plan = dispatch.matmul_fastmm(a, b, None, "ieee")[1]
             # (from float4 units wherever the layout allows them: the planner's own choice since
             # NOTES run 35 is A in single floats on the 128 x 256 tile)
-            float4_a = {"A_MODE": LOAD_VEC_FAST} if layout == "a_t" else {}
+            float4_a = {"A_MODE": LOAD_VEC_FAST} if layout == "tn" else {}
             base = with_macros(plan.kernel, M, N, WARPS_M=wm, WARPS_N=wn, THREAD_M=tm, **float4_a)
             modes = dict(base.macros)
             variants = {"vec": base}

@@ -27,18 +27,14 @@ from fastmm.families import SimtCpAsync  # noqa: E402
 from fastmm.runtime import launcher  # noqa: E402
 from fastmm.shapes import analyse, build_problem  # noqa: E402
 from probe_util import need_gpu, rel_err, time_ms  # noqa: E402
+from variants import layout_operands  # noqa: E402
 
 SHAPES = [(8192, 4096, 6144), (8448, 4096, 6144), (8192, 8192, 4096), (4096, 4096, 4096), (4224, 4096, 4096),
           (4096, 11008, 4096), (3000, 3000, 3000)]
-# (M, N, K, layout): "nn" row-major, "wt" B = W^T (W stored [N, K]), "at" A = G^T (G stored [K, M])
-MODEL_SHAPES = [(8192, 1024, 32000, "nn"), (8192, 1024, 30522, "nn"), (8192, 2816, 4096, "wt"),
-                (8192, 4096, 6144, "wt"), (4096, 4100, 1000, "at"), (32000, 1024, 8192, "at")]
-
-
-def operands(M, N, K, layout):
-    a = torch.randn(K, M, device="cuda").t() if layout == "at" else torch.randn(M, K, device="cuda")
-    b = torch.randn(N, K, device="cuda").t() if layout == "wt" else torch.randn(K, N, device="cuda")
-    return a, b
+# (M, N, K, layout as variants.layout_operands names it): "nn" row-major, "nt" B = W^T (W stored
+# [N, K]), "tn" A = G^T (G stored [K, M])
+MODEL_SHAPES = [(8192, 1024, 32000, "nn"), (8192, 1024, 30522, "nn"), (8192, 2816, 4096, "nt"),
+                (8192, 4096, 6144, "nt"), (4096, 4100, 1000, "tn"), (32000, 1024, 8192, "tn")]
 
 
 def planned(a, b, c, stream_k: bool):
@@ -67,7 +63,7 @@ def main(argv=None) -> int:
     res: dict = {}
     for r in range(rounds):
         for M, N, K, layout in MODEL_SHAPES if o.model else [shape + ("nn",) for shape in SHAPES]:
-            a, b = operands(M, N, K, layout)
+            a, b = layout_operands(M, N, K, layout)
             c = torch.full((M, N), float("nan"), device="cuda")
             row = res.setdefault((M, N, K, layout), {"sk": [], "plain": [], "torch": []})
             for name in ("sk", "plain"):

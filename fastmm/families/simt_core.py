@@ -346,15 +346,16 @@ class SimtCore(Family):
         # memory, where the family has it (see stage_c); not the fused and paired splits' own stores.
         # So too any C the GEMM finishes with a bias over its columns (see stage_biased_c).
         pipeline = self.smem_bytes(bm, bn, dict(extra).get("STAGES", 2))
-        biased = self.stage_biased_c and p.epilogue == EPILOGUE_BIAS_N and split == 1
-        staged_c = (self.stage_c and dev.cc >= self.stage_c_cc and (not c_vec or biased) and not fused and not pair
+        bias_over_columns = p.epilogue == EPILOGUE_BIAS_N and split == 1  # (this GEMM finishes C)
+        staged_c = (self.stage_c and dev.cc >= self.stage_c_cc
+                    and (not c_vec or (self.stage_biased_c and bias_over_columns)) and not fused and not pair
                     and (split > 1 or p.c_strides[1] == 1) and opt == self.tile_options[0]
                     and pipeline >= bm * bn * 4)
         if staged_c:
             extra += (("C_STAGED", 1),)
         # (a bias the GEMM adds, one value a column: each thread reads its column's once; the
         # kernel's EPILOGUE comes with the plan's epilogue, plan.with_epilogue)
-        staged_bias = staged_c and p.epilogue == EPILOGUE_BIAS_N and split == 1
+        staged_bias = staged_c and bias_over_columns
         if staged_bias:
             extra += (("EPILOGUE_FORM", 1),)
         macros = (("WARPS_M", wm), ("WARPS_N", wn), ("THREAD_M", tm), ("BK", self.bk), ("A_MODE", a),
