@@ -81,9 +81,8 @@ def configs_for(dev, problems=None):
                 plan = select(p, dev, force=force)
             except ValueError:  # the family cannot run this problem
                 continue
-            for cfg in (plan.kernel, getattr(plan, "reduce", None), *getattr(plan, "stagers", ())):
-                if cfg is not None:
-                    found.setdefault(key_for(cfg, dev.arch), cfg)
+            for cfg in plan.kernels():
+                found.setdefault(key_for(cfg, dev.arch), cfg)
     return found
 
 

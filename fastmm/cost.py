@@ -222,7 +222,7 @@ def predict(plan) -> Prediction | None:
     p = plan.launch_problem or plan.problem
     dev = plan.device
     bw = peaks(dev).bandwidth * 1e6 * MEMORY_EFFICIENCY  # bytes per us
-    launches = 1 + (plan.reduce is not None) + len(plan.staging)
+    launches = 1 + (plan.reduce is not None) + (plan.head is not None) + len(plan.staging)
     flops = 2.0 * p.M * p.N * p.K * p.batch_total
     memory = _operand_bytes(p) / bw
     for _, rows, cols in plan.staging:  # each copy reads and writes its operand
@@ -241,8 +241,9 @@ def predict(plan) -> Prediction | None:
         if kernel.stream_k is not None:  # whole waves, then the rest dealt out evenly
             sk = kernel.stream_k
             tile_flops = 2.0 * bm * bn * sk.k_tiles * bk
-            waves = sk.tiles / slots
-            compute = (sk.whole_tiles / slots + (sk.blocks * sk.iters / sk.k_tiles) / slots) * resident * tile_flops / rate
+            waves = (sk.head_tiles + sk.tiles) / slots
+            whole = sk.whole_tiles + sk.head_tiles  # (the head form's in a launch of their own)
+            compute = (whole / slots + (sk.blocks * sk.iters / sk.k_tiles) / slots) * resident * tile_flops / rate
             compute *= p.batch_total
             memory += 2 * 4.0 * sk.workspace_floats(bm, bn) / bw
         else:

@@ -155,10 +155,9 @@ def plan_for(problem: Problem, device_index: int, force: str | None = None,
     plan = select(problem, dev, forced, tuned, variants)
     failed = None
     if plan.kernel is not None:  # (a second pass or stager that failed counts for the plans that need it)
-        kernels = (k for k in (plan.kernel, plan.reduce, *plan.stagers) if k is not None)
-        failed = next(filter(None, (PLANS.failure(device_index, k) for k in kernels)), None)
+        failed = next(filter(None, (PLANS.failure(device_index, k) for k in plan.kernels())), None)
     if failed is not None:  # this kernel (or a copy it needs) failed to build earlier in this process
-        plan = dataclasses.replace(plan, kernel=None, reduce=None, fallback=failed)
+        plan = dataclasses.replace(plan, kernel=None, reduce=None, head=None, fallback=failed)
     return plan
 
 
@@ -171,8 +170,7 @@ def _prepare(key: tuple, s: Shapes, c: torch.Tensor, problem: Problem, force, va
     plan = plan_for(problem, dev_index, force, variants)
     if plan.kernel is None:
         return Prepared(plan)
-    needed = [k for k in (plan.kernel, plan.reduce, *plan.stagers) if k is not None]
-    if torch.cuda.is_current_stream_capturing() and not all(launcher.is_loaded(plan.device, k) for k in needed):
+    if torch.cuda.is_current_stream_capturing() and not all(launcher.is_loaded(plan.device, k) for k in plan.kernels()):
         raise RuntimeError(
             f"fastmm: kernel {plan.kernel.family} for this shape is not loaded yet, and compiling or loading it "
             "would break the CUDA graph being captured. Run the same call once before capturing, or call "
@@ -184,8 +182,8 @@ def _prepare(key: tuple, s: Shapes, c: torch.Tensor, problem: Problem, force, va
         if plan.reduce is not None:
             cfg = plan.reduce
             second = launcher.load(plan.device, cfg)
-        for cfg in plan.stagers:  # loaded now; looked up again (a dict hit) at each launch
-            launcher.load(plan.device, cfg)
+        for cfg in (*plan.stagers, *filter(None, (plan.head,))):  # loaded now; looked up again (a dict hit)
+            launcher.load(plan.device, cfg)                         # when the runner is made
     except (CompileError, LaunchError) as exc:
         # A kernel NVRTC rejects or the driver will not load must not take the model down:
         # remember it, warn once, and let torch.matmul serve this problem (explain says why).
@@ -206,7 +204,7 @@ def _give_up(key: tuple, plan: Plan, reason: str, launch: bool = False, failed: 
     fkey = (PlanCache.launch_failure_key if launch else PlanCache.failure_key)(plan.device.index, failed)
     PLANS.failed[fkey] = reason
     warn_once(f"fastmm: {reason}; torch.matmul serves these calls instead")
-    return PLANS.put(key, Prepared(dataclasses.replace(plan, kernel=None, reduce=None, fallback=reason)))
+    return PLANS.put(key, Prepared(dataclasses.replace(plan, kernel=None, reduce=None, head=None, fallback=reason)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -255,7 +253,7 @@ def run(s: Shapes, c: torch.Tensor, precision: str, force: str | None = None,
             # this call (all of C again) and every later one of this problem.
             reason = f"kernel {plan.kernel.family} could not describe an operand to the copy engine ({exc})"
             warn_once(f"fastmm: {reason}; torch.matmul serves this problem instead")
-            plan = dataclasses.replace(plan, kernel=None, reduce=None, fallback=reason)
+            plan = dataclasses.replace(plan, kernel=None, reduce=None, head=None, fallback=reason)
             PLANS.put(key, Prepared(plan))
         except LaunchError as exc:
             # The driver refused the launch (an illegal configuration): nothing ran that torch

@@ -93,6 +93,8 @@ def explain(a: torch.Tensor, b: torch.Tensor, *, precision: str | None = None,
             exp.parameters[f"staged {which.upper()}"] = text
         exp.launch = {"grid": k.grid, "block": k.block_dims, "dynamic_smem_bytes": k.smem, "tile": k.tile,
                       "launches": len(offsets)}
+        if plan.head is not None:
+            exp.launch["first"] = plan.head.describe()
         if plan.reduce is not None:
             exp.launch["then"] = plan.reduce.describe()
         exp.cache = cache_state(plan)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from . import cost
-from .families import FAMILIES, Family, KernelConfig, second_pass_config
+from .families import FAMILIES, Family, KernelConfig, second_pass_config, stream_k_head_config
 from .families.simt_cp_async import short_rows_first
 from .families.wgmma_tf32 import splits_decode
 from .problem import DeviceFacts, Problem
@@ -60,6 +60,14 @@ class Plan:
     # Families that replace the registry's defaults by name (a benchmark's or a test's variant,
     # e.g. ``Skinny(fuse_split=False)``); empty for every call through the public API.
     variants: tuple[Family, ...] = ()
+    # First launch of a stream-K plan in the head form: the plain kernel over C's first rows
+    # (work_split.stream_k_head_config), before ``kernel`` covers the rows after them.
+    head: KernelConfig | None = None
+
+    def kernels(self) -> tuple[KernelConfig, ...]:
+        """Every kernel the plan launches (what must be built and loaded before it runs): the
+        GEMM, the head launch, the second pass, the stagers."""
+        return tuple(k for k in (self.kernel, self.head, self.reduce, *self.stagers) if k is not None)
 
     def describe(self) -> str:
         lines = []
@@ -74,6 +82,8 @@ class Plan:
             lines.append("  macros: " + ", ".join(f"{k}={v}" for k, v in self.kernel.macros))
             for key, value in self.kernel.details:
                 lines.append(f"  {key}: {value}")
+            if self.head is not None:
+                lines.append(f"first: {self.head.describe()}")
             if self.reduce is not None:
                 lines.append(f"then: {self.reduce.describe()}")
             lines += [f"  staged: {text}" for _, text in self.staged_descriptions()]
@@ -204,7 +214,7 @@ def _select_in_order(p: Problem, dev: DeviceFacts, force: str | None, variants: 
     chosen, reduce = with_epilogue(p, chosen, second_pass_config(p, dev, chosen))
     stagers = _stagers(fam, p, staging)
     return Plan(p, dev, chosen, used, tuple(rejected), None, reduce, staging, launch_p if staging or swap else None,
-                stagers, swap_ab=swap, variants=variants)
+                stagers, swap_ab=swap, variants=variants, head=stream_k_head_config(p, chosen))
 
 
 EPILOGUE_MACRO = ("EPILOGUE", 1)
@@ -254,7 +264,8 @@ def select(p: Problem, dev: DeviceFacts, force: str | None = None, tuned: TunedC
     rejected = tuple((name, reason.replace(" (forced)", " (tuned)")) for name, reason in plan.rejected)
     origin = "tuned" + (f": {tuned.provenance}" if tuned.provenance else "")
     return replace(plan, kernel=chosen, reduce=reduce, rejected=rejected, origin=origin, staging=staging,
-                   stagers=stagers, launch_problem=launch_p if staging or swap else None, swap_ab=swap)
+                   stagers=stagers, launch_problem=launch_p if staging or swap else None, swap_ab=swap,
+                   head=stream_k_head_config(p, chosen))
 
 
 def _stagers(fam: Family, p: Problem, staging) -> tuple[KernelConfig, ...]:

@@ -98,7 +98,7 @@ class Problem:
         """Contiguous (optionally transposed-view) operands: handy for tests and explain text."""
         a = (1, M) if a_t else (K, 1)
         b = (1, K) if b_t else (N, 1)
-        return cls(M, N, K, a, b, (N, 1), 1, batch, (0, M * K), (0, K * N), (0, M * N),
+        return cls(M, N, K, a, b, (N, 1), batch, batch, (0, M * K), (0, K * N), (0, M * N),
                    align, align, align, precision)
 
     def layout_of(self, which: str) -> str:

@@ -248,8 +248,8 @@ def _tune(s: Shapes, c: torch.Tensor, precision: str, index: int, repeats: int, 
         seen: set = set()
         for choice in candidate_choices(problem, dev):
             plan = select(problem, dev, tuned=choice)
-            ident = (plan.kernel, plan.reduce, plan.staging)
-            is_heuristic = ident == (heuristic.kernel, heuristic.reduce, heuristic.staging)
+            ident = (plan.kernels(), plan.staging)
+            is_heuristic = ident == (heuristic.kernels(), heuristic.staging)
             if plan.kernel is None or ident in seen or (only is not None and not only(choice) and not is_heuristic):
                 continue
             seen.add(ident)
@@ -265,6 +265,8 @@ def _tune(s: Shapes, c: torch.Tensor, precision: str, index: int, repeats: int, 
             try:
                 loaded = launcher.load(dev, plan.kernel)
                 reduce = launcher.load(dev, plan.reduce) if plan.reduce is not None else None
+                for cfg in plan.kernels():  # (the head launch, the stagers: loaded when the plan runs)
+                    launcher.load(dev, cfg)
             except CompileError as exc:
                 result.note = f"failed to compile: {str(exc).splitlines()[0]}"
                 continue

@@ -45,6 +45,7 @@ def _problems() -> list[Problem]:
             (1024, 1024, 1024, {"a_t": True}),  # transposed A
             (4096, 1024, 8192, {"a_t": True}),  # grad_W on the largest SIMT tile (sm_90: A in single floats) ...
             (1024, 1024, 8192, {"a_t": True}),  # ... split in cluster pairs
+            (17024, 1024, 1024, {"a_t": True}),  # ... stream-K's head form (sm_90: a plain launch first)
             (1024, 1024, 1024, {"b_t": True}),  # transposed B
             (1024, 1024, 1024, {"a_t": True, "b_t": True}),
             (1023, 1024, 1023, {"a_t": True, "b_t": True}),  # transposed, odd extents
@@ -211,9 +212,7 @@ def _configs():
                     plans = [select(p, dev, force=family, variants=v) for v in forms]
                 except ValueError:  # e.g. tf32_mma with precision "ieee"
                     continue
-                for cfg in (c for plan in plans for c in (plan.kernel, plan.reduce, *plan.stagers)):
-                    if cfg is None:
-                        continue
+                for cfg in (c for plan in plans for c in plan.kernels()):
                     key = (arch, cfg.source, cfg.macros)
                     if key not in seen:
                         seen.add(key)

@@ -98,6 +98,17 @@ def test_a_second_pass_adds_a_launch():
     assert cost.predict(plan).launches == 2
 
 
+def test_stream_k_in_the_head_form_counts_its_plain_launch_and_all_its_tiles():
+    # 32000 x 1024 x 8192 A^T on the H200: 924 tiles in a plain launch, 76 in the stream-K launch,
+    # then the fixup: three launches, (924 + 76) / 132 waves of tiles, within a quarter of the
+    # 10231 us measured (NOTES run 36)
+    plan = select(Problem.dense(32000, 1024, 8192, a_t=True), H200)
+    assert plan.head is not None
+    pred = cost.predict(plan)
+    assert pred.launches == 3 and pred.waves == pytest.approx(1000 / 132)
+    assert 0.75 * 10231 <= pred.total_us <= 1.25 * 10231
+
+
 def test_a_torch_fallback_has_no_prediction():
     old = DeviceFacts(0, "simulated P100", (6, 0), 56, 48 * 1024, 64 * 1024, 4 << 20, simulated=True)
     plan = select(Problem.dense(64, 64, 64), old)  # older than fastmm supports: torch.matmul

@@ -1248,13 +1248,33 @@ def test_split_k_results_are_bitwise_reproducible(family, precision, mnk, rel_er
 
 # --- stream-K: whole tiles, then pieces of the rest, summed by the fixup pass ---------------------
 
-def stream_k_run(a, b, out, sm_count: int):
-    """``a @ b`` into ``out`` by the stream-K plan the planner makes for a GPU of ``sm_count``
-    SMs (few SMs: small problems get several waves and pieced tiles), run on this GPU (the
-    kernel's correctness does not depend on the SM count). Returns the kernel config."""
+def in_head_form(cfg, N: int, sm_count: int):
+    """``cfg`` (a one-launch stream-K plan) in the head form, worked out here from its numbers:
+    its whole tiles rounded down to whole rows of tiles in a plain launch first, the other
+    tiles' k-tiles dealt evenly over ``sm_count`` blocks (at most)."""
     import dataclasses
 
-    from fastmm.families import second_pass_config
+    from fastmm.families.base import StreamK
+
+    sk, (bm, bn, _) = cfg.stream_k, cfg.tile
+    tiles_n = -(-N // bn)
+    rows = sk.whole_tiles // tiles_n
+    rest = sk.tiles - rows * tiles_n
+    iters = -(-rest * sk.k_tiles // sm_count)
+    blocks = -(-rest * sk.k_tiles // iters)
+    head = StreamK(0, blocks, iters, sk.k_tiles, rest, rows * bm, rows * tiles_n)
+    return dataclasses.replace(cfg, grid=(blocks, 1, 1), stream_k=head)
+
+
+def stream_k_run(a, b, out, sm_count: int, head_form: bool = False):
+    """``a @ b`` into ``out`` by the stream-K plan the planner makes for a GPU of ``sm_count``
+    SMs (few SMs: small problems get several waves and pieced tiles), run on this GPU (the
+    kernel's correctness does not depend on the SM count); ``head_form``: that plan in the head
+    form (:func:`in_head_form`), its head launch made by work_split.stream_k_head_config.
+    Returns the kernel config."""
+    import dataclasses
+
+    from fastmm.families import second_pass_config, stream_k_head_config
     from fastmm.runtime import runners
     from fastmm.runtime.device import device_facts
 
@@ -1268,8 +1288,12 @@ def stream_k_run(a, b, out, sm_count: int):
     dev = dataclasses.replace(real, sm_count=sm_count)
     cfg = FAMILIES["simt_cp_async"].configure(problem, dev, FAMILIES["simt_cp_async"].tile_options[0] + (1,))
     assert cfg.stream_k is not None, cfg.details
+    head = None
+    if head_form:
+        cfg = in_head_form(cfg, problem.N, sm_count)
+        head = launcher.load(real, stream_k_head_config(problem, cfg))
     fix = second_pass_config(problem, dev, cfg)
-    run = runners.plan_runner(launcher.load(real, cfg), launcher.load(real, fix), cfg, problem, a.device)
+    run = runners.plan_runner(launcher.load(real, cfg), launcher.load(real, fix), cfg, problem, a.device, head)
     # The runner takes its workspace from the caching allocator: a NaN-filled block of that size,
     # freed just before, is what it gets, so a slot the kernel fails to write shows as NaN.
     poison = torch.full((cfg.stream_k.workspace_floats(*cfg.tile[:2]),), NAN, device="cuda")
@@ -1289,27 +1313,59 @@ STREAM_K_CASES = [  # (M, N, K, layout, SMs): layouts as in variants.py; odd ext
 ]
 
 
+@pytest.mark.parametrize("head_form", [False, True], ids=["one_launch", "head_form"])
 @pytest.mark.parametrize("M,N,K,layout,sms", STREAM_K_CASES, ids=["x".join(map(str, c[:3])) + f"-{c[3]}-{c[4]}sm"
                                                                    for c in STREAM_K_CASES])
-def test_stream_k_plans_match_float64(M, N, K, layout, sms, rel_err):
+def test_stream_k_plans_match_float64(M, N, K, layout, sms, head_form, rel_err):
     """Every output written once (NaN-poisoned out, inside a larger buffer that must stay
-    untouched), the right sum, the same bits on a second run."""
+    untouched), the right sum, the same bits on a second run; in one launch and in the head
+    form (C's first rows in a plain launch, the stream-K launch moved down past them)."""
     a = randn(M, K) if layout[0] != "t" else randn(K, M).t()
     b = randn(K, N) if layout[1] != "t" else randn(N, K).t()
     a0, b0 = a.clone(), b.clone()
     big = torch.full((M + 2, N + 3), NAN, device="cuda")
     out = big[1:M + 1, 2:N + 2]
-    cfg = stream_k_run(a, b, out, sms)
+    cfg = stream_k_run(a, b, out, sms, head_form)
     assert cfg.stream_k.pieced_tiles > 0
+    assert (cfg.stream_k.head_rows > 0) == head_form and (cfg.stream_k.whole_tiles == 0 or not head_form)
     check(out, a, b, "ieee", rel_err)
     rest = big.clone()
     rest[1:M + 1, 2:N + 2] = 0
     assert torch.isnan(rest).sum().item() == big.numel() - M * N  # nothing written outside out
     first = out.clone()
     out.fill_(NAN)
-    stream_k_run(a, b, out, sms)
+    stream_k_run(a, b, out, sms, head_form)
     assert torch.equal(out, first)  # fixed-order sums: the same bits every run
     assert torch.equal(a, a0) and torch.equal(b, b0)
+
+
+def test_grad_w_in_the_head_form_with_an_epilogue_matches_float64(rel_err):
+    """A^T @ B of 4 waves and 4 tiles of 128 x 256 on this GPU: on sm_90 the planner's plan is
+    stream-K's head form (the whole waves in the plain kernel's launch, the last tile row in the
+    stream-K launch). Its fused epilogues move down with it: a bias over the columns, and a D of
+    its own row stride (addmm's beta * C) whose rows must line up with the product's, through
+    fastmm.matmul, fastmm.addmm and out=, first and steady-state calls."""
+    props = torch.cuda.get_device_properties(0)
+    if (props.major, props.minor) < (8, 0):
+        pytest.skip("cp.async needs sm80+")
+    sms = props.multi_processor_count
+    M, N, K = 128 * (sms + 1), 1024, 1024  # 4 (sms + 1) tiles of 128 x 256
+    exp = fastmm.explain(randn(K, M).t(), randn(K, N), precision="ieee")
+    if (props.major, props.minor) == (9, 0):
+        assert exp.plan.head is not None and exp.plan.kernel.stream_k.head_rows == 128 * sms, str(exp)
+        assert "first" in exp.launch and "stream-K head" in dict(exp.plan.head.details), str(exp)
+    for _ in range(2):
+        a, b = randn(K, M).t(), randn(K, N)
+        check(fastmm.matmul(a, b, precision="ieee"), a, b, "ieee", rel_err)
+        bias, d = randn(N), randn(M + 5, N + 3)[3:M + 3, 1:N + 1]  # (D with a row stride of N + 3)
+        for c, beta, alpha in ((bias, 1.0, 1.0), (d, 0.5, 2.0)):
+            want = torch.addmm(c.double(), a.double(), b.double(), beta=beta, alpha=alpha)
+            got = fastmm.addmm(c, a, b, beta=beta, alpha=alpha, precision="ieee")
+            err = ((got.double() - want).norm() / want.norm()).item()
+            assert err <= TOL["ieee"], (c.shape, beta, alpha, err)
+            out = torch.full((M, N), NAN, device="cuda")
+            fastmm.addmm(c, a, b, beta=beta, alpha=alpha, precision="ieee", out=out)
+            assert torch.equal(out, got)
 
 
 def test_stream_k_is_the_default_for_a_partial_last_wave_and_takes_the_fast_path(rel_err):

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 import fastmm.families.simt_core as simt_core
 from fastmm.families import (FAMILIES, LOAD_ELEM_FAST, LOAD_ELEM_K, LOAD_NAMES, LOAD_VEC_FAST, LOAD_VEC_K,
                              MAX_GRID_Z, MAX_SPLIT, SimtCpAsync, Skinny, WgmmaTf32, second_pass_config, split_cap,
-                             split_k_for)
+                             split_k_for, stream_k_head_config)
 from fastmm.families.simt_core import FUSED_SPLIT_MAX, STAGE_MIN_FLOP_PER_BYTE
 from fastmm.families.simt_cp_async import short_rows_first
 from fastmm.families.wgmma_tf32 import wave_cost
@@ -279,6 +279,22 @@ def check_stream_k(plan, tiles: int) -> None:
     assert (m["A_MODE"], m["B_MODE"]) != (LOAD_VEC_FAST, LOAD_ELEM_K)
     assert sk.whole_tiles * sk.k_tiles + sk.blocks * sk.iters < 2**31  # the kernel counts in 32 bits
     slots = dev.sm_count  # one 8-warp block per SM
+    if sk.head_rows:
+        # the head form: the same build's plain kernel over C's first rows, whole rows of tiles (the
+        # whole waves rounded down), then the stream-K launch over the rows after them, no whole tiles
+        bm, bn = cfg.tile[:2]
+        tiles_n = -(-p.N // bn)
+        assert sk.whole_tiles == 0 and sk.head_rows % bm == 0 and sk.head_tiles == sk.head_rows // bm * tiles_n
+        assert sk.head_tiles + sk.tiles == tiles and 0 < sk.tiles < slots
+        assert tiles // slots * slots - tiles_n < sk.head_tiles <= tiles // slots * slots
+        head = plan.head
+        assert head is not None and head.entry == "fastmm_simt_cp_async" and head.stream_k is None
+        assert head.grid == (sk.head_tiles, 1, 1) and dict(head.macros) == {k: v for k, v in m.items() if k != "STREAM_K"}
+        assert (head.smem, head.block_dims, head.tile) == (cfg.smem, cfg.block_dims, cfg.tile)
+        assert plan.kernels()[:2] == (cfg, head)
+        tiles = sk.tiles  # (the stream-K launch's problem: the rows after the head)
+    else:
+        assert plan.head is None
     assert sk.tiles == tiles and sk.k_tiles == -(-p.K // cfg.tile[2])
     assert sk.whole_tiles % slots == 0 and 0 < sk.pieced_tiles and 0 < sk.blocks <= slots
     assert cfg.grid == (sk.whole_tiles + sk.blocks, 1, 1)
@@ -676,10 +692,26 @@ def test_grad_w_copies_its_m_contiguous_a_in_single_floats_on_the_largest_tile_o
              (forced(Problem.dense(*s, a_t=True), arch, "simt_cp_async").kernel
               for s in ((4096, 1024, 8192), (1024, 1024, 8192), (768, 768, 4096), (32000, 1024, 8192)))]
     assert forms == [(False, False, False), (True, True, False), (True, False, False), (False, False, True)]
-    # that build's stream-K kernel is ~4.5% slower a k-tile than its plain one: 13.58 waves of
-    # tiles take the plain kernel (7.58 keep stream-K, above)
-    up = forced(Problem.dense(14336, 4096, 2048, a_t=True), arch, "simt_cp_async").kernel
-    assert up.stream_k is None and up.split_k == 1 and dict(up.macros)["A_MODE"] == LOAD_ELEM_FAST
+    # that build's stream-K kernel is ~4.5% slower a k-tile than its plain one: its whole waves go
+    # in the plain kernel's own launch first (the head form), over whole rows of tiles
+    # (13.58 waves: 1712 of 1792 tiles, 107 rows of 16; 7.58 waves: 924 of 1000, 231 rows of 4)
+    for (M, N, K), rows, rest in (((14336, 4096, 2048), 107, 80), ((32000, 1024, 8192), 231, 76)):
+        plan = forced(Problem.dense(M, N, K, a_t=True), arch, "simt_cp_async")
+        sk, head = plan.kernel.stream_k, plan.head
+        assert (sk.head_rows, sk.head_tiles, sk.whole_tiles, sk.tiles) == (rows * 128, rows * N // 256, 0, rest)
+        assert head.entry == "fastmm_simt_cp_async" and head.grid == (sk.head_tiles, 1, 1) and head.stream_k is None
+        assert dict(head.macros) == {k: v for k, v in plan.kernel.macros if k != "STREAM_K"}
+        assert plan.kernels() == (plan.kernel, head, plan.reduce) and "first: simt_cp_async" in plan.describe()
+    # the same build where A's alignment leaves single floats the only way (M % 4 != 0): the same kernel
+    bert = forced(Problem.dense(30522, 1024, 8192, a_t=True), arch, "simt_cp_async")
+    assert macros(bert)["A_MODE"] == LOAD_ELEM_FAST and bert.kernel.stream_k.head_rows == 231 * 128
+    # without the head form (a variant switch) the same build keeps one launch or none
+    one = dataclasses.replace(FAMILIES["simt_cp_async"], stream_k_head=False)
+    up = forced(Problem.dense(14336, 4096, 2048, a_t=True), arch, "simt_cp_async", variants=(one,))
+    assert up.kernel.stream_k is None and up.head is None and up.kernel.split_k == 1
+    # a row-major A's build has no penalty: one launch
+    nn = forced(Problem.dense(32000, 1024, 8192), arch, "simt_cp_async")
+    assert nn.kernel.stream_k.whole_tiles == 924 and nn.kernel.stream_k.head_rows == 0 and nn.head is None
     # a B in single floats (its rows not float4-aligned, read in place) keeps A's float4 units: both operands
     # in single floats ran slower; so do the smaller tiles (not measured) and the variant switch
     odd_b = forced(Problem.dense(4096, 1022, 8192, a_t=True), arch, "simt_cp_async")
@@ -1772,6 +1804,32 @@ def test_wgmma_takes_the_tile_width_whose_whole_waves_take_least_time():
         assert bn(Problem.dense(4096, 2304, 768, "tf32", b_t=True), WgmmaTf32(force_bn=width)) == width
 
 
+def test_wgmma_takes_at_most_128_wide_at_k_65_to_128_with_both_operands_k_major():
+    """SHORT_K_NARROW_*: at 3-4 k-steps a tile, with both operands K-major where they are and C
+    stored by the copy engine, the 128-wide tile (the wave model had 256): attention's Q @ K^T at
+    head dims 96-128 and x @ W^T at K = 128 ran 2-16% faster (NOTES run 36). Not at K = 64 or 256,
+    not for a row-major B (C^T from registers), not where C is stored from registers."""
+    dev = DEV["sm_90"]
+    coop = WgmmaTf32(pingpong=False)
+
+    def plan(p, v=coop):
+        return select(p, dev, variants=(v,), force="wgmma_tf32")
+    for p in (Problem.dense(2048, 2048, 128, "tf32", batch=32, b_t=True), Problem.dense(8192, 8192, 128, "tf32", b_t=True),
+              Problem.dense(2048, 2048, 96, "tf32", batch=32, b_t=True), Problem.dense(16384, 4096, 65, "tf32", b_t=True)):
+        k = plan(p).kernel
+        assert dict(k.macros)["BN"] == 128 and dict(k.macros)["TMA_STORE"] == 1, (p, k.macros)
+        assert "width rule" in dict(k.details)
+    for p in (Problem.dense(2048, 2048, 64, "tf32", batch=32, b_t=True), Problem.dense(8192, 4096, 256, "tf32", b_t=True),
+              Problem.dense(8192, 8192, 128, "tf32")):  # (K = 64, K = 256, a row-major B)
+        k = plan(p).kernel
+        assert dict(k.macros)["BN"] == 256 and "width rule" not in dict(k.details), (p, k.macros)
+    short = Problem.dense(8192, 8192, 128, "tf32", b_t=True)
+    assert macros(plan(short, WgmmaTf32(pingpong=False, tma_store=False)))["BN"] == 256  # C from registers
+    assert macros(plan(short, WgmmaTf32(pingpong=False, force_bn=256)))["BN"] == 256
+    assert macros(plan(short, WgmmaTf32(pingpong=False, tile_rule="fill")))["BN"] == 256
+    assert macros(plan(dataclasses.replace(short, precision="tf32x3")))["BN"] == 128  # (tf32x3: 128 at most anyway)
+
+
 def test_wgmma_runs_persistent_up_to_16_waves_or_at_short_k():
     """One block an SM walking the tiles up to 16 waves of them (or any number where K <= 256);
     one block a tile beyond, where the hardware's scheduler evens out slow SMs (gpt2's lm_head:
@@ -1781,7 +1839,7 @@ def test_wgmma_runs_persistent_up_to_16_waves_or_at_short_k():
         k = select(p, dev, variants=v or (WgmmaTf32(pingpong=False),), force="wgmma_tf32").kernel
         return k.grid[0], k.work_items
     assert grid(Problem.dense(4096, 4096, 4096, "tf32")) == (132, 512)
-    assert grid(Problem.dense(2048, 2048, 128, "tf32", batch=32, b_t=True)) == (132, 4096)  # K = 128
+    assert grid(Problem.dense(2048, 2048, 128, "tf32", batch=32, b_t=True)) == (132, 8192)  # K = 128 (128 wide)
     assert grid(Problem.dense(4096, 50257, 768, "tf32", b_t=True)) == (6304, 6304)  # 48 waves
     assert grid(Problem.dense(4096, 4096, 4096, "tf32"), WgmmaTf32(persistent=False)) == (512, 512)
     assert grid(Problem.dense(4096, 50257, 768, "tf32", b_t=True), WgmmaTf32(persistent="always", pingpong=False)) == (132, 6304)
@@ -1845,11 +1903,10 @@ def test_wgmma_stores_c_through_the_copy_engine_where_a_tensor_map_can_describe_
     assert "TMA_STORE" not in m(Problem.dense(4728, 3070, 768, "tf32", b_t=True))  # row pitch 3070 floats
     assert "TMA_STORE" not in m(Problem.dense(4096, 4096, 4096, "tf32"))  # row-major B: C^T, m-contiguous
     assert "TMA_STORE" not in m(dataclasses.replace(Problem.dense(4728, 3072, 768, "tf32", b_t=True), c_align=8))
-    # a batch dim whose C stride is 0 (no real output has one; Problem.dense's batch puts the batch
-    # on z0 with stride 0): a map of that dim could not walk it
-    assert "TMA_STORE" not in m(Problem.dense(512, 512, 512, "tf32", batch=3, b_t=True))
-    walked = dataclasses.replace(Problem.dense(512, 512, 512, "tf32", batch=3, b_t=True), batch_inner=3)
-    assert walked.c_batch_strides == (0, 512 * 512) and m(walked)["TMA_STORE"] == 1
+    # a batch dim whose C stride is 0 (no real output has one): a map of that dim could not walk it
+    unwalked = dataclasses.replace(Problem.dense(512, 512, 512, "tf32", batch=3, b_t=True), batch_inner=1)
+    assert unwalked.c_batch_strides == (0, 512 * 512) and "TMA_STORE" not in m(unwalked)
+    assert m(Problem.dense(512, 512, 512, "tf32", batch=3, b_t=True))["TMA_STORE"] == 1
     wide = m(Problem.dense(4096, 3072, 1024, "tf32", b_t=True))
     assert (wide["BN"], wide["TMA_STORE"], wide["C_BOXES"], wide["STAGES"]) == (256, 1, 2, 4)
     short_k = m(Problem.dense(128 * 512, 512, 64, "tf32", b_t=True))  # (attention's Q @ K^T, K = 64)
@@ -2116,26 +2173,32 @@ def test_stream_k_beats_split_k_where_the_model_says_so():
 
 
 def test_stream_k_stays_within_32_bit_k_tile_counts():
-    """A long K over broadcast (stride-0) operands: the last block's stretch would end past
-    2^31 k-tiles (the kernel's counters are 32-bit), so no stream-K."""
+    """A long K over broadcast (stride-0) operands: in one launch the last block's stretch would
+    end past 2^31 k-tiles (the kernel's counters are 32-bit), so not in one launch; the head form's
+    stream-K launch counts only the 2 tiles after the head's 132."""
     p = Problem(17152, 256, 128207976, (0, 1), (1, 0), (256, 1))
     plan = select(p, DEV["sm_90"])
-    assert plan.kernel.stream_k is None
+    sk = plan.kernel.stream_k
+    assert sk.head_tiles == 132 and sk.whole_tiles == 0 and sk.blocks * sk.iters < 2**31
     tiles, k_tiles = 134, -(-p.K // 8)
     assert tiles * k_tiles < 2**31  # the bound that was checked before, which this case passes
+    assert (tiles // 132 * 132) * k_tiles + sk.blocks * sk.iters > 2**31  # one launch's last stretch end
+    one = dataclasses.replace(FAMILIES["simt_cp_async"], stream_k_head=False)
+    assert select(p, DEV["sm_90"], variants=(one,)).kernel.stream_k is None
 
 
 @settings(max_examples=300, deadline=None)
 @given(M=st.integers(1, 40_000), N=st.integers(1, 20_000), K=st.integers(1, 1 << 17), arch=st.sampled_from(SM80_PLUS),
-       tile=st.sampled_from([0, 1]), sms=st.integers(1, 160))
-def test_stream_k_deals_every_k_tile_once_and_the_fixup_sums_each_piece(M, N, K, arch, tile, sms):
+       tile=st.sampled_from([0, 1]), sms=st.integers(1, 160), a_t=st.booleans())
+def test_stream_k_deals_every_k_tile_once_and_the_fixup_sums_each_piece(M, N, K, arch, tile, sms, a_t):
     """Whatever the SM count and shape: where the planner takes stream-K, the deal and the fixup
-    agree (check_stream_k); where it does not, the plan is the plain or split-K one."""
+    agree (check_stream_k), in one launch or (A^T on sm_90) in the head form; where it does not,
+    the plan is the plain or split-K one."""
     fam = FAMILIES["simt_cp_async"]
     dev = dataclasses.replace(DEV[arch], sm_count=sms)
-    p = Problem.dense(M, N, K)
+    p = Problem.dense(M, N, K, a_t=a_t)
     cfg = fam.configure(p, dev, fam.tile_options[tile] + (1,))
-    plan = Plan(p, dev, cfg, "ieee", reduce=second_pass_config(p, dev, cfg))
+    plan = Plan(p, dev, cfg, "ieee", reduce=second_pass_config(p, dev, cfg), head=stream_k_head_config(p, cfg))
     check_geometry(plan)
 
 

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fastmm.families import SimtCpAsync
-from fastmm.families.base import KernelConfig
+from fastmm.families.base import KernelConfig, StreamK
 from fastmm.families.work_split import (MAX_SPLIT, MIN_KTILES_PER_SPLIT, effective_split, second_pass_config, split_cap,
                                         split_k_for, split_time, splitk_reduce_config, stream_k_fixup_config,
                                         stream_k_for)
@@ -135,13 +135,50 @@ def test_a_stream_k_kernel_slower_per_k_tile_is_taken_only_where_the_last_wave_c
     fill + 2 x 208 pieces x 128 KiB / 6 MB (9.1) = 3647.5 > 14 x 256 = 3584. 32000 x 1024 x 8192:
     7 waves + 76 tiles of 1024: (7168 + 590) x 1.045 + 6 + 9.1 = 8122 < 8 x 1024 = 8192 (and with
     the penalty modelled no 1.5% margin is asked: 8122 > 0.985 x 8192). Without the penalty both
-    take stream-K (hand-computed)."""
+    take stream-K (hand-computed). (One launch only here: the head form is the next test's.)"""
     up, head = Problem.dense(14336, 4096, 2048, a_t=True), Problem.dense(32000, 1024, 8192, a_t=True)
-    assert stream_k_for(up, H200, 1792, 8, 128, 256) is not None
-    assert stream_k_for(up, H200, 1792, 8, 128, 256, iter_penalty=0.045) is None
-    sk = stream_k_for(head, H200, 1000, 8, 128, 256, iter_penalty=0.045)
+    assert stream_k_for(up, H200, 1792, 8, 128, 256, head=False) is not None
+    assert stream_k_for(up, H200, 1792, 8, 128, 256, iter_penalty=0.045, head=False) is None
+    sk = stream_k_for(head, H200, 1000, 8, 128, 256, iter_penalty=0.045, head=False)
     assert (sk.whole_tiles, sk.blocks, sk.iters) == (924, 132, 590)
-    assert stream_k_for(head, H200, 1000, 8, 128, 256, iter_penalty=0.06) is None  # (7758 x 1.06 > 8192)
+    assert stream_k_for(head, H200, 1000, 8, 128, 256, iter_penalty=0.06, head=False) is None  # (7758 x 1.06 > 8192)
+
+
+def test_a_slower_stream_k_kernel_takes_its_whole_waves_in_a_plain_launch_first():
+    """The head form (NOTES run 36): the whole waves, rounded down to whole rows of tiles, in the
+    plain kernel's own launch, the penalty only on the stretches, plus a seam of 0.05 of a tile.
+    32000 x 1024 x 8192 (4 tiles a row): 924 tiles = 231 rows, then 76 tiles' 1024 k-tiles over
+    132 blocks of 590: 7 x 1024 + 590 x 1.045 + 51.2 + 15.1 = 7850.8 against one launch's 8122.2.
+    14336 x 4096 x 2048 (16 a row): 1716 whole tiles -> 107 rows = 1712 tiles (13 waves), 80 tiles
+    of 256 k-tiles over 132 blocks of 156: 3328 + 163.0 + 12.8 + 6 + 9.3 = 3519.1 < 14 x 256, where
+    one launch (3647.5) lost to the plain kernel (hand-computed)."""
+    head = stream_k_for(Problem.dense(32000, 1024, 8192, a_t=True), H200, 1000, 8, 128, 256, iter_penalty=0.045)
+    assert head == StreamK(0, 132, 590, 1024, 76, 231 * 128, 924)
+    assert head.pieced_tiles == 76 and head.workspace_floats(128, 256) == 132 * 2 * 128 * 256
+    up = stream_k_for(Problem.dense(14336, 4096, 2048, a_t=True), H200, 1792, 8, 128, 256, iter_penalty=0.045)
+    assert up == StreamK(0, 132, 156, 256, 80, 107 * 128, 1712)
+    # not asked for: one launch where it pays, else none
+    one = stream_k_for(Problem.dense(32000, 1024, 8192, a_t=True), H200, 1000, 8, 128, 256, iter_penalty=0.045,
+                       head=False)
+    assert (one.whole_tiles, one.head_rows) == (924, 0)
+    assert stream_k_for(Problem.dense(14336, 4096, 2048, a_t=True), H200, 1792, 8, 128, 256, iter_penalty=0.045,
+                        head=False) is None
+
+
+def test_without_a_penalty_stream_k_keeps_one_launch():
+    # the seam makes the head form dearer than one launch whenever both kernels run a k-tile alike
+    for M, N, K in ((8192, 4096, 6144), (32000, 1024, 8192), (14336, 4096, 2048), (8192, 2816, 1024)):
+        tiles = -(-M // 128) * -(-N // 256)
+        sk = stream_k_for(Problem.dense(M, N, K), H200, tiles, 8, 128, 256)
+        assert sk is not None and sk.head_rows == 0 and sk.whole_tiles == tiles // 132 * 132, (M, N, K)
+
+
+def test_the_head_form_leaves_fewer_tiles_than_blocks_to_the_stream_k_launch():
+    """200 tiles a row: 3 waves of 132 round down to 1 row, leaving 200 tiles (more than the 132
+    blocks: stretches longer than a tile): not the head form."""
+    p = Problem.dense(256, 51200, 4096, a_t=True)
+    sk = stream_k_for(p, H200, 400, 8, 128, 256, iter_penalty=0.5)
+    assert sk is None or sk.head_rows == 0
 
 
 def test_stream_k_needs_a_batch_of_1_and_k_tile_counts_within_32_bits():
@@ -149,8 +186,12 @@ def test_stream_k_needs_a_batch_of_1_and_k_tile_counts_within_32_bits():
     # a long K over broadcast (stride-0) operands: the last block's stretch would end past 2^31
     # k-tiles (the kernel counts in 32 bits)
     p = Problem(17152, 256, 128207976, (0, 1), (1, 0), (256, 1))
-    assert stream_k_for(p, H200, 134, 8, 128, 256) is None
+    assert stream_k_for(p, H200, 134, 8, 128, 256, head=False) is None
     assert 134 * -(-p.K // 8) < 2**31  # (tiles x k-tiles alone would have passed)
+    # the head form's stream-K launch counts only its own 2 tiles' k-tiles (the plain launch
+    # walks K per tile), so it stays in range and is taken (2 waves of tiles: 1.05 against 2)
+    sk = stream_k_for(p, H200, 134, 8, 128, 256)
+    assert (sk.head_tiles, sk.tiles) == (132, 2) and sk.blocks * sk.iters < 2**31
 
 
 # --- the second passes ---------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ from .stage_kmajor import kmajor_batch, kmajor_source, row_copy_source, stage_km
 from .tf32_mma import Tf32Mma
 from .wgmma_tf32 import MapSpec, WgmmaTf32
 from .work_split import (MAX_SPLIT, second_pass_config, split_cap, split_k_for, splitk_reduce_config,
-                         stream_k_fixup_config)
+                         stream_k_fixup_config, stream_k_head_config)
 
 #: The registry: every family by name, each a frozen instance with its measured defaults.
 FAMILIES: dict[str, Family] = {f.name: f for f in (
@@ -47,4 +47,4 @@ __all__ = ["FAMILIES", "Family", "KernelConfig", "StreamK", "MapSpec", "KmajorMm
            "LOAD_VEC_FAST", "LOAD_VEC_K", "LOAD_ELEM_K", "LOAD_ELEM_FAST", "LOAD_NAMES", "vec_ok",
            "kmajor_batch", "kmajor_source", "row_copy_source", "stage_kmajor_config", "stage_rows_config",
            "second_pass_config", "split_cap",
-           "split_k_for", "splitk_reduce_config", "stream_k_fixup_config"]
+           "split_k_for", "splitk_reduce_config", "stream_k_fixup_config", "stream_k_head_config"]

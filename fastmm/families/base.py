@@ -29,13 +29,21 @@ class StreamK:
     """How a stream-K launch deals out its work (see ``fastmm_simt_cp_async_stream_k``): the first
     ``whole_tiles`` tiles (in tile order; whole waves) one per block, then ``blocks`` blocks that
     each take ``iters`` consecutive k-tiles of the remaining tiles' k-tiles in tile-major order
-    (``k_tiles`` per tile), each piece into its own workspace slot for ``stream_k_fixup``."""
+    (``k_tiles`` per tile), each piece into its own workspace slot for ``stream_k_fixup``.
+
+    With ``head_rows`` > 0 the whole waves run in a launch of their own first, the family's plain
+    kernel over C's first ``head_rows`` rows (``head_tiles`` tiles, whole tile rows), and the
+    stream-K launch covers only the rows after them: its ``tiles`` are those rows' tiles, and it
+    takes no whole tiles (``whole_tiles`` 0). For a build whose stream-K kernel runs slower a
+    k-tile than its plain one (work_split.stream_k_for)."""
 
     whole_tiles: int
     blocks: int
     iters: int
     k_tiles: int
-    tiles: int  # all tiles of the problem
+    tiles: int  # all tiles of the stream-K launch's problem (the rows after the head, if any)
+    head_rows: int = 0
+    head_tiles: int = 0
 
     @property
     def pieced_tiles(self) -> int:

@@ -122,11 +122,16 @@ class SimtCore(Family):
     #: where it could go in float4 units, when B goes in float4 units too, from
     #: ``a_single_floats_cc`` (see SimtCpAsync); a variant switch for probes.
     a_single_float_tiles: tuple[tuple[int, int], ...] = ()
-    #: ... and how much longer such a build takes per k-tile in the stream-K kernel than in the
-    #: plain one (work_split.stream_k_for's iter_penalty; see SimtCpAsync). Only where the rule
-    #: above chose single floats: an A that could only go in single floats keeps the old model.
+    #: ... and how much longer that build (A in single floats along m, B in float4 units, on
+    #: those tiles and arches) takes per k-tile in the stream-K kernel than in the plain one
+    #: (work_split.stream_k_for's iter_penalty; see SimtCpAsync), whether the rule above chose
+    #: single floats or A's alignment left no other way (M % 4 != 0: the same macros, the same
+    #: kernel; 30522 x 1024 x 8192 A^T, NOTES run 36).
     a_single_floats_stream_k_penalty: float = 0.0
     a_single_floats_cc = (9, 0)
+    #: Whether a stream-K plan may take the head form (its whole waves in the plain kernel's own
+    #: launch first, work_split.stream_k_for), where the model has it cheaper; a variant switch.
+    stream_k_head: bool = True
 
     precisions = ("ieee", "tf32", "tf32x3")  # full fp32; serves tf32 requests where no TF32 path can
     # (WARPS_M, WARPS_N, THREAD_M), largest tile first: 128x256, 128x128, 128x64, 64x64.
@@ -324,8 +329,11 @@ class SimtCore(Family):
         sk = None
         spills = (a, b) == (LOAD_VEC_FAST, LOAD_ELEM_K)
         if may_split and self.can_stream_k and self.stream_k and opt == self.tile_options[0] and not spills:
-            penalty = self.a_single_floats_stream_k_penalty if a_single else 0.0
-            sk = stream_k_for(p, dev, tiles_of(p, bm, bn), self.bk, bm, bn, per_sm, split, penalty)
+            single_build = ((a, b) == (LOAD_ELEM_FAST, LOAD_VEC_FAST) and (bm, bn) in self.a_single_float_tiles
+                            and dev.cc >= self.a_single_floats_cc)
+            penalty = self.a_single_floats_stream_k_penalty if single_build else 0.0
+            sk = stream_k_for(p, dev, tiles_of(p, bm, bn), self.bk, bm, bn, per_sm, split, penalty,
+                              head=self.stream_k_head)
             split = 1 if sk is not None else split
         out_vec = c_vec
         if split > 1:
@@ -375,11 +383,17 @@ class SimtCore(Family):
         elif split > 1:
             pairs = f"added in cluster pairs (distributed shared memory) into {split // 2} partial tiles, "
             details += (("split-K", f"{split} slices of K, {pairs if pair else ''}reduced by splitk_reduce"),)
-        if sk is not None:
+        if sk is not None and sk.head_rows:
+            details += (("stream-K", f"after a plain launch over the first {sk.head_rows} rows ({sk.head_tiles} "
+                                     f"tiles), {sk.blocks} blocks of {sk.iters} k-tiles each over the other "
+                                     f"{sk.pieced_tiles} tiles ({sk.k_tiles} k-tiles each), completed by "
+                                     "stream_k_fixup"),)
+        elif sk is not None:
             details += (("stream-K", f"{sk.whole_tiles} tiles whole ({sk.whole_tiles // (dev.sm_count * per_sm)} "
                                      f"waves), then {sk.blocks} blocks of {sk.iters} k-tiles each over the other "
                                      f"{sk.pieced_tiles} tiles ({sk.k_tiles} k-tiles each), completed by "
                                      "stream_k_fixup"),)
+        if sk is not None:
             return KernelConfig(self.name, self.source, self.entry + "_stream_k", macros + (("STREAM_K", 1),),
                                 threads, (threads, 1, 1), (sk.whole_tiles + sk.blocks, 1, 1), smem,
                                 (bm, bn, self.bk), details, stream_k=sk)

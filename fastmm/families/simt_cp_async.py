@@ -137,8 +137,10 @@ class SimtCpAsync(SimtCore):
     #: That build's stream-K kernel does not share the plain kernel's gain: per k-tile it took
     #: ~4.5% longer (H200, NOTES run 35, GPU us, plain / stream-K: 14336 x 4096 x 2048, 13.58
     #: waves of tiles, 4745.8 / 4830.1; 32000 x 1024 x 8192, 7.58 waves, 10722.9 / 10608.4; with
-    #: float4 units ~2%: 4870.0 / 4834.9, 11013.2 / 10668.4). So stream-K is taken for it only
-    #: where the last wave's idle SMs cost more than that.
+    #: float4 units ~2%: 4870.0 / 4834.9, 11013.2 / 10668.4). So its stream-K plans take the head
+    #: form (the whole waves in the plain kernel's launch first: 32000 x 1024 x 8192 10614.4 ->
+    #: 10231.3 us, 14336 x 4096 x 2048 4739.5 (plain) -> 4663.2, NOTES run 36), and stream-K is
+    #: taken only where the last wave's idle SMs cost more than the penalty on the stretches.
     a_single_floats_stream_k_penalty: float = 0.045
 
     name, source, entry = "simt_cp_async", "simt_cp_async.cu", "fastmm_simt_cp_async"

@@ -95,6 +95,21 @@ TMA_STORE_256_MAX_K = 1024
 TMA_STORE_256_TWO_BOXES_MIN_K = 512
 
 
+#: Short K (SHORT_K_NARROW_MIN_K < K <= SHORT_K_NARROW_MAX_K: 3-4 k-steps of 32 a tile), both
+#: operands K-major where they are and C stored by the copy engine: tiles at most 128 wide. The wave
+#: model has the 256-wide tile ahead there (C's stores weigh most and are the same bytes at every
+#: width), but on the H200 the 128-wide tile ran 2-16% faster on all eight products measured (NOTES
+#: run 36, `probes/wgmma_waves_probe.py`, GPU us, planned 256 -> 128): attention's Q @ K^T at head
+#: dims 96-128 (32 x 2048^2 x 128 205.4 -> 178.7, 64 x 1024^2 x 128 108.7 -> 98.1, 16 x 4096^2 x 128
+#: 389.9 -> 351.0, 8 x 3072^2 x 128 116.8 -> 101.3, 8 x 2048^2 x 128 54.8 -> 50.2, 32 x 2048^2 x 96
+#: 177.2 -> 173.7) and x @ W^T at K = 128 (8192 x 8192 112.7 -> 94.8, 16384 x 4096 102.5 -> 90.0); the 192-wide tile was as slow as the 256 one. Not where B is row-major (C^T
+#: computed, stored from registers: 32 x 2048^2 x 128 192.2 at 256 wide, 215.8 at 128; 8192^2 x 128
+#: 99.8 / 112.4), nor at K = 64 (within 2% either way) or K = 256 (256 wide ahead).
+SHORT_K_NARROW_MIN_K = 64
+SHORT_K_NARROW_MAX_K = 128
+SHORT_K_NARROW_MAX_BN = 128
+
+
 def wave_cost(p: Problem, dev: DeviceFacts, bn: int, pingpong: bool = False) -> float:
     """us the busiest SM needs for ``p``'s tiles of width ``bn``: tiles are dealt to the SMs in
     whole waves, so 288 tiles of 128 x 256 on 132 SMs take 3 tile times where 384 of 128 x 192 take
@@ -353,6 +368,12 @@ class WgmmaTf32(Family):
         if split is not None:
             (bn, stages), slices = split
             return self._split_config(p, dev, bn, stages, slices, x3, a_mn)
+        # (see SHORT_K_NARROW_MIN_K; the copy engine stores C at every width there)
+        short_k = (not x3 and not a_mn and self.tma_store and self.c_tma_ready(p)
+                   and SHORT_K_NARROW_MIN_K < p.K <= SHORT_K_NARROW_MAX_K)
+        short_k = short_k and self.tile_rule == "waves" and not self.force_bn
+        if short_k:
+            options = tuple(o for o in options if o[0] <= SHORT_K_NARROW_MAX_BN)
         if self.force_bn:
             bn, stages = next(o for o in options if o[0] == self.force_bn)
             pingpong = takes_turns(bn)
@@ -417,6 +438,10 @@ class WgmmaTf32(Family):
         if vector:
             details += (("bias", "added to the accumulators as they are stored (D is one "
                                  + ("row: a value a column" if vector == 1 else "column: a value a row") + ")"),)
+        if short_k:
+            details += (("width rule", f"at most {SHORT_K_NARROW_MAX_BN} wide at K = {SHORT_K_NARROW_MIN_K + 1}-"
+                                       f"{SHORT_K_NARROW_MAX_K} with both operands K-major: measured faster than the "
+                                       "wider tiles there (see SHORT_K_NARROW_MIN_K)"),)
         persistent = pingpong or self.persistent == "always" or (self.persistent and persistent_pays(p, dev, work))
         details += (("schedule", f"persistent: {min(work, dev.sm_count)} blocks (one an SM) walk {work} tiles"
                                  if persistent else f"one block a tile ({work} tiles)"),)

@@ -5,6 +5,8 @@ Used by the GEMM families; imports only :mod:`.base`.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..problem import DeviceFacts, Problem
 from .base import KernelConfig, StreamK
 
@@ -64,13 +66,21 @@ STREAM_K_PIECE_ITERS = 3
 STREAM_K_BYTES_PER_ITER = 6e6
 
 
+#: The head form's cost at the seam of its two launches, in k-tiles of work per k-tile of a tile:
+#: the stream-K launch starts when the plain launch's last block ends (a wave's blocks end at
+#: different times). H200 (NOTES run 36), products whose stream-K kernel costs no more a k-tile
+#: than the plain one (row-major A): the two launches 0.6-0.9% slower than one over 5.3 waves
+#: (8192 x 2816 x 1024 958.2 -> 963.8 us, x 4096 3617.9 -> 3648.6), 0.01-0.05 of a tile.
+STREAM_K_HEAD_SEAM = 0.05
+
+
 def stream_k_for(p: Problem, dev: DeviceFacts, tiles: int, bk: int, bm: int, bn: int,
-                 blocks_per_sm: int = 1, split: int = 1, iter_penalty: float = 0.0) -> StreamK | None:
+                 blocks_per_sm: int = 1, split: int = 1, iter_penalty: float = 0.0,
+                 head: bool = True) -> StreamK | None:
     """A stream-K plan where the last wave of tiles would leave SMs idle, else None. ``split``:
     the split-K alternative (1: none) it must beat. ``iter_penalty``: how much longer a k-tile
-    takes in the stream-K kernel than in the plain one, where measured (its whole tiles too:
-    one loop serves both kinds of block); then the plan is taken wherever the model has it
-    faster, else only where it saves STREAM_K_MIN_GAIN.
+    takes in the stream-K kernel than in the plain one, where measured; then the plan is taken
+    wherever the model has it faster, else only where it saves STREAM_K_MIN_GAIN.
 
     Blocks of equal tiles run in waves of ``slots``: 1024 tiles of 128x256 (8192x4096x6144) on
     132 SMs take 8 waves of time for 7.76 waves of work (measured on the H200: 8448x4096, exactly
@@ -81,22 +91,46 @@ def stream_k_for(p: Problem, dev: DeviceFacts, tiles: int, bk: int, bm: int, bn:
     fewer would lengthen every stretch by exactly a tile's k-tiles and add pieces: never better.)
     The pieced tiles are fewer than the blocks, so a stretch is shorter than a tile and spans at
     most two. Only for a batch of 1 and at least one wave of tiles (below that split-K deals out
-    K)."""
+    K).
+
+    Two forms: one launch, whose blocks take the whole tiles first (one loop serves both, so
+    the penalty applies to every k-tile), or the head form (``StreamK.head_rows``): the whole
+    waves, rounded down to whole rows of tiles, in the plain kernel's own launch, then the
+    stream-K launch over the rows after them (the penalty on the stretches only, plus
+    STREAM_K_HEAD_SEAM). The cheaper one by the model (``head``: whether the head form may be
+    taken); without a penalty that is always the one launch."""
     slots = dev.sm_count * blocks_per_sm
     k_tiles = -(-p.K // bk)
     if p.batch_total != 1 or tiles < slots or tiles % slots == 0:
         return None
     waves = tiles // slots
-    rest = tiles - waves * slots
-    work = rest * k_tiles
-    iters = -(-work // slots)
-    blocks = -(-work // iters)
-    sk = StreamK(waves * slots, blocks, iters, k_tiles, tiles)
-    if sk.whole_tiles * k_tiles + blocks * iters >= 2**31:
-        return None  # the kernel counts k-tiles in 32 bits, up to the last block's stretch end
-    pieces = rest + blocks  # each block's stretch starts one piece more, at most
-    cost = ((waves * k_tiles + iters) * (1 + iter_penalty) + STREAM_K_PIECE_ITERS * sk.segments
-            + 2 * pieces * bm * bn * 4 / STREAM_K_BYTES_PER_ITER)
+    tiles_n = -(-p.N // bn)
+
+    def dealt(rest: int) -> tuple[int, int]:  # (blocks, iters): the rest's k-tiles over one wave
+        work = rest * k_tiles
+        iters = -(-work // slots)
+        return -(-work // iters), iters
+
+    def extra(sk: StreamK) -> float:  # pieces' fixed cost and the fixup's workspace traffic
+        pieces = sk.pieced_tiles + sk.blocks  # each block's stretch starts one piece more, at most
+        return STREAM_K_PIECE_ITERS * sk.segments + 2 * pieces * bm * bn * 4 / STREAM_K_BYTES_PER_ITER
+
+    forms = []  # (modelled cost, plan)
+    blocks, iters = dealt(tiles - waves * slots)
+    one = StreamK(waves * slots, blocks, iters, k_tiles, tiles)
+    if one.whole_tiles * k_tiles + blocks * iters < 2**31:  # the kernel counts k-tiles in 32 bits
+        forms.append(((waves * k_tiles + iters) * (1 + iter_penalty) + extra(one), one))
+    head_tiles = waves * slots // tiles_n * tiles_n
+    if head and head_tiles and tiles - head_tiles < slots:  # (else a stretch would span more than two tiles)
+        rest = tiles - head_tiles
+        blocks, iters = dealt(rest)
+        two = StreamK(0, blocks, iters, k_tiles, rest, head_tiles // tiles_n * bm, head_tiles)
+        if blocks * iters < 2**31:
+            cost = -(-head_tiles // slots) * k_tiles + iters * (1 + iter_penalty) + STREAM_K_HEAD_SEAM * k_tiles
+            forms.append((cost + extra(two), two))
+    if not forms:
+        return None
+    cost, sk = min(forms, key=lambda f: f[0])  # (ties: the one launch, listed first)
     plain = split_time(tiles, split, slots) * k_tiles
     # (the margin stands in for the stream-K kernel's own cost per k-tile where that is not
     # measured; where it is, the model has it)
@@ -110,6 +144,21 @@ def splitk_reduce_config(p: Problem, dev: DeviceFacts, split: int) -> KernelConf
     return KernelConfig("splitk_reduce", "splitk_reduce.cu", "fastmm_splitk_reduce", (), 256, (256, 1, 1),
                         (max(blocks, 1), 1, 1), 0, (0, 0, 0),
                         (("order", f"sums the {split} partial slices in a fixed order (deterministic)"),))
+
+
+def stream_k_head_config(p: Problem, cfg: KernelConfig) -> KernelConfig | None:
+    """The first launch of a stream-K plan in the head form (``StreamK.head_rows``): the same
+    build's plain kernel (no STREAM_K; an epilogue as ``cfg`` has it: these tiles finish C) over
+    C's first ``head_rows`` rows, one block a tile. None for any other plan."""
+    sk = cfg.stream_k
+    if sk is None or not sk.head_rows:
+        return None
+    what = (f"the first {sk.head_rows} rows of C, {sk.head_tiles} tiles (whole waves, whole rows of tiles), "
+            "in the plain kernel's launch before the stream-K launch over the rows after them: that build's "
+            "stream-K kernel runs slower a k-tile than its plain one")
+    return replace(cfg, entry=cfg.entry.removesuffix("_stream_k"), macros=tuple(m for m in cfg.macros if m[0] != "STREAM_K"),
+                   grid=(sk.head_tiles, 1, 1), stream_k=None,
+                   details=tuple(d for d in cfg.details if d[0] != "stream-K") + (("stream-K head", what),))
 
 
 def stream_k_fixup_config(cfg: KernelConfig) -> KernelConfig:

@@ -4,7 +4,8 @@ once per launch offset) and the steady-state path (fastmm.fast_path) queue the s
 
 - split-K: the GEMM into a workspace, then the fixed-order reduce pass; or, for a fused plan,
   the GEMM alone, whose last block per tile does that sum (with the stream's arrival counters);
-- stream-K: whole tiles into C, the rest in pieces into a workspace, then the fixup pass;
+- stream-K: whole tiles into C, the rest in pieces into a workspace, then the fixup pass (in the
+  head form the whole tiles in a plain launch of their own first, over C's first rows);
 - wgmma: its K-major copies (stage_kmajor), the tensor maps, the GEMM (through
   ``launcher.maps_launcher``);
 - a pointer family's staged plan: its row-major copies (stage_kmajor), then any of the above.
@@ -19,6 +20,7 @@ can replace them.
 from __future__ import annotations
 
 import struct
+from dataclasses import replace
 
 import torch
 
@@ -89,32 +91,45 @@ def fused_split_runner(loaded, cfg, p: Problem, device):
     return run
 
 
-def stream_k_runner(loaded, fixup, cfg, p: Problem, device):
+def stream_k_runner(loaded, fixup, cfg, p: Problem, device, head=None):
     """A stream-K launch (``cfg.stream_k``) of launch problem ``p`` (a batch of 1): whole tiles
     straight into C, the other tiles' pieces into a workspace (one dense tile per slot), then the
     fixup pass sums each tile's pieces in a fixed order into C. The workspace may be dropped on
-    return: the caching allocator is stream-ordered."""
+    return: the caching allocator is stream-ordered.
+
+    In the head form (``StreamK.head_rows``) ``head``, the plain kernel, first computes C's first
+    rows; the stream-K launch and its fixup then see the problem of the rows after them: A, C
+    and a fused epilogue's D moved down by those rows (D's row stride may be 0: a bias)."""
     sk, (bm, bn, _) = cfg.stream_k, cfg.tile
-    tail = gemm_args(p)
+    rows = sk.head_rows
+    head_tail = gemm_args(replace(p, M=rows)) if rows else ()
+    rest = replace(p, M=p.M - rows) if rows else p
+    a_down, c_down = 4 * rows * p.a_strides[0], 4 * rows * p.c_strides[0]  # bytes
+    tail = gemm_args(rest)
     numbers = (sk.whole_tiles, sk.iters)
-    fixup_tail = (p.M, p.N, *p.c_strides, bm, bn, sk.k_tiles, sk.whole_tiles, sk.iters)
+    fixup_tail = (rest.M, rest.N, *rest.c_strides, bm, bn, sk.k_tiles, sk.whole_tiles, sk.iters)
     work_floats = sk.workspace_floats(bm, bn)
 
     def run(pa: int, pb: int, pc: int, stream: int, epi: tuple = ()) -> None:
         work = torch.empty(work_floats, dtype=torch.float32, device=device)
+        if rows:
+            launcher.launch(head, stream, (pa, pb, pc) + head_tail + epi)
+            pa, pc = pa + a_down, pc + c_down
+            if epi:
+                epi = (epi[0] + 4 * rows * epi[1],) + epi[1:]
         launcher.launch(loaded, stream, (pa, pb, pc) + tail + (work.data_ptr(),) + numbers + epi)
         launcher.launch(fixup, stream, (work.data_ptr(), pc) + fixup_tail + epi)
     return run
 
 
-def plan_runner(loaded, second, cfg, p: Problem, device):
+def plan_runner(loaded, second, cfg, p: Problem, device, head=None):
     """The runner of a SIMT-style plan (not wgmma) that is more than one plain launch: a fused
-    split-K, stream-K with its fixup ``second``, or split-K with its reduce ``second``. None for
-    a single plain launch."""
+    split-K, stream-K with its fixup ``second`` (and in the head form its plain launch ``head``
+    first), or split-K with its reduce ``second``. None for a single plain launch."""
     if cfg.split_fused:
         return fused_split_runner(loaded, cfg, p, device)
     if cfg.stream_k is not None:
-        return stream_k_runner(loaded, second, cfg, p, device)
+        return stream_k_runner(loaded, second, cfg, p, device, head)
     if second is not None:
         return split_runner(loaded, second, cfg.split_slices, p, device)
     return None
@@ -125,7 +140,8 @@ def runner_for(plan, loaded, second, p: Problem, device):
     runner, or for pointer families :func:`plan_runner` (None: one plain launch)."""
     if FAMILIES[plan.kernel.family].launch_form == "tensor_maps":
         return wgmma_runner(plan, loaded, p, device)
-    inner = plan_runner(loaded, second, plan.kernel, p, device)
+    head = launcher.load(plan.device, plan.head) if plan.head is not None else None  # (loaded with the plan)
+    inner = plan_runner(loaded, second, plan.kernel, p, device, head)
     if plan.stagers:
         return rows_staging_runner(plan, inner, loaded, p, device)
     return inner
