@@ -242,7 +242,8 @@ def predict(plan) -> Prediction | None:
             sk = kernel.stream_k
             tile_flops = 2.0 * bm * bn * sk.k_tiles * bk
             waves = (sk.head_tiles + sk.tiles) / slots
-            whole = sk.whole_tiles + sk.head_tiles  # (the head form's in a launch of their own)
+            # (the head form's in a launch of their own: whole waves of it, its last one part-full)
+            whole = sk.whole_tiles + math.ceil(sk.head_tiles / slots) * slots
             compute = (whole / slots + (sk.blocks * sk.iters / sk.k_tiles) / slots) * resident * tile_flops / rate
             compute *= p.batch_total
             memory += 2 * 4.0 * sk.workspace_floats(bm, bn) / bw

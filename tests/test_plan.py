@@ -1815,7 +1815,8 @@ def test_wgmma_takes_at_most_128_wide_at_k_65_to_128_with_both_operands_k_major(
     def plan(p, v=coop):
         return select(p, dev, variants=(v,), force="wgmma_tf32")
     for p in (Problem.dense(2048, 2048, 128, "tf32", batch=32, b_t=True), Problem.dense(8192, 8192, 128, "tf32", b_t=True),
-              Problem.dense(2048, 2048, 96, "tf32", batch=32, b_t=True), Problem.dense(16384, 4096, 65, "tf32", b_t=True)):
+              Problem.dense(2048, 2048, 96, "tf32", batch=32, b_t=True), Problem.dense(16384, 4096, 100, "tf32", b_t=True),
+              Problem.dense(16384, 4096, 65, "tf32", b_t=True)):  # (K = 65: both operands copied K-major first)
         k = plan(p).kernel
         assert dict(k.macros)["BN"] == 128 and dict(k.macros)["TMA_STORE"] == 1, (p, k.macros)
         assert "width rule" in dict(k.details)

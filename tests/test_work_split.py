@@ -3,6 +3,8 @@ that complete their plans, checked against hand-computed cases and the facts mea
 H200 (benchmarks/NOTES.md, DESIGN.md), not against a copy of the formulas."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -174,10 +176,11 @@ def test_without_a_penalty_stream_k_keeps_one_launch():
 
 
 def test_the_head_form_leaves_fewer_tiles_than_blocks_to_the_stream_k_launch():
-    """200 tiles a row: 3 waves of 132 round down to 1 row, leaving 200 tiles (more than the 132
-    blocks: stretches longer than a tile): not the head form."""
-    p = Problem.dense(256, 51200, 4096, a_t=True)
-    sk = stream_k_for(p, H200, 400, 8, 128, 256, iter_penalty=0.5)
+    """15723 x 39095 x 71341 on 34 SMs: 123 x 153 tiles, 553 waves of 34 (18802 tiles) round down
+    to 122 rows (18666), which would leave 153 tiles to 34 blocks (stretches of more than a tile,
+    over three tiles): not the head form (without that bound the model would take it here)."""
+    p = Problem.dense(15723, 39095, 71341, a_t=True)
+    sk = stream_k_for(p, dataclasses.replace(H200, sm_count=34), 123 * 153, 8, 128, 256, iter_penalty=0.045)
     assert sk is None or sk.head_rows == 0
 
 

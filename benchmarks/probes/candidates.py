@@ -129,10 +129,10 @@ def candidates_of(problem: Problem, dev: DeviceFacts) -> tuple[Plan, list[Candid
     per distinct (kernel, second pass, staging), in preference order."""
     heuristic = select(problem, dev)
     out, seen = [], set()
-    h_ident = (heuristic.kernel, heuristic.reduce, heuristic.staging)
+    h_ident = (heuristic.kernels(), heuristic.staging)
     for choice in candidate_choices(problem, dev):
         plan = select(problem, dev, tuned=choice)
-        ident = (plan.kernel, plan.reduce, plan.staging)
+        ident = (plan.kernels(), plan.staging)
         if plan.kernel is None or ident in seen:
             continue
         seen.add(ident)
@@ -166,7 +166,7 @@ def trim(cands: list[Candidate], max_n: int | None, scalar_max_gflop: float, gfl
 
 
 def kernels_of(plan: Plan):
-    return [k for k in (plan.kernel, plan.reduce, *plan.stagers) if k is not None]
+    return list(plan.kernels())
 
 
 def kernel_ident(cfg, arch: str) -> tuple:

@@ -162,9 +162,8 @@ def compile_plans(plans, arch: str) -> int:
 
     cfgs = {}
     for plan in plans:
-        for cfg in (plan.kernel, plan.reduce, *plan.stagers):
-            if cfg is not None:
-                cfgs[(cfg.source, cfg.macros, cfg.entry, cfg.target(arch))] = cfg
+        for cfg in plan.kernels():
+            cfgs[(cfg.source, cfg.macros, cfg.entry, cfg.target(arch))] = cfg
     cache = default_cache()
 
     def build(cfg):

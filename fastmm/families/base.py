@@ -35,7 +35,8 @@ class StreamK:
     kernel over C's first ``head_rows`` rows (``head_tiles`` tiles, whole tile rows), and the
     stream-K launch covers only the rows after them: its ``tiles`` are those rows' tiles, and it
     takes no whole tiles (``whole_tiles`` 0). For a build whose stream-K kernel runs slower a
-    k-tile than its plain one (work_split.stream_k_for)."""
+    k-tile than its plain one, or where one launch would count past 2^31 k-tiles
+    (work_split.stream_k_for)."""
 
     whole_tiles: int
     blocks: int

@@ -96,7 +96,8 @@ TMA_STORE_256_TWO_BOXES_MIN_K = 512
 
 
 #: Short K (SHORT_K_NARROW_MIN_K < K <= SHORT_K_NARROW_MAX_K: 3-4 k-steps of 32 a tile), both
-#: operands K-major where they are and C stored by the copy engine: tiles at most 128 wide. The wave
+#: operands K-major as the kernel reads them (measured in place; a staged copy is read the same
+#: way) and C stored by the copy engine: tiles at most 128 wide. The wave
 #: model has the 256-wide tile ahead there (C's stores weigh most and are the same bytes at every
 #: width), but on the H200 the 128-wide tile ran 2-16% faster on all eight products measured (NOTES
 #: run 36, `probes/wgmma_waves_probe.py`, GPU us, planned 256 -> 128): attention's Q @ K^T at head

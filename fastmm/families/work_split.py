@@ -98,7 +98,8 @@ def stream_k_for(p: Problem, dev: DeviceFacts, tiles: int, bk: int, bm: int, bn:
     waves, rounded down to whole rows of tiles, in the plain kernel's own launch, then the
     stream-K launch over the rows after them (the penalty on the stretches only, plus
     STREAM_K_HEAD_SEAM). The cheaper one by the model (``head``: whether the head form may be
-    taken); without a penalty that is always the one launch."""
+    taken); without a penalty that is the one launch, unless its k-tile counts would pass 2^31
+    (the head form's stream-K launch counts only the tiles after the head)."""
     slots = dev.sm_count * blocks_per_sm
     k_tiles = -(-p.K // bk)
     if p.batch_total != 1 or tiles < slots or tiles % slots == 0:

@@ -102,6 +102,7 @@ def stream_k_runner(loaded, fixup, cfg, p: Problem, device, head=None):
     and a fused epilogue's D moved down by those rows (D's row stride may be 0: a bias)."""
     sk, (bm, bn, _) = cfg.stream_k, cfg.tile
     rows = sk.head_rows
+    assert head is not None or not rows, "a stream-K plan in the head form needs its plain kernel"
     head_tail = gemm_args(replace(p, M=rows)) if rows else ()
     rest = replace(p, M=p.M - rows) if rows else p
     a_down, c_down = 4 * rows * p.a_strides[0], 4 * rows * p.c_strides[0]  # bytes
