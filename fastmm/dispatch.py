@@ -175,15 +175,11 @@ def _prepare(key: tuple, s: Shapes, c: torch.Tensor, problem: Problem, force, va
             f"fastmm: kernel {plan.kernel.family} for this shape is not loaded yet, and compiling or loading it "
             "would break the CUDA graph being captured. Run the same call once before capturing, or call "
             "fastmm.warmup(a, b) first.")
-    cfg = plan.kernel
     try:
-        loaded = launcher.load(plan.device, cfg)
-        second = None
-        if plan.reduce is not None:
-            cfg = plan.reduce
-            second = launcher.load(plan.device, cfg)
-        for cfg in (*plan.stagers, *filter(None, (plan.head,))):  # loaded now; looked up again (a dict hit)
-            launcher.load(plan.device, cfg)                         # when the runner is made
+        for cfg in plan.kernels():  # (the GEMM first; the others looked up again, a dict hit, when used)
+            launcher.load(plan.device, cfg)
+        loaded = launcher.load(plan.device, plan.kernel)
+        second = launcher.load(plan.device, plan.reduce) if plan.reduce is not None else None
     except (CompileError, LaunchError) as exc:
         # A kernel NVRTC rejects or the driver will not load must not take the model down:
         # remember it, warn once, and let torch.matmul serve this problem (explain says why).

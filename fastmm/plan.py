@@ -214,7 +214,7 @@ def _select_in_order(p: Problem, dev: DeviceFacts, force: str | None, variants: 
     chosen, reduce = with_epilogue(p, chosen, second_pass_config(p, dev, chosen))
     stagers = _stagers(fam, p, staging)
     return Plan(p, dev, chosen, used, tuple(rejected), None, reduce, staging, launch_p if staging or swap else None,
-                stagers, swap_ab=swap, variants=variants, head=stream_k_head_config(p, chosen))
+                stagers, swap_ab=swap, variants=variants, head=stream_k_head_config(chosen))
 
 
 EPILOGUE_MACRO = ("EPILOGUE", 1)
@@ -265,7 +265,7 @@ def select(p: Problem, dev: DeviceFacts, force: str | None = None, tuned: TunedC
     origin = "tuned" + (f": {tuned.provenance}" if tuned.provenance else "")
     return replace(plan, kernel=chosen, reduce=reduce, rejected=rejected, origin=origin, staging=staging,
                    stagers=stagers, launch_problem=launch_p if staging or swap else None, swap_ab=swap,
-                   head=stream_k_head_config(p, chosen))
+                   head=stream_k_head_config(chosen))
 
 
 def _stagers(fam: Family, p: Problem, staging) -> tuple[KernelConfig, ...]:

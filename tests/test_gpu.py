@@ -1291,7 +1291,7 @@ def stream_k_run(a, b, out, sm_count: int, head_form: bool = False):
     head = None
     if head_form:
         cfg = in_head_form(cfg, problem.N, sm_count)
-        head = launcher.load(real, stream_k_head_config(problem, cfg))
+        head = launcher.load(real, stream_k_head_config(cfg))
     fix = second_pass_config(problem, dev, cfg)
     run = runners.plan_runner(launcher.load(real, cfg), launcher.load(real, fix), cfg, problem, a.device, head)
     # The runner takes its workspace from the caching allocator: a NaN-filled block of that size,

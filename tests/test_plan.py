@@ -2199,7 +2199,7 @@ def test_stream_k_deals_every_k_tile_once_and_the_fixup_sums_each_piece(M, N, K,
     dev = dataclasses.replace(DEV[arch], sm_count=sms)
     p = Problem.dense(M, N, K, a_t=a_t)
     cfg = fam.configure(p, dev, fam.tile_options[tile] + (1,))
-    plan = Plan(p, dev, cfg, "ieee", reduce=second_pass_config(p, dev, cfg), head=stream_k_head_config(p, cfg))
+    plan = Plan(p, dev, cfg, "ieee", reduce=second_pass_config(p, dev, cfg), head=stream_k_head_config(cfg))
     check_geometry(plan)
 
 

@@ -318,8 +318,8 @@ class SimtCore(Family):
         if may_split and self.split is not None and p.batch_total == 1:
             split = effective_split(-(-p.K // self.bk), self.split)
         a, b, c_vec = self.load_modes(p)
-        a_single = ((a, b) == (LOAD_VEC_FAST, LOAD_VEC_FAST) and (bm, bn) in self.a_single_float_tiles
-                    and dev.cc >= self.a_single_floats_cc)
+        single_tile = (bm, bn) in self.a_single_float_tiles and dev.cc >= self.a_single_floats_cc
+        a_single = (a, b) == (LOAD_VEC_FAST, LOAD_VEC_FAST) and single_tile
         if a_single:
             a = LOAD_ELEM_FAST
         # stream-K where the model has it beat split-K as well, for the 8-warp tile (one block
@@ -329,8 +329,7 @@ class SimtCore(Family):
         sk = None
         spills = (a, b) == (LOAD_VEC_FAST, LOAD_ELEM_K)
         if may_split and self.can_stream_k and self.stream_k and opt == self.tile_options[0] and not spills:
-            single_build = ((a, b) == (LOAD_ELEM_FAST, LOAD_VEC_FAST) and (bm, bn) in self.a_single_float_tiles
-                            and dev.cc >= self.a_single_floats_cc)
+            single_build = (a, b) == (LOAD_ELEM_FAST, LOAD_VEC_FAST) and single_tile  # (a_single or A's alignment)
             penalty = self.a_single_floats_stream_k_penalty if single_build else 0.0
             sk = stream_k_for(p, dev, tiles_of(p, bm, bn), self.bk, bm, bn, per_sm, split, penalty,
                               head=self.stream_k_head)
@@ -383,17 +382,13 @@ class SimtCore(Family):
         elif split > 1:
             pairs = f"added in cluster pairs (distributed shared memory) into {split // 2} partial tiles, "
             details += (("split-K", f"{split} slices of K, {pairs if pair else ''}reduced by splitk_reduce"),)
-        if sk is not None and sk.head_rows:
-            details += (("stream-K", f"after a plain launch over the first {sk.head_rows} rows ({sk.head_tiles} "
-                                     f"tiles), {sk.blocks} blocks of {sk.iters} k-tiles each over the other "
-                                     f"{sk.pieced_tiles} tiles ({sk.k_tiles} k-tiles each), completed by "
-                                     "stream_k_fixup"),)
-        elif sk is not None:
-            details += (("stream-K", f"{sk.whole_tiles} tiles whole ({sk.whole_tiles // (dev.sm_count * per_sm)} "
-                                     f"waves), then {sk.blocks} blocks of {sk.iters} k-tiles each over the other "
-                                     f"{sk.pieced_tiles} tiles ({sk.k_tiles} k-tiles each), completed by "
-                                     "stream_k_fixup"),)
         if sk is not None:
+            first = (f"after a plain launch over the first {sk.head_rows} rows ({sk.head_tiles} tiles), "
+                     if sk.head_rows else
+                     f"{sk.whole_tiles} tiles whole ({sk.whole_tiles // (dev.sm_count * per_sm)} waves), then ")
+            details += (("stream-K", first + f"{sk.blocks} blocks of {sk.iters} k-tiles each over the other "
+                                             f"{sk.pieced_tiles} tiles ({sk.k_tiles} k-tiles each), completed by "
+                                             "stream_k_fixup"),)
             return KernelConfig(self.name, self.source, self.entry + "_stream_k", macros + (("STREAM_K", 1),),
                                 threads, (threads, 1, 1), (sk.whole_tiles + sk.blocks, 1, 1), smem,
                                 (bm, bn, self.bk), details, stream_k=sk)

@@ -147,7 +147,7 @@ def splitk_reduce_config(p: Problem, dev: DeviceFacts, split: int) -> KernelConf
                         (("order", f"sums the {split} partial slices in a fixed order (deterministic)"),))
 
 
-def stream_k_head_config(p: Problem, cfg: KernelConfig) -> KernelConfig | None:
+def stream_k_head_config(cfg: KernelConfig) -> KernelConfig | None:
     """The first launch of a stream-K plan in the head form (``StreamK.head_rows``): the same
     build's plain kernel (no STREAM_K; an epilogue as ``cfg`` has it: these tiles finish C) over
     C's first ``head_rows`` rows, one block a tile. None for any other plan."""
@@ -155,8 +155,8 @@ def stream_k_head_config(p: Problem, cfg: KernelConfig) -> KernelConfig | None:
     if sk is None or not sk.head_rows:
         return None
     what = (f"the first {sk.head_rows} rows of C, {sk.head_tiles} tiles (whole waves, whole rows of tiles), "
-            "in the plain kernel's launch before the stream-K launch over the rows after them: that build's "
-            "stream-K kernel runs slower a k-tile than its plain one")
+            "in the plain kernel's launch before the stream-K launch over the rows after them (see "
+            "work_split.stream_k_for)")
     return replace(cfg, entry=cfg.entry.removesuffix("_stream_k"), macros=tuple(m for m in cfg.macros if m[0] != "STREAM_K"),
                    grid=(sk.head_tiles, 1, 1), stream_k=None,
                    details=tuple(d for d in cfg.details if d[0] != "stream-K") + (("stream-K head", what),))
