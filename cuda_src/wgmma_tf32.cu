@@ -29,6 +29,10 @@
 // producer fills it, and it is what makes the full barriers' phase parity safe to wait on: a
 // warpgroup never waits on a slot more than one fill ahead of the last one consumed.
 //
+// BM = 64 (the cooperative form, tf32, K-major A): one consumer warpgroup (256 threads a block) on
+// tiles of 64 rows, for products of at most 64 rows (decode's x @ W.t() at M = 17-64): a 128-row
+// tile there runs half its wgmmas on the rows past M and copies them from L2 (zeros).
+//
 // SPLIT = 1 (the cooperative form, C from registers, a batch of 1): K is split over gridDim.y
 // blocks per tile (split_range, common.cuh), for products whose tiles alone leave most SMs idle
 // (decode's x @ W.t() at M = 17-128: a few dozen tiles of a long K). Each block stores its
@@ -131,9 +135,19 @@
 #ifndef PROMOTE_EVERY
 #define PROMOTE_EVERY 2  // tf32x3: k-steps of big products kept in the tensor core between promotions
 #endif
-#define BM 128
+#ifndef BM
+#define BM 128  // 64: one consumer warpgroup (see "BM = 64" above)
+#endif
+#if BM != 128 && BM != 64
+#error "BM is 128 (two consumer warpgroups) or 64 (one)"
+#endif
+#define CONSUMERS (BM / 64)  // consumer warpgroups, 64 rows each
+#define CONSUMER_THREADS (128 * CONSUMERS)
+#if BM == 64 && (PINGPONG || A_MN || PRECISION_X3)
+#error "BM = 64 is the cooperative form with a K-major A, tf32"
+#endif
 #define BK 32  // 32 floats = 128 bytes: one swizzle row
-#define THREADS 384
+#define THREADS (128 + CONSUMER_THREADS)
 #define A_BYTES (BM * BK * 4)
 #define B_BYTES (BN * BK * 4)
 #define PARTS (PRECISION_X3 ? 2 : 1)  // tiles per operand in a slot: big (and small)
@@ -171,8 +185,8 @@ __device__ __forceinline__ float lds_f32(unsigned addr) {
 __device__ __forceinline__ void sts_f32(unsigned addr, float x) {
     asm volatile("st.shared.f32 [%0], %1;\n" :: "r"(addr), "f"(x) : "memory");
 }
-// The two consumer warpgroups (256 threads) only: named barrier 1 (0 is __syncthreads).
-__device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
+// The consumer warpgroups only: named barrier 1 (0 is __syncthreads).
+__device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 1, %0;\n" :: "n"(CONSUMER_THREADS) : "memory"); }
 // PINGPONG's hand-off between the consumer warpgroups: 128 threads arrive, the other 128 wait.
 __device__ __forceinline__ void order_wait(int id) { asm volatile("bar.sync %0, 256;\n" :: "r"(id) : "memory"); }
 __device__ __forceinline__ void order_signal(int id) { asm volatile("bar.arrive %0, 256;\n" :: "r"(id) : "memory"); }
@@ -392,7 +406,7 @@ __device__ __forceinline__ void split_finish(const float* W, i64 sWm, i64 sWn, i
                                              i64 sOn, int M, int N, int m0, int n0, unsigned* counter,
                                              const Epilogue& epi) {
     __shared__ unsigned is_last;
-    const int ct = threadIdx.x - 128;  // 0..255 over both consumer warpgroups
+    const int ct = threadIdx.x - 128;  // 0..CONSUMER_THREADS - 1 over the consumer warpgroups
     __threadfence();
     consumer_sync();
     if (ct == 0) is_last = atomicAdd(counter, 1u) == gridDim.y - 1;
@@ -404,7 +418,7 @@ __device__ __forceinline__ void split_finish(const float* W, i64 sWm, i64 sWn, i
     const bool vec = sWn == 1 && sWm % 4 == 0 && slice % 4 == 0 && n0 % 4 == 0 && ((size_t)W & 15) == 0;
     constexpr int ROW_UNITS = BN / 4;
     const int units = rows * ROW_UNITS;
-    for (int u0 = ct; u0 < units; u0 += 256 * SUM_UNITS) {
+    for (int u0 = ct; u0 < units; u0 += CONSUMER_THREADS * SUM_UNITS) {
         float sum[SUM_UNITS][4];
 #pragma unroll
         for (int j = 0; j < SUM_UNITS; ++j)
@@ -416,7 +430,7 @@ __device__ __forceinline__ void split_finish(const float* W, i64 sWm, i64 sWn, i
             for (int q = 0; q < 4; ++q)
 #pragma unroll
                 for (int j = 0; j < SUM_UNITS; ++j) {
-                    const int u = u0 + 256 * j;
+                    const int u = u0 + CONSUMER_THREADS * j;
                     const int r = u / ROW_UNITS, c = 4 * (u % ROW_UNITS);
                     const float* p = W + (i64)(m0 + r) * sWm + (i64)(n0 + c) * sWn + (i64)(s0 + q) * slice;
                     const bool ok = u < units && s0 + q < S && c < cols;
@@ -438,7 +452,7 @@ __device__ __forceinline__ void split_finish(const float* W, i64 sWm, i64 sWn, i
         }
 #pragma unroll
         for (int j = 0; j < SUM_UNITS; ++j) {
-            const int u = u0 + 256 * j;
+            const int u = u0 + CONSUMER_THREADS * j;
             const int r = u / ROW_UNITS, c = 4 * (u % ROW_UNITS);
 #pragma unroll
             for (int e = 0; e < 4; ++e)
@@ -501,7 +515,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fastmm_wgmma_tf32(
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(bars + 8 * s, 1);                     // the producer's arrive + the bytes
-            mbar_init(bars + 8 * (STAGES + s), (PINGPONG ? 1 : 2) * 4);  // one arrive per consuming warp
+            mbar_init(bars + 8 * (STAGES + s), (PINGPONG ? 1 : CONSUMERS) * 4);  // one arrive per consuming warp
         }
         mbar_init_fence();
     }
@@ -704,7 +718,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fastmm_wgmma_tf32(
             // engine also clips the tile at M and N. Before the buffer is written again, the
             // store that read it last must be done reading (wait_group.read).
             {
-                const int ct = threadIdx.x - 128;  // 0..255 over both consumer warpgroups
+                const int ct = threadIdx.x - 128;  // 0..CONSUMER_THREADS - 1 over the consumer warpgroups
                 const int z0 = z / batch_inner, z1 = z % batch_inner;
 #if EPILOGUE_VECTOR
                 // D for this thread's two rows (form 2), or its columns box group by box group (1),
@@ -754,21 +768,23 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fastmm_wgmma_tf32(
                     consumer_sync();
                     {
                         FASTMM_EPILOGUE
+                        // (RSTEP rows apart: 8 with two consumer warpgroups, 4 with one; 16 rows a thread)
+                        constexpr int RSTEP = CONSUMER_THREADS / 32, RN = BM / RSTEP;
                         const int c = ct % 32, r0 = ct / 32;
 #pragma unroll 1
                         for (int bx = 0; bx < boxes; ++bx) {
                             const int n = tn * BN + 32 * (b0 + bx) + c;
                             const unsigned box = c_stage + bx * C_BOX_BYTES;
-                            float v[BM / 8];
+                            float v[RN];
 #pragma unroll
-                            for (int i = 0; i < BM / 8; ++i) v[i] = lds_f32(box + c_box_offset(r0 + 8 * i, c));
+                            for (int i = 0; i < RN; ++i) v[i] = lds_f32(box + c_box_offset(r0 + RSTEP * i, c));
 #pragma unroll
-                            for (int i = 0; i < BM / 8; ++i) {
-                                const int m = tm * BM + r0 + 8 * i;
+                            for (int i = 0; i < RN; ++i) {
+                                const int m = tm * BM + r0 + RSTEP * i;
                                 if (m < M && n < N) v[i] = epi(v[i], m, n);
                             }
 #pragma unroll
-                            for (int i = 0; i < BM / 8; ++i) sts_f32(box + c_box_offset(r0 + 8 * i, c), v[i]);  // (outside M, N: unchanged, and clipped by the copy engine)
+                            for (int i = 0; i < RN; ++i) sts_f32(box + c_box_offset(r0 + RSTEP * i, c), v[i]);  // (outside M, N: unchanged, and clipped by the copy engine)
                         }
                     }
 #endif

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 from . import cost
 from .families import FAMILIES, Family, KernelConfig, second_pass_config, stream_k_head_config
 from .families.simt_cp_async import short_rows_first
-from .families.wgmma_tf32 import splits_decode
+from .families.wgmma_tf32 import wgmma_ahead
 from .problem import DeviceFacts, Problem
 from .tuned import TunedChoice
 
@@ -179,8 +179,8 @@ def _select_in_order(p: Problem, dev: DeviceFacts, force: str | None, variants: 
     rejected: list[tuple[str, str]] = []
     chosen: KernelConfig | None = None
     order = PREFERENCE[p.precision]
-    if force is None and splits_decode(p, dev, family_of("wgmma_tf32", variants)):
-        # (tf32 from 17 rows, few tiles, long K: wgmma splitting K beats the decode families)
+    if force is None and wgmma_ahead(p, dev, family_of("wgmma_tf32", variants)):
+        # (tf32 from 17 rows: wgmma on 64-row tiles, or splitting K, beats the decode families)
         order = ("wgmma_tf32",) + tuple(n for n in order if n != "wgmma_tf32")
     elif force is None and short_rows_first(p, family_of("simt_cp_async", variants)):
         # (fp32 at 17-32 rows on x @ W.t(): the 32-row SIMT tile beats skinny_kmajor's)

@@ -277,6 +277,9 @@ def emulate_wgmma(cfg, maps, args) -> None:
     assert cfg.family == "wgmma_tf32"
     macros = dict(cfg.macros)
     x3, a_mn, bn, c_vec = macros["PRECISION_X3"], macros["A_MN"], macros["BN"], macros["C_VEC"]
+    bm = macros.get("BM", 128)  # 64: one consumer warpgroup, the cooperative form with a K-major A (tf32)
+    assert bm in (64, 128) and cfg.tile[0] == bm and cfg.block == 128 * (1 + bm // 64), cfg
+    assert bm == 128 or not (x3 or a_mn or macros.get("PINGPONG")), cfg.macros
     args, epilogue = split_epilogue(cfg, tuple(args))
     split = cfg.split_k if cfg.split_fused else 1
     fused = args[11:]  # SPLIT: (C itself, its strides, the arrival counters) after the workspace's
@@ -285,7 +288,7 @@ def emulate_wgmma(cfg, maps, args) -> None:
     assert macros.get("SPLIT", 0) == int(split > 1), cfg.macros
     pc, M, N, K, scm, scn, inner, total, sc0, sc1, bits = args
     assert M > 0 and N > 0 and K > 0 and 1 <= inner <= total and total % inner == 0
-    work = -(-M // 128) * -(-N // bn) * total
+    work = -(-M // bm) * -(-N // bn) * total
     if split > 1:  # one block a (tile, slice); the workspace: split row-major M x N slices
         assert total == 1 and cfg.grid == (work, split, 1) and cfg.work_items == work * split, (cfg.grid, args)
         assert (scm, scn, sc0, sc1) == (N, 1, M * N, 0) and not macros.get("TMA_STORE"), args
@@ -295,13 +298,13 @@ def emulate_wgmma(cfg, maps, args) -> None:
     tma_store = macros.get("TMA_STORE", 0)
     assert len(maps) == 2 * parts + tma_store
     a_maps, b_maps = maps[:parts], maps[parts:2 * parts]
-    if tma_store:  # C written by the copy engine: fp32 boxes of 32 columns by the tile's 128 rows
+    if tma_store:  # C written by the copy engine: fp32 boxes of 32 columns by the tile's rows
         c_map = maps[-1]
-        assert c_map.spec.box == (32, 128, 1, 1) and not c_map.tf32 and c_map.ptr == pc, c_map
+        assert c_map.spec.box == (32, bm, 1, 1) and not c_map.tf32 and c_map.ptr == pc, c_map
         assert c_map.spec.dims[:2] == (N, M) and c_map.spec.strides[0] == 4 * scm and scn == 1, (c_map.spec, args)
-        assert 1 <= macros["C_BOXES"] <= 4 and cfg.smem >= macros["C_BOXES"] * 128 * 32 * 4
+        assert 1 <= macros["C_BOXES"] <= 4 and cfg.smem >= macros["C_BOXES"] * bm * 32 * 4
     for m in a_maps:  # the boxes must move what the kernel expects per stage (A_BYTES, B_BYTES)
-        assert m.spec.box == ((32, 32, 1, 1) if a_mn else (32, 128, 1, 1)), m.spec
+        assert m.spec.box == ((32, 32, 1, 1) if a_mn else (32, bm, 1, 1)), m.spec
         assert m.tf32 == (not x3)
     for m in b_maps:
         assert m.spec.box == (32, bn, 1, 1), m.spec

@@ -159,7 +159,7 @@ def test_the_largest_simt_tile_stores_a_bias_over_columns_through_shared_memory(
 
 def test_a_wgmma_split_sums_its_slices_through_the_general_epilogue():
     """SPLIT applies the epilogue where the last block sums the slices: no EPILOGUE_VECTOR."""
-    plan = plan_of(48, 11008, 4096, "tf32", form=EPILOGUE_BIAS_N, b_t=True)
+    plan = plan_of(48, 4096, 11008, "tf32", form=EPILOGUE_BIAS_N, b_t=True)
     macros = dict(plan.kernel.macros)
     assert plan.kernel.family == "wgmma_tf32" and macros.get("SPLIT") == 1, plan.describe()
     assert macros["EPILOGUE"] == 1 and "EPILOGUE_VECTOR" not in macros

@@ -1071,6 +1071,65 @@ def test_wgmma_split_k_sums_every_tiles_slices_in_order(case, rel_err):
     assert torch.equal(outs[0], outs[2]) and torch.equal(outs[0], outs[1])
 
 
+#: Products of at most 64 rows (and one of more), both operands K-major: the 64-row tile (BM = 64,
+#: one consumer warpgroup)
+WGMMA_ROWS64_CASES = {
+    "one-row": lambda: (randn(1, 4096), randn(1000, 4096).t()),
+    "17-rows-odd-n": lambda: (randn(17, 2050), randn(1001, 2050).t()),
+    "64-rows": lambda: (randn(64, 4096), randn(2048, 4096).t()),
+    "k-tail": lambda: (randn(33, 1000), randn(520, 1000).t()),  # K: a last k-step of 8 (zeros past K)
+    "batched": lambda: (randn(6, 64, 96), randn(6, 300, 96).transpose(1, 2)),
+    "folded-120-rows": lambda: (randn(3, 40, 200), randn(264, 200).t()),  # two tile rows, the last part-full
+}
+
+
+@pytest.mark.parametrize("case", sorted(WGMMA_ROWS64_CASES))
+def test_wgmma_64_row_tiles_compute_every_output(case, rel_err):
+    """The 64-row tile with C from registers and through the copy engine, persistent and one block
+    a tile, unsplit and split: right into NaN-poisoned outputs; every unsplit form gives the same
+    bits as the 128-row tile (each output sums its k-steps in the same order), a split the same
+    bits on both heights; a bias or an addmm input fused in the store matches float64."""
+    needs_sm90()
+    a, b = WGMMA_ROWS64_CASES[case]()
+    shape = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1])
+    batch1 = len(shape) == 2 and a.shape[-1] >= 1024
+
+    def run(variant):
+        out = torch.full(shape, NAN, device="cuda")
+        result, plan, reason = dispatch.matmul_fastmm(a, b, out, "tf32", force="wgmma_tf32", variants=(variant,))
+        assert reason is None and result is out and plan.kernel.family == "wgmma_tf32", reason
+        check(out, a, b, "tf32", rel_err)
+        return out, plan
+
+    ref, plan = run(WgmmaTf32(rows64=False, split=False))
+    assert plan.kernel.tile[0] == 128 and plan.kernel.block == 384
+    for variant in (WgmmaTf32(rows64="always", split=False), WgmmaTf32(rows64="always", split=False, tma_store=False),
+                    WgmmaTf32(rows64="always", split=False, persistent=False),
+                    WgmmaTf32(rows64="always", split=False, force_bn=256)):
+        out, plan = run(variant)
+        assert dict(plan.kernel.macros)["BM"] == plan.kernel.tile[0] == 64 and plan.kernel.block == 256
+        assert torch.equal(out, ref), plan.describe()
+    if batch1:  # K split over blocks: the same slices on both tile heights, the same bits
+        split_outs = []
+        for variant in (WgmmaTf32(rows64=False, split=3), WgmmaTf32(rows64="always", split=3)):
+            out, plan = run(variant)
+            assert plan.kernel.split_fused and plan.kernel.grid[1] == 3, plan.describe()
+            split_outs.append(out)
+        assert torch.equal(split_outs[0], split_outs[1])
+        out, plan = run(WgmmaTf32())  # the planner's own plan for this product
+        assert plan.kernel.tile[0] == 64, plan.describe()
+    if len(shape) == 2:  # C = alpha * A @ B + beta * D in the store: a bias over the columns, a whole D
+        for d, alpha, beta in ((randn(shape[-1]), 1.0, 1.0), (randn(*shape), -0.5, 2.0)):
+            for variant in (WgmmaTf32(rows64="always", split=False),
+                            WgmmaTf32(rows64="always", split=False, tma_store=False)):
+                result, plan, reason = dispatch.matmul_fused(a, b, d, alpha, beta, "tf32", force="wgmma_tf32",
+                                                             variants=(variant,))
+                assert reason is None and plan.kernel.tile[0] == 64 and ("EPILOGUE", 1) in plan.kernel.macros
+                want = alpha * (a.double() @ b.double()) + beta * d.double()
+                assert not torch.isnan(result).any()
+                assert ((result.double() - want).norm() / want.norm()).item() <= TOL["tf32"], plan.describe()
+
+
 @pytest.mark.parametrize("beta", [1.0, 0.0])
 def test_wgmma_split_k_applies_the_epilogue_once_in_the_sum(beta):
     """A fused bias / addmm input on a split plan: the slices are stored raw and the last block's

@@ -106,7 +106,7 @@ def tile_from_macros(family: str, m: dict) -> tuple[int, int]:
     if family == "tf32_mma":
         return m["WARPS_M"] * 64, m["WARPS_N"] * m["WARP_N"]  # tf32_mma.cu: WARP_M 64
     if family == "wgmma_tf32":
-        return 128, m["BN"]  # wgmma_tf32.cu: BM 128 (two consumer warpgroups of 64 rows)
+        return m.get("BM", 128), m["BN"]  # wgmma_tf32.cu: BM 128 (two consumer warpgroups of 64 rows) or 64 (one)
     lanes_m = 8 if m["THREAD_M"] == 8 else 4  # simt_core.cuh: LANES_M, LANES_N = 32 / LANES_M
     return m["WARPS_M"] * lanes_m * m["THREAD_M"], m["WARPS_N"] * (32 // lanes_m) * 8
 
@@ -127,10 +127,10 @@ def dynamic_smem_from_macros(family: str, m: dict) -> int:
         kw = m.get("KR_KW", 1)  # red[KR_KW][MT][rows of a group: KR_WARPS / KR_KW warps x 4 x KR_R]
         red = kw * m["MT"] * (m["KR_WARPS"] // kw) * 4 * m["KR_R"] if kw > 1 else 0
         return (m["MT"] * m["KR_KS"] + red) * 4
-    if family == "wgmma_tf32":  # wgmma_tf32.cu: STAGES x (A + B tiles of 32 floats a row, twice for
-        parts = 2 if m["PRECISION_X3"] else 1  # tf32x3's halves), the mbarriers, 1 KiB to align the ring,
+    if family == "wgmma_tf32":  # wgmma_tf32.cu: STAGES x (A + B tiles of 32 K_BOXES floats a row, twice
+        parts = 2 if m["PRECISION_X3"] else 1  # for tf32x3's halves), the mbarriers, 1 KiB to align the ring,
         c_stage = m.get("TMA_STORE", 0) * m.get("C_BOXES", 4) * bm * 32 * 4  # and C_STAGE_BYTES
-        return m["STAGES"] * (parts * (bm + bn) * 32 * 4 + 16) + 1024 + c_stage
+        return m["STAGES"] * (parts * (bm + bn) * 32 * m.get("K_BOXES", 1) * 4 + 16) + 1024 + c_stage
     return 0  # scalar, simt_float4, skinny and kmajor_mma use static shared memory only
 
 
@@ -177,9 +177,13 @@ def check_geometry(plan) -> None:
         assert cfg.grid[1] == -(-max(p.K, 1) // m["KM_KS"])  # one slice of KM_KS per block row, none idle
         # kmajor_mma.cu: red[KM_WARPS][4 KM_MF KM_NF][32] floats of static shared memory
         assert m["KM_WARPS"] * 4 * m["KM_MF"] * m["KM_NF"] * 32 * 4 <= 48 * 1024
-    elif cfg.family == "wgmma_tf32":  # wgmma_tf32.cu: THREADS 384 (3 warpgroups)
-        assert cfg.block_dims == (384, 1, 1) and cfg.block == 384
+    elif cfg.family == "wgmma_tf32":  # wgmma_tf32.cu: THREADS 128 + 128 a consumer warpgroup (BM / 64)
+        threads = 128 * (1 + m.get("BM", 128) // 64)
+        assert cfg.block_dims == (threads, 1, 1) and cfg.block == threads
         assert cfg.arch_suffix == "a" and plan.device.cc == (9, 0)
+        if m.get("BM", 128) == 64 or m.get("K_BOXES", 1) > 1:  # (the kernel's #error lines)
+            assert not (m["A_MN"] or m["PRECISION_X3"] or m.get("PINGPONG")), m
+        assert cfg.tile[2] == 32 * m.get("K_BOXES", 1)
     else:
         threads = m["WARPS_M"] * m["WARPS_N"] * 32
         assert cfg.block_dims == (threads, 1, 1) and cfg.block == threads
@@ -195,7 +199,7 @@ def check_geometry(plan) -> None:
         return
     if cfg.family == "wgmma_tf32" and cfg.split_fused:
         # SPLIT: one block a (tile, slice), a batch of 1, every slice a run of k-tiles (split_range)
-        k_tiles = -(-p.K // 32)
+        k_tiles = -(-p.K // cfg.tile[2])  # (k-steps of 32 K_BOXES)
         per = -(-k_tiles // gy)
         assert m["SPLIT"] == 1 and p.batch_total == 1 and gx == tiles and gz == 1 and cfg.work_items == tiles * gy
         assert 2 <= gy <= 16 and (gy - 1) * per < k_tiles and per * 32 >= 512 and "TMA_STORE" not in m
@@ -1375,6 +1379,10 @@ def test_m_up_to_32_picks_skinny_on_every_arch_and_precision(arch, precision, M)
             # (fp32 x @ W.t() at 17-32 rows: the 32-row SIMT tile, its own test below)
             assert plan.kernel.family == "simt_cp_async" and macros(plan)["THREAD_M"] == 4, (N, K, kw)
             continue
+        if arch == "sm_90" and precision == "tf32" and kw.get("b_t") and M >= 17 and N >= 2048 and K >= 2048:
+            # (tf32 x @ W.t() from 17 rows: wgmma's 64-row tile, its own test)
+            assert plan.kernel.family == "wgmma_tf32" and plan.kernel.tile[0] == 64, (N, K, kw)
+            continue
         # B^T (x @ W.t()) is skinny_kmajor's on sm80+ (kmajor_mma's for tf32 at 8-32 rows); every
         # other layout, and sm75, skinny's
         family = skinny_family(p, DEV[arch])
@@ -1952,31 +1960,37 @@ def test_small_tf32_products_run_on_wgmma_unless_k_is_long_enough_for_a_split_to
     assert family(1024, 8448, 16384, b_t=True) == "wgmma_tf32"
 
 
-def test_decode_products_up_to_64_rows_split_k_on_wgmma_where_the_tiles_leave_sms_idle():
-    """tf32 x @ W.t() with M <= 64 and K >= 2048: wgmma with K split over blocks, its last blocks
-    summing the slices, at the width (256 or 128, tiles filling at most half the SMs) whose
-    (tile, slice) blocks fill the most SMs, SMs // tiles slices (2 at least, K / 1024 at most):
-    H200 (probes/wgmma_split_probe.py, NOTES run 25): 48 x 4096 x 11008 115.6 -> 63.1 us (256/8),
-    64 x 4096 x 4096 47.3 -> 30.7 (128/4), 64 x 14336 x 4096 82.5 -> 75.3 (256/2). From 17 rows,
-    K >= 8192 and N >= 2048 ahead of kmajor_mma (32 x 3584 x 18944: 81.6 against 116.5); below
-    that kmajor_mma keeps its rows (16 x 4096 x 4096: 24.2 against 29.5)."""
+def test_decode_products_up_to_64_rows_run_64_row_wgmma_tiles_split_where_they_leave_sms_idle():
+    """tf32 x @ W.t() with M <= 64: wgmma on 64-row tiles (one consumer warpgroup); where its
+    128-wide tiles fill under half the SMs and K >= 2048, K split over blocks into 132 // tiles
+    slices (2 at least, 4 and K / 512 at most), the last blocks summing them; 64 wide where 128
+    wide still leaves half the SMs idle and 64 wide makes more blocks; only where those blocks fill
+    a fifth of the SMs (else tf32_mma). From 17 rows with N >= 2048 and K >= 2048 ahead of
+    kmajor_mma. H200 (probes/wgmma_rows_probe.py, NOTES run 37, GPU us): 64 x 14336 x
+    4096 unsplit 62.7 (2 slices 76.0), 48 x 4096 x 11008 4 slices 55.0 (unsplit 72.4), 24 x 16384 x
+    2048 38.3 against kmajor_mma's 55.1, 64 x 1024 x 4096 64 wide in 4 slices 13.0 (128 wide 17.3,
+    tf32_mma 20.9); 16 rows stay kmajor_mma's."""
     dev = DEV["sm_90"]
     for (M, N, K), (family, tile, split) in (
-            ((48, 4096, 11008), ("wgmma_tf32", 256, 8)), ((32, 3584, 18944), ("wgmma_tf32", 256, 9)),
-            ((32, 4096, 14336), ("wgmma_tf32", 256, 8)), ((64, 4096, 4096), ("wgmma_tf32", 128, 4)),
-            ((17, 4096, 8192), ("wgmma_tf32", 256, 8)), ((64, 14336, 4096), ("wgmma_tf32", 256, 2)),
-            # too few (tile, slice) blocks for half the SMs: tf32_mma's split over every SM, as before
-            ((64, 1024, 4096), ("tf32_mma", None, None)), ((64, 512, 8192), ("tf32_mma", None, None)),
+            ((48, 4096, 11008), ("wgmma_tf32", 128, 4)), ((32, 3584, 18944), ("wgmma_tf32", 128, 4)),
+            ((32, 4096, 14336), ("wgmma_tf32", 128, 4)), ((64, 4096, 4096), ("wgmma_tf32", 128, 4)),
+            ((17, 4096, 8192), ("wgmma_tf32", 128, 4)), ((64, 14336, 4096), ("wgmma_tf32", 128, 1)),
+            ((64, 1024, 4096), ("wgmma_tf32", 64, 4)), ((24, 4096, 4096), ("wgmma_tf32", 128, 4)),
+            ((24, 16384, 2048), ("wgmma_tf32", 128, 1)), ((40, 7680, 4096), ("wgmma_tf32", 128, 2)),
+            ((64, 4096, 1536), ("wgmma_tf32", None, 1)),  # (K < 2048: no split)
+            ((64, 512, 8192), ("wgmma_tf32", 64, 4)), ((33, 2001, 8200), ("wgmma_tf32", 64, 4)),
+            # too few (tile, slice) blocks for a fifth of the SMs: tf32_mma's split over every SM
             ((48, 128, 65536), ("tf32_mma", None, None)),
             ((1, 256, 8192), ("skinny_kmajor", None, None)), ((16, 4096, 4096), ("kmajor_mma", None, None)),
-            ((24, 4096, 4096), ("kmajor_mma", None, None)), ((16, 4096, 14336), ("kmajor_mma", None, None)),
+            ((24, 1024, 4096), ("kmajor_mma", None, None)), ((16, 4096, 14336), ("kmajor_mma", None, None)),
             ((17, 5, 14336), ("kmajor_mma", None, None)), ((65, 4096, 4096), ("wgmma_tf32", 128, 4)),
             ((64, 4096, 1024), ("wgmma_tf32", None, 1)), ((64, 50257, 4096), ("wgmma_tf32", None, 1))):
         plan = select(Problem.dense(M, N, K, "tf32", b_t=True), dev)
         assert plan.kernel.family == family, ((M, N, K), plan.describe())
         if family == "wgmma_tf32":
             assert plan.kernel.split_k == split and plan.kernel.split_fused == (split > 1), ((M, N, K), plan.describe())
-            if split > 1:
+            assert plan.kernel.tile[0] == (64 if M <= 64 else 128) and plan.kernel.block == (256 if M <= 64 else 384)
+            if tile:
                 assert plan.kernel.tile[1] == tile and plan.reduce is None
             check_geometry(plan)
     # tf32x3 requests never split on wgmma by the rule (tf32x3 copies both operands)

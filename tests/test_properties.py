@@ -238,8 +238,8 @@ def _threads_from_macros(cfg) -> int:
         return m["KR_WARPS"] * 32
     if cfg.family == "kmajor_mma":
         return m["KM_WARPS"] * 32
-    if cfg.family == "wgmma_tf32":  # a producer and two consumer warpgroups
-        return 384
+    if cfg.family == "wgmma_tf32":  # a producer and a consumer warpgroup a 64 rows of the tile
+        return 128 * (1 + m.get("BM", 128) // 64)
     return m["WARPS_M"] * m["WARPS_N"] * 32
 
 

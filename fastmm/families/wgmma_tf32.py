@@ -111,18 +111,51 @@ SHORT_K_NARROW_MAX_K = 128
 SHORT_K_NARROW_MAX_BN = 128
 
 
-def wave_cost(p: Problem, dev: DeviceFacts, bn: int, pingpong: bool = False) -> float:
+#: Tiles of 64 rows (BM = 64 in the kernel: one consumer warpgroup) for a tf32 product of at most
+#: ROWS64_MAX_M rows with a K-major A, in the cooperative form: the 128-row tile runs half its
+#: wgmmas on rows past M there. Decode's x @ W.t() at M = 16-64 streams W once; measured on the
+#: H200 (`probes/wgmma_rows_probe.py`, NOTES run 37, GPU us, the 128-row plan -> 64 rows, 128
+#: wide): 64 x 14336 x 4096 77.1 (256 wide, 2 slices) -> 62.7 unsplit (3.75 TB/s of W; torch 63.9),
+#: 48 x 4096 x 11008 67.8 -> 55.0-55.9 (4 slices; torch 61.1), 24 x 16384 x 2048 55.1 (kmajor_mma)
+#: -> 38.3 (torch 41.2), 128 x 64 x 512 x 64 B^T 12.0 -> 9.5-9.7 (torch 10.5).
+ROWS64_MAX_M = 64
+#: The 64-row tile splits K only where its 128-wide tiles fill fewer than SMs / ROWS64_SPLIT_FILL
+#: blocks: into SMs // tiles slices (2 at least, at most ROWS64_MAX_SLICES and K /
+#: ROWS64_SLICE_K); where those (tile, slice) blocks still fill under SMs / ROWS64_SPLIT_FILL, on
+#: 64-wide tiles if they make more blocks; and only where the blocks fill SMs / ROWS64_MIN_FILL at
+#: least (else tf32_mma's split over every SM, as for the 128-row tile's SPLIT_MIN_FILL). One SM pulls W at
+#: ~75-85 GB/s, so about half the SMs reach the memory's rate; more slices add workspace traffic.
+#: H200 (NOTES run 37, GPU us, 1 / 2 / 3 / 4 / 8 / 16 slices): 48 x 4096 x 11008 (32 tiles) 72.4 /
+#: 55.5 / 57.3 / **55.0** / 62.6 / 74.6; 32 x 3584 x 18944 (28) 131.4 / 81.4 / 77.5 / **76.6** / 81.5 /
+#: 89.2; 24 x 4096 x 4096 32.3 / 27.8 / 26.6 / **26.2** / 32.4 (kmajor_mma 30.7); 64 x 1024 x 4096 (8)
+#: 24.7 / 22.2 / 18.6 / **17.4** / 18.2 (tf32_mma 20.9); 64 x 14336 x 4096 (112 tiles) unsplit 62.7,
+#: 2 slices 76.0; 64 x 512 x 8192 (4 tiles: 16 blocks) 4 slices 23.0 against tf32_mma's 20.8.
+#: 128 wide was the fastest of 128 and 256 at every split (256 wide: 66.8-109 unsplit); where even
+#: 4 slices leave SMs idle, more tiles beat more slices: 64 x 1024 x 4096 in 64-wide tiles and 4
+#: slices (64 blocks) 13.0, 128 wide in 8 slices (64 blocks) 18.2.
+ROWS64_SPLIT_WIDTHS = (128, 64)
+ROWS64_SPLIT_FILL = 2
+ROWS64_MAX_SLICES = 4
+ROWS64_SLICE_K = 512
+ROWS64_MIN_FILL = 5
+#: The 64-row tile's ring: as many slots as this many bytes hold (tile_options' rings are 192-200
+#: KiB), at most MAX_STAGES.
+RING_MAX_BYTES = 200 * 1024
+MAX_STAGES = 8
+
+
+def wave_cost(p: Problem, dev: DeviceFacts, bn: int, pingpong: bool = False, bm: int = 128) -> float:
     """us the busiest SM needs for ``p``'s tiles of width ``bn``: tiles are dealt to the SMs in
     whole waves, so 288 tiles of 128 x 256 on 132 SMs take 3 tile times where 384 of 128 x 192 take
     3 of a 25% shorter one (4096 x 2304 x 768: gpt2's qkv). Padding columns cost like real ones.
     ``pingpong``: the consumers take turns (PINGPONG), so every tile's epilogue but the last runs
     under the other consumer's main loop; its main loops run at the same rate as the cooperative
     form's at a width (H200: 128 wide 74.8 / 71.9 us, 192 wide 76.5 / 74.2, NOTES run 24)."""
-    tiles = tiles_of(p, 128, bn) * p.batch_total
+    tiles = tiles_of(p, bm, bn) * p.batch_total
     per_sm = -(-tiles // max(dev.sm_count, 1))
     k = -(-max(p.K, 1) // 32) * 32
     rate = SM_RATE[p.precision] * BN_RATE[p.precision][bn]
-    return per_sm * 2.0 * 128 * bn * k / rate + (1 if pingpong else per_sm) * TILE_US_PER_COLUMN * bn
+    return per_sm * 2.0 * bm * bn * k / rate + (1 if pingpong else per_sm) * TILE_US_PER_COLUMN * bn
 
 
 #: SPLIT (the kernel's K over gridDim.y blocks a tile, each tile's last block summing the
@@ -168,28 +201,31 @@ MAX_GRID_Y = 65535
 SPLIT_FORCED_SLICE_K = 512
 
 
-#: From this many rows and this K on, the planner tries wgmma ahead of the decode families
-#: (kmajor_mma, skinny_kmajor, skinny; all take at most 32 rows) for a tf32 product it splits
-#: (:func:`splits_decode`): measured faster at 32 rows and long K (32 x 3584 x 18944: 104 against
-#: kmajor_mma's 116 us; 32 x 4096 x 14336: 85 against 98), slower at 16 rows and K = 4096 (16 x
-#: 4096 x 4096: 34.0 against 24.0); 17-32 rows at K < 8192 were not measured and stay theirs.
-SPLIT_AHEAD_FROM_M = 17
+#: From this many rows on, the planner tries wgmma ahead of the decode families (kmajor_mma,
+#: skinny_kmajor, skinny; all take at most 32 rows) for a tf32 product (:func:`wgmma_ahead`) with
+#: N of at least AHEAD_MIN_N (a narrow W is the decode families' to stream) that wgmma reads in
+#: place on 64-row tiles with K >= AHEAD_ROWS64_MIN_K, or that it splits with K >= SPLIT_AHEAD_MIN_K.
+#: Measured (H200, GPU us, wgmma against kmajor_mma): 24 x 16384 x 2048 38.3 against 55.1 on
+#: 64-row tiles (NOTES run 37); with 128-row tiles split, 32 x 3584 x 18944 104 against 116 and 32
+#: x 4096 x 14336 85 against 98 (run 25), but slower at 16 rows and K = 4096 (34.0 against 24.0).
+AHEAD_FROM_M = 17
+AHEAD_MIN_N = 2048
+AHEAD_ROWS64_MIN_K = 2048
 SPLIT_AHEAD_MIN_K = 8192
-#: ... and N at least this (measured at N = 3584-4096; a narrow W is the decode families' to stream).
-SPLIT_AHEAD_MIN_N = 2048
 
 
-def splits_decode(p: Problem, dev: DeviceFacts, fam: "WgmmaTf32 | None" = None) -> bool:
-    """Whether a tf32 request ``p`` of SPLIT_AHEAD_FROM_M rows or more would get a split plan from
-    the wgmma family ``fam`` (default: the registry's; the rule of SPLIT_MAX_M, on the problem the
-    kernel would see) on ``dev``: the planner then tries wgmma first (whose own checks, e.g. the
-    cost of copies, may still decline it)."""
-    if (p.precision != "tf32" or p.M < SPLIT_AHEAD_FROM_M or p.K < SPLIT_AHEAD_MIN_K or p.N < SPLIT_AHEAD_MIN_N
-            or dev.cc != (9, 0)):
+def wgmma_ahead(p: Problem, dev: DeviceFacts, fam: "WgmmaTf32 | None" = None) -> bool:
+    """Whether the planner tries the wgmma family ``fam`` (default: the registry's) first for a
+    tf32 request ``p`` on ``dev`` (see AHEAD_FROM_M), on the problem the kernel would see; wgmma's
+    own checks (e.g. the cost of copies) may still decline it."""
+    if p.precision != "tf32" or p.M < AHEAD_FROM_M or p.N < AHEAD_MIN_N or dev.cc != (9, 0):
         return False
     fam = fam or WgmmaTf32()
-    launch_p, _, _ = fam.staging(p, dev)
-    return fam.split_choice(launch_p, dev, fam.tile_options(False)) is not None
+    launch_p, staged, swap = fam.staging(p, dev)
+    if (not staged and not swap and p.K >= AHEAD_ROWS64_MIN_K
+            and fam.tile_rows(launch_p, False, fam.reads_a_mn(launch_p)) == 64):
+        return True
+    return p.K >= SPLIT_AHEAD_MIN_K and fam.split_choice(launch_p, dev, fam.tile_options(False)) is not None
 
 
 def slice_k_tiles(p: Problem, split: int) -> int:
@@ -287,13 +323,15 @@ class WgmmaTf32(Family):
     #: operands weigh most on exactly the long-K products a split is for, where the planner sends
     #: it to the fp32 SIMT path, measured 1.9x faster at 256 x 256 x 65536 in issue 18.)
     split: bool | int = True
+    #: 64-row tiles where the rule of ROWS64_MAX_M says; False: 128 rows always, "always": 64 rows
+    #: wherever the kernel allows them (tf32, a K-major A, the cooperative form): for probes.
+    rows64: bool | str = True
 
     name, source, entry = "wgmma_tf32", "wgmma_tf32.cu", "fastmm_wgmma_tf32"
     min_cc = (9, 0)
     precisions = ("tf32", "tf32x3")
     launch_form = "tensor_maps"
-    bm, bk = 128, 32
-    threads = 384  # producer warpgroup + two consumer warpgroups
+    bk = 32  # a k-step: one 128-byte box row (the tile rows: tile_rows)
 
     @staticmethod
     def tile_options(x3: bool):
@@ -337,11 +375,27 @@ class WgmmaTf32(Family):
     def b_mn_ready(p: Problem) -> bool:
         return _tma_ready(p.b_strides[0], p.b_strides[1], p.b_batch_strides, p.b_align)
 
-    def smem_bytes(self, bn: int, stages: int, x3: bool = False, c_boxes: int = 0) -> int:
+    def smem_bytes(self, bn: int, stages: int, x3: bool = False, c_boxes: int = 0, bm: int = 128) -> int:
         # ring + C's staging boxes (TMA_STORE) + mbarriers, plus 1 KiB so the kernel can align the
         # ring to 1024 bytes (swizzle)
-        return (stages * (2 if x3 else 1) * (self.bm + bn) * self.bk * 4 + c_boxes * self.bm * 32 * 4
+        return (stages * (2 if x3 else 1) * (bm + bn) * self.bk * 4 + c_boxes * bm * 32 * 4
                 + 16 * stages + 1024)
+
+    @staticmethod
+    def threads_for(bm: int) -> int:
+        """A block's threads: the producer warpgroup and one consumer warpgroup a 64 rows."""
+        return 128 * (1 + bm // 64)
+
+    def reads_a_mn(self, p: Problem) -> bool:
+        """tf32 feeds an m-contiguous A from registers (A_MN) where it cannot read it K-major."""
+        return p.precision == "tf32" and not self.a_ready(p) and self.a_mn_ready(p)
+
+    def tile_rows(self, p: Problem, x3: bool, a_mn: bool) -> int:
+        """The tile's rows for ``p``: 64 where ROWS64_MAX_M's rule (or ``rows64="always"``) says
+        and the kernel allows it (tf32, A K-major, the consumers sharing tiles), else 128."""
+        if x3 or a_mn or self.rows64 is False:
+            return 128
+        return 64 if self.rows64 == "always" or p.M <= ROWS64_MAX_M else 128
 
     @staticmethod
     def c_tma_ready(p: Problem) -> bool:
@@ -357,18 +411,19 @@ class WgmmaTf32(Family):
     def configure(self, p, dev):
         x3 = p.precision == "tf32x3"
         options = self.tile_options(x3)
-        a_mn = not x3 and not self.a_ready(p) and self.a_mn_ready(p)
+        a_mn = self.reads_a_mn(p)
+        bm = self.tile_rows(p, x3, a_mn)
         vector = EPILOGUE_VECTOR.get(p.epilogue, 0)  # a bias: applied as C is stored, PINGPONG allowed
-        may_pingpong = bool(self.pingpong) and not x3 and not a_mn and (not p.epilogue or vector)
+        may_pingpong = bool(self.pingpong) and not x3 and not a_mn and bm == 128 and (not p.epilogue or vector)
 
         def takes_turns(width: int) -> bool:  # PINGPONG allowed (and paying, unless "always") at this width
             return may_pingpong and width <= PINGPONG_MAX_BN and (
-                self.pingpong == "always" or pingpong_pays(p, dev, tiles_of(p, self.bm, width) * p.batch_total))
+                self.pingpong == "always" or pingpong_pays(p, dev, tiles_of(p, bm, width) * p.batch_total))
 
-        split = self.split_choice(p, dev, options)
+        split = self.split_choice(p, dev, options, bm)
         if split is not None:
             (bn, stages), slices = split
-            return self._split_config(p, dev, bn, stages, slices, x3, a_mn)
+            return self._split_config(p, dev, bn, stages, slices, x3, a_mn, bm)
         # (see SHORT_K_NARROW_MIN_K; the copy engine stores C at every width there)
         short_k = (not x3 and not a_mn and self.tma_store and self.c_tma_ready(p)
                    and SHORT_K_NARROW_MIN_K < p.K <= SHORT_K_NARROW_MAX_K)
@@ -382,17 +437,17 @@ class WgmmaTf32(Family):
             if p.N <= 128:
                 options = tuple(o for o in options if o[0] == 128)
             options = tuple(o for o in options if o[0] in (256, 128))
-            bn, stages = pick_tile(p, dev, options, lambda o: (self.bm, o[0]), pad_slack=None)
+            bn, stages = pick_tile(p, dev, options, lambda o: (bm, o[0]), pad_slack=None)
             pingpong = takes_turns(bn)
         else:
-            bn, stages = min(options, key=lambda o: wave_cost(p, dev, o[0]))  # (ties: the wider)
+            bn, stages = min(options, key=lambda o: wave_cost(p, dev, o[0], bm=bm))  # (ties: the wider)
             turns = [o for o in options if takes_turns(o[0])]
             pingpong = False
             if turns:  # the fastest width taking turns, where it beats the fastest sharing tiles
                 pp = min(turns, key=lambda o: wave_cost(p, dev, o[0], pingpong=True))
-                if self.pingpong == "always" or wave_cost(p, dev, pp[0], pingpong=True) < wave_cost(p, dev, bn):
+                if self.pingpong == "always" or wave_cost(p, dev, pp[0], pingpong=True) < wave_cost(p, dev, bn, bm=bm):
                     (bn, stages), pingpong = pp, True
-        work = tiles_of(p, self.bm, bn) * p.batch_total
+        work = tiles_of(p, bm, bn) * p.batch_total
         # TMA_STORE stages 4 boxes of C at once (2 for tf32x3, whose ring slots are twice as big,
         # and for the 256-wide tile from TMA_STORE_256_TWO_BOXES_MIN_K), taken from the ring where
         # both do not fit (H200: 128 wide, 6 slots -> 5; 256 wide, 4 -> 3; see TMA_STORE_256_MAX_K)
@@ -400,8 +455,7 @@ class WgmmaTf32(Family):
                and (bn < 256 or self.c_boxes or p.K <= TMA_STORE_256_MAX_K))
         two_boxes = x3 or (bn == 256 and p.K >= TMA_STORE_256_TWO_BOXES_MIN_K)
         c_boxes = (min(self.c_boxes or (2 if two_boxes else 4), bn // 32)) if tma else 0
-        while stages > 2 and self.smem_bytes(bn, stages, x3, c_boxes) > dev.smem_per_block_optin:
-            stages -= 1
+        stages = self.fit_stages(dev, bn, stages, x3, c_boxes, bm)
         sCm, sCn = p.c_strides
         pairs_ok = p.c_align >= 8 and all(s % 2 == 0 for s in p.c_batch_strides)
         # float2 stores: along n (any A), or along m over the adjacent row pairs of A_MN (C^T)
@@ -416,6 +470,8 @@ class WgmmaTf32(Family):
         macros = (("BN", bn), ("STAGES", stages), ("C_VEC", c_vec), ("PRECISION_X3", int(x3)), ("A_MN", int(a_mn)))
         if tma:
             macros += (("TMA_STORE", 1), ("C_BOXES", c_boxes))
+        if bm != 128:
+            macros += (("BM", bm),)
         if pingpong:
             macros += (("PINGPONG", 1),)
         if vector:
@@ -427,10 +483,11 @@ class WgmmaTf32(Family):
                  + ("the kernel's A operand m-contiguous, fed to wgmma from registers (8-byte shared loads), "
                     "its B K-major" if a_mn else "both K-major"))
         details = (("A, B loads", loads),
-                   ("pipeline", f"{stages} stages, 1 producer + 2 consumer warpgroups, mbarriers"
+                   ("pipeline", f"{stages} stages, 1 producer + {bm // 64} consumer warpgroup"
+                                f"{'s' if bm > 64 else ''}, mbarriers"
                                 + (": the consumers take turns on whole tiles (one's main loop runs while the "
                                    "other stores its tile)" if pingpong else "")),
-                   ("C stores", f"staged in shared memory {c_boxes} boxes of 128x32 at a time, written by the copy "
+                   ("C stores", f"staged in shared memory {c_boxes} boxes of {bm}x32 at a time, written by the copy "
                                 "engine (TMA) while the next tile's main loop runs" if tma else
                     ("single floats", "float2 along n", "float2 along m")[c_vec]),
                    ("math", f"3xTF32 wgmma m64n{bn}k8: big*big promoted to fp32 (compensated) every "
@@ -439,6 +496,8 @@ class WgmmaTf32(Family):
         if vector:
             details += (("bias", "added to the accumulators as they are stored (D is one "
                                  + ("row: a value a column" if vector == 1 else "column: a value a row") + ")"),)
+        if bm == 64:
+            details += (self.rows64_detail(p),)
         if short_k:
             details += (("width rule", f"at most {SHORT_K_NARROW_MAX_BN} wide at K = {SHORT_K_NARROW_MIN_K + 1}-"
                                        f"{SHORT_K_NARROW_MAX_K} with both operands K-major: measured faster than the "
@@ -446,15 +505,36 @@ class WgmmaTf32(Family):
         persistent = pingpong or self.persistent == "always" or (self.persistent and persistent_pays(p, dev, work))
         details += (("schedule", f"persistent: {min(work, dev.sm_count)} blocks (one an SM) walk {work} tiles"
                                  if persistent else f"one block a tile ({work} tiles)"),)
-        return KernelConfig(self.name, self.source, self.entry, macros, self.threads, (self.threads, 1, 1),
+        threads = self.threads_for(bm)
+        return KernelConfig(self.name, self.source, self.entry, macros, threads, (threads, 1, 1),
                             (max(1, min(work, dev.sm_count if persistent else MAX_GRID_X)), 1, 1),
-                            self.smem_bytes(bn, stages, x3, c_boxes), (self.bm, bn, self.bk), details, arch_suffix="a",
-                            work_items=work)
+                            self.smem_bytes(bn, stages, x3, c_boxes, bm), (bm, bn, self.bk), details,
+                            arch_suffix="a", work_items=work)
 
-    def split_choice(self, p: Problem, dev: DeviceFacts, options) -> tuple[tuple[int, int], int] | None:
+    def fit_stages(self, dev: DeviceFacts, bn: int, stages: int, x3: bool, c_boxes: int, bm: int) -> int:
+        """``stages`` slots of the width's ring where they fit in a block's shared memory; fewer
+        where not (two at least). A 64-row tile's slots are smaller: a ring of up to
+        RING_MAX_BYTES, at most MAX_STAGES slots, as tile_options' rings are."""
+        if bm != 128:
+            stages = max(2, min(MAX_STAGES, RING_MAX_BYTES // ((bm + bn) * self.bk * 4)))
+        while stages > 2 and self.smem_bytes(bn, stages, x3, c_boxes, bm) > dev.smem_per_block_optin:
+            stages -= 1
+        return stages
+
+    @staticmethod
+    def rows64_detail(p: Problem) -> tuple[str, str]:
+        why = (f"M = {p.M} <= {ROWS64_MAX_M}, where a 128-row tile runs half its wgmmas or more on rows past M"
+               if p.M <= ROWS64_MAX_M else "asked for (rows64='always')")
+        return ("tile rows", f"64 (one consumer warpgroup): {why}")
+
+    def split_choice(self, p: Problem, dev: DeviceFacts, options, bm: int | None = None
+                     ) -> tuple[tuple[int, int], int] | None:
         """((BN, STAGES), slices) of a split plan for ``p``, or None for an unsplit one: the rule
-        of SPLIT_MAX_M and the constants beside it, or a forced number of slices (``split``, with
-        ``force_bn``'s width or the widest) wherever the batch is 1."""
+        of SPLIT_MAX_M and the constants beside it (on 64-row tiles, ROWS64_SPLIT_*), or a forced
+        number of slices (``split``, with ``force_bn``'s width or the widest) wherever the batch is
+        1. ``bm``: the tile's rows (default: :meth:`tile_rows`'s)."""
+        if bm is None:
+            bm = self.tile_rows(p, p.precision == "tf32x3", self.reads_a_mn(p))
         if self.split is False or p.batch_total != 1 or (self.split is not True and int(self.split) <= 1):
             return None
         if self.force_bn:
@@ -466,13 +546,15 @@ class WgmmaTf32(Family):
             return (options[0], n) if n > 1 else None
         if p.precision != "tf32" or p.K < SPLIT_MIN_K:
             return None
+        if bm == 64:
+            return self._rows64_split(p, dev, options)
         tall = p.M > SPLIT_MAX_M
         if tall and (p.N < SPLIT_TALL_WIDTH or p.N < p.M):  # (see SPLIT_TALL_WIDTH)
             return None
         widths, share = ((SPLIT_TALL_WIDTH,), SPLIT_TALL_TILE_SHARE) if tall else (SPLIT_WIDTHS, SPLIT_TILE_SHARE)
         best = None
         for option in (o for o in options if o[0] in widths):
-            tiles = tiles_of(p, self.bm, option[0])
+            tiles = tiles_of(p, bm, option[0])
             if tiles > dev.sm_count // share:
                 continue
             n = split_slices(p, max(2, min(dev.sm_count // tiles, SPLIT_MAX, p.K // SPLIT_SLICE_K)))
@@ -484,32 +566,58 @@ class WgmmaTf32(Family):
                 best = (key, option, n)
         return None if best is None else (best[1], best[2])
 
-    def _split_config(self, p, dev, bn: int, stages: int, split: int, x3: bool, a_mn: bool) -> KernelConfig:
+    @staticmethod
+    def _rows64_split(p: Problem, dev: DeviceFacts, options) -> tuple[tuple[int, int], int] | None:
+        """The 64-row tile's split (ROWS64_SPLIT_*): unsplit where the 128-wide tiles fill half the
+        SMs; else 128 wide in slices, or 64 wide where those (tile, slice) blocks still fill under
+        half the SMs and the 64-wide ones are more."""
+        want = dev.sm_count // ROWS64_SPLIT_FILL
+        best = None
+        for width in ROWS64_SPLIT_WIDTHS:
+            option = next((o for o in options if o[0] == width), None)
+            if option is None:
+                continue
+            tiles = tiles_of(p, 64, width)
+            if tiles >= want:  # (the 128-wide tiles fill half the SMs: unsplit)
+                if best is None:
+                    return None
+                continue
+            n = split_slices(p, max(2, min(dev.sm_count // tiles, ROWS64_MAX_SLICES, p.K // ROWS64_SLICE_K)))
+            if n > 1 and (best is None or (best[2] < want and tiles * n > best[2])):
+                best = (option, n, tiles * n)
+        if best is None or best[2] < dev.sm_count // ROWS64_MIN_FILL:
+            return None
+        return best[0], best[1]
+
+    def _split_config(self, p, dev, bn: int, stages: int, split: int, x3: bool, a_mn: bool, bm: int) -> KernelConfig:
         """The SPLIT kernel: one block a (tile, slice), slices stored from registers into a
         row-major workspace (float2 where N is even), the last block's sum into C."""
-        tiles = tiles_of(p, self.bm, bn)
+        tiles = tiles_of(p, bm, bn)
         # (split_range gives each slice a run of k-tiles: the kernel relies on none being empty)
         assert 1 < split <= MAX_GRID_Y and split_slices(p, split) == split, (split, p.K)
-        while stages > 2 and self.smem_bytes(bn, stages, x3) > dev.smem_per_block_optin:
-            stages -= 1
+        stages = self.fit_stages(dev, bn, stages, x3, 0, bm)
         c_vec = int(p.N % 2 == 0)
         macros = (("BN", bn), ("STAGES", stages), ("C_VEC", c_vec), ("PRECISION_X3", int(x3)), ("A_MN", int(a_mn)),
-                  ("SPLIT", 1))
+                  ("SPLIT", 1)) + ((("BM", bm),) if bm != 128 else ())
         if x3:
             macros += (("PROMOTE_EVERY", 1 if p.K <= X3_SHORT_K else 2), ("COMPENSATE", 1))
         per = slice_k_tiles(p, split) * self.bk
+        consumers = "1 consumer warpgroup" if bm == 64 else "2 consumer warpgroups sharing each tile"
         details = (("A, B loads", "TMA tiles (128-byte swizzle)" + (" of the big and small halves" if x3 else
                                                                     ", rounded to TF32 by the copy engine")),
-                   ("pipeline", f"{stages} stages, 1 producer + 2 consumer warpgroups sharing each tile, mbarriers"),
+                   ("pipeline", f"{stages} stages, 1 producer + {consumers}, mbarriers"),
                    ("split-K", f"{split} slices of {per} k, one block a (tile, slice); each stores its partial tile "
                                "into a workspace slice and the tile's last block sums the slices in slice order "
                                "(no second launch)"),
                    ("math", f"3xTF32 wgmma m64n{bn}k8 (big*big promoted to fp32, small cross terms apart)" if x3
                     else f"TF32 wgmma m64n{bn}k8, fp32 accumulate"),
                    ("schedule", f"{tiles * split} blocks: {tiles} tiles x {split} slices"))
-        return KernelConfig(self.name, self.source, self.entry, macros, self.threads, (self.threads, 1, 1),
-                            (tiles, split, 1), self.smem_bytes(bn, stages, x3), (self.bm, bn, self.bk), details,
-                            arch_suffix="a", split_fused=True, work_items=tiles * split)
+        if bm == 64:
+            details += (self.rows64_detail(p),)
+        threads = self.threads_for(bm)
+        return KernelConfig(self.name, self.source, self.entry, macros, threads, (threads, 1, 1),
+                            (tiles, split, 1), self.smem_bytes(bn, stages, x3, 0, bm), (bm, bn, self.bk),
+                            details, arch_suffix="a", split_fused=True, work_items=tiles * split)
 
     def map_specs(self, p: Problem, cfg: KernelConfig):
         """Tensor-map geometry of A and B for launch problem ``p``: dims (K, rows, batch_inner,
@@ -520,7 +628,7 @@ class WgmmaTf32(Family):
         bits = 0
         specs = []
         for i, (rows, pitch, batch_strides, box_rows, mn) in enumerate((
-                (p.M, p.a_strides[1] if a_mn else p.a_strides[0], p.a_batch_strides, self.bm, a_mn),
+                (p.M, p.a_strides[1] if a_mn else p.a_strides[0], p.a_batch_strides, cfg.tile[0], a_mn),
                 (p.N, p.b_strides[1], p.b_batch_strides, cfg.tile[1], False))):
             extent = max((p.K if mn else rows) * pitch * 4, 16)
             (inner_n, outer_n), (inner_s, outer_s) = _batch_dims(p, batch_strides, extent)
@@ -537,7 +645,7 @@ class WgmmaTf32(Family):
             return None
         pitch = p.c_strides[0]
         sizes, strides = _batch_dims(p, p.c_batch_strides, max(p.M * pitch * 4, 16))
-        return MapSpec((p.N, p.M) + sizes, (pitch * 4,) + strides, (32, self.bm, 1, 1))
+        return MapSpec((p.N, p.M) + sizes, (pitch * 4,) + strides, (32, cfg.tile[0], 1, 1))
 
     def staging(self, p: Problem, dev: DeviceFacts, option: tuple[int, ...] | None = None
                 ) -> tuple[Problem, tuple[tuple[str, int, int], ...], bool]:

@@ -1,0 +1,138 @@
+#!/usr/bin/env python3
+"""TF32 wgmma on products of at most 64 rows: the 64-row tile (BM = 64, one consumer warpgroup)
+against the 128-row one at each width and number of K slices, and against the other families
+that take such products.
+
+    python benchmarks/probes/wgmma_rows_probe.py [--only NAME,...] [--rows 128,64] [--widths 128,256]
+        [--splits 1,2,4] [--families kmajor_mma,tf32_mma] [--rounds 3]
+
+For each product: GPU us per call (probe_util.time_us, the median of ``--rounds`` alternating
+rounds) of the planner's plan, of every forced (rows, width, slices), of each forced family that
+takes the product and of torch with TF32 allowed; each result's error against float64 must be TF32-level (checked: the probe stops on one
+that is not). Decode's W is larger than L2 (but 64 x 4096 x 4096's 64 MiB, about L2's size).
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parents[1]), str(HERE)]  # the repo (ahead of any installed fastmm), this folder
+
+import torch  # noqa: E402
+
+from fastmm import dispatch  # noqa: E402
+from fastmm.families import WgmmaTf32  # noqa: E402
+from fastmm.plan import select  # noqa: E402
+from fastmm.runtime.device import device_facts  # noqa: E402
+from fastmm.shapes import analyse, build_problem  # noqa: E402
+from probe_util import compile_plans, need_gpu, rel_err, time_us  # noqa: E402
+
+#: (name, batch, M, N, K, layout): "wt" = x @ W.t() (W stored [N, K]); "bt" = a batch of A @ B^T
+PRODUCTS = (("dec64_up", 1, 64, 14336, 4096, "wt"), ("dec48_down", 1, 48, 4096, 11008, "wt"),
+            ("dec32_down", 1, 32, 4096, 14336, "wt"), ("dec64_4k", 1, 64, 4096, 4096, "wt"),
+            ("dec32_qwen", 1, 32, 3584, 18944, "wt"), ("dec24_gemma_up", 1, 24, 16384, 2048, "wt"),
+            ("dec64_kv", 1, 64, 1024, 4096, "wt"), ("dec16_up", 1, 16, 14336, 4096, "wt"),
+            ("bmm64_qk", 128, 64, 512, 64, "bt"),
+            # the rule's edges: 17-32 rows at K = 4096-8192, few tiles over a long K
+            ("dec24_4k", 1, 24, 4096, 4096, "wt"), ("dec17_8k", 1, 17, 4096, 8192, "wt"),
+            ("dec24_kv", 1, 24, 1024, 4096, "wt"), ("p64_512_8k", 1, 64, 512, 8192, "wt"),
+            ("p48_128_64k", 1, 48, 128, 65536, "wt"), ("dec33_odd", 1, 33, 2001, 8200, "wt"),
+            ("dec64_2k", 1, 64, 2048, 4096, "wt"))
+
+TF32_BOUND = 2e-3  # a TF32 product's relative error is ~3e-4 at these K
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--only", default="")
+    ap.add_argument("--rows", default="128,64")
+    ap.add_argument("--widths", default="128,256")
+    ap.add_argument("--splits", default="1,2,4")
+    ap.add_argument("--families", default="kmajor_mma,tf32_mma")
+    ap.add_argument("--rounds", type=int, default=3)
+    o = ap.parse_args()
+    if not need_gpu("wgmma_rows_probe.py"):
+        return 2
+    torch.manual_seed(0)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    only = set(filter(None, o.only.split(",")))
+    ints = lambda text: [int(x) for x in text.split(",")]  # noqa: E731
+    variants = {f"r{rows}/{bn}/{s}": WgmmaTf32(rows64="always" if rows == 64 else False, force_bn=bn,
+                                               split=s if s > 1 else False)
+                for rows in ints(o.rows) for bn in ints(o.widths) for s in ints(o.splits)}
+    families = [f for f in o.families.split(",") if f]
+    products = [x for x in PRODUCTS if not only or x[0] in only]
+    dev = device_facts(0)
+
+    def operands(batch, M, N, K, layout):
+        if layout == "wt":
+            return torch.randn(M, K, device="cuda"), torch.randn(N, K, device="cuda").t()
+        return torch.randn(batch, M, K, device="cuda"), torch.randn(batch, N, K, device="cuda").transpose(1, 2)
+
+    # every kernel compiled first, on all cores
+    plans = []
+    for name, batch, M, N, K, layout in products:
+        a, b = operands(batch, M, N, K, layout)
+        out = torch.empty(*a.shape[:-1], N, device="cuda")
+        sh = analyse(a, b).materialized(a)
+        p, _ = build_problem(sh, sh.matrix_view(out), "tf32")
+        plans.append(select(p, dev))
+        for kw in [{"force": "wgmma_tf32", "variants": (v,)} for v in variants.values()] + [{"force": f} for f in families]:
+            try:
+                plans.append(select(p, dev, **kw))
+            except Exception:  # noqa: BLE001  (a forced variant the family declines)
+                pass
+    if plans:  # (all of them)
+        print(f"compiled {compile_plans(plans, 'sm_90')} kernels", flush=True)
+
+    print("tf32: GPU us per call; forced columns are rows/width/slices")
+    for name, batch, M, N, K, layout in products:
+        a, b = operands(batch, M, N, K, layout)
+        out = torch.empty(*a.shape[:-1], N, device="cuda")
+        runs, descs = {}, {}
+
+        def add(label, **kw):
+            c = torch.full_like(out, float("nan"))
+            try:
+                _, plan, reason = dispatch.matmul_fastmm(a, b, c, "tf32", **kw)
+            except ValueError:  # (a forced family that cannot run the product)
+                return
+            if reason is not None or plan is None or plan.kernel is None:
+                return
+            if "force" in kw and plan.kernel.family != kw["force"]:
+                return
+            err = rel_err(c, a, b)
+            if not err < TF32_BOUND:
+                raise SystemExit(f"{name} {label}: error {err:.2e} against float64 ({plan.describe()})")
+            k = plan.kernel
+            descs[label] = f"{k.family[:6]} {k.tile[0]}x{k.tile[1]}x{k.tile[2]}" + (f"/{k.split_k}" if k.split_k > 1 else "")
+            runs[label] = lambda: dispatch.matmul_fastmm(a, b, out, "tf32", **kw)
+
+        add("planner")
+        for label, v in variants.items():
+            add(label, force="wgmma_tf32", variants=(v,))
+        for f in families:
+            add(f, force=f)
+        runs["torch"] = lambda: torch.matmul(a, b, out=out)
+        rounds = {label: [] for label in runs}
+        for _ in range(o.rounds):
+            for label, fn in runs.items():
+                rounds[label].append(time_us(fn))
+        t = {label: statistics.median(r) for label, r in rounds.items()}
+        forced = [lab for lab in t if lab not in ("planner", "torch")]
+        if not forced:
+            continue
+        best = min(forced, key=t.get)
+        w_bytes = 4.0 * N * K * (batch if layout == "bt" else 1)  # B's bytes (TB/s = bytes / us / 1e6)
+        print(f"\n{name} {batch}x{M}x{N}x{K} {layout}: planner {descs.get('planner')} {t.get('planner', float('nan')):.1f} us, "
+              f"torch {t['torch']:.1f}, best {best} {t[best]:.1f} ({w_bytes / t[best] / 1e6:.2f} TB/s of B; "
+              f"torch {w_bytes / t['torch'] / 1e6:.2f})")
+        print("  " + "  ".join(f"{lab} {t[lab]:.1f}" for lab in forced), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
