@@ -476,9 +476,8 @@ def wgmma_cases(dev: DeviceFacts, precision: str, quick: bool) -> list[Case]:
             add("pingpong", 2049, 2305, 520, b_t=True)
             add("pingpong", 4097, 2817, 515, b_t=True)
     # K split over blocks, each tile's last block summing the slices (tf32, M <= 64, K >= 2048, few
-    # tiles; planned on the H200, 128 wide: 3x2304x4100 -> 18 tiles x 4 slices; 17x4096x4101 (A,
-    # B^T copied) -> 32 x 4; 2100x40x6000 (row-major B: C^T, 40 rows) -> 17 x 5; 1x4096x8192 -> 256
-    # wide, 16 x 8)
+    # tiles; M <= 64 on 64-row tiles (NOTES run 37): see the planner's own plans, python -m fastmm
+    # explain; 2100x40x6000 (row-major B: C^T, 40 rows) on 128-row tiles)
     if precision == "tf32":
         add("split", 3, 2304, 4100, b_t=True)
         add("split", 17, 4096, 4101, b_t=True, c_t=True)

@@ -1,9 +1,9 @@
 // Hopper TF32 family (sm_90a only): wgmma.mma_async fed by the bulk tensor copy engine (TMA).
 //
-// One block = 3 warpgroups. Warpgroup 0 is the producer: one thread issues the TMA copies of the
-// A tile (BM x BK) and the B tile (BN x BK) of each k-step into a ring of STAGES shared-memory
-// slots, each completing on that slot's "full" mbarrier. Warpgroups 1 and 2 are consumers: each
-// owns 64 rows of the 128-row tile, waits for a slot, issues BK/8 wgmma m64nBNk8 on it and frees
+// One block = 3 warpgroups (2 with BM = 64, below). Warpgroup 0 is the producer: one thread issues
+// the TMA copies of the A tile (BM x BK) and the B tile (BN x BK) of each k-step into a ring of
+// STAGES shared-memory slots, each completing on that slot's "full" mbarrier. Warpgroups 1 and 2
+// are consumers: each owns 64 rows of the 128-row tile, waits for a slot, issues BK/8 wgmma m64nBNk8 on it and frees
 // it (the "empty" mbarrier) once those wgmmas have read it. setmaxnreg moves registers from the
 // producer (which needs few) to the consumers (BN/2 fp32 accumulators each). BN is 64, 96, 128,
 // 192 or 256: the host picks the width whose whole waves of tiles take least time. A block walks
@@ -67,6 +67,12 @@
 // families.X3_SHORT_K) because its fp32 accumulation is not round-to-nearest: the error grows with
 // the k-steps left in it (measured, benchmarks/NOTES.md run 8); the small terms are 2^-11
 // smaller, so their drift does not show. C = acc + small_acc, except where acc is not finite.
+//
+// X3_SPLIT_B = 1 (tf32x3 on 64-row tiles): B is not staged. Its fp32 tile arrives in the slot's
+// B-big place (a plain fp32 map) and the consumer threads split it there, big = tf32(x) in place
+// and small = tf32(x - big) beside it (0 for +-Inf / NaN: the same values as stage_kmajor's
+// halves), before the k-step's wgmmas. A decode product's W is then read once from memory,
+// where staging it wrote and read back both halves (3x its bytes) on every call.
 #include "common.cuh"
 
 #if !defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -143,8 +149,14 @@
 #endif
 #define CONSUMERS (BM / 64)  // consumer warpgroups, 64 rows each
 #define CONSUMER_THREADS (128 * CONSUMERS)
-#if BM == 64 && (PINGPONG || A_MN || PRECISION_X3)
-#error "BM = 64 is the cooperative form with a K-major A, tf32"
+#ifndef X3_SPLIT_B
+#define X3_SPLIT_B 0
+#endif
+#if BM == 64 && (PINGPONG || A_MN || (PRECISION_X3 && !X3_SPLIT_B))
+#error "BM = 64 is the cooperative form with a K-major A, tf32 (tf32x3 with X3_SPLIT_B)"
+#endif
+#if X3_SPLIT_B && !(PRECISION_X3 && BM == 64)
+#error "X3_SPLIT_B splits B into tf32x3's halves on 64-row tiles"
 #endif
 #define BK 32  // 32 floats = 128 bytes: one swizzle row
 #define THREADS (128 + CONSUMER_THREADS)
@@ -152,6 +164,7 @@
 #define B_BYTES (BN * BK * 4)
 #define PARTS (PRECISION_X3 ? 2 : 1)  // tiles per operand in a slot: big (and small)
 #define STAGE_BYTES (PARTS * (A_BYTES + B_BYTES))  // [A big][A small][B big][B small]
+#define LOAD_BYTES (STAGE_BYTES - X3_SPLIT_B * B_BYTES)  // what the copy engine writes a slot
 #define ACC (BN / 2)  // fp32 accumulators per consumer thread
 #define C_BOX_BYTES (BM * 32 * 4)
 #if TMA_STORE
@@ -176,6 +189,14 @@ __device__ __forceinline__ void lds_v2(unsigned addr, unsigned& x, unsigned& y) 
 }
 __device__ __forceinline__ void sts_v2(unsigned addr, float x, float y) {
     asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" :: "r"(addr), "f"(x), "f"(y) : "memory");
+}
+__device__ __forceinline__ void lds_v4(unsigned addr, float* x) {
+    asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n" : "=f"(x[0]), "=f"(x[1]), "=f"(x[2]), "=f"(x[3]) : "r"(addr)
+                 : "memory");
+}
+__device__ __forceinline__ void sts_v4(unsigned addr, const float* x) {
+    asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" :: "r"(addr), "f"(x[0]), "f"(x[1]), "f"(x[2]), "f"(x[3])
+                 : "memory");
 }
 __device__ __forceinline__ float lds_f32(unsigned addr) {
     float x;
@@ -272,13 +293,45 @@ __device__ __forceinline__ void wgmma_rs(float* d, const unsigned* a, unsigned l
 }
 
 #if PRECISION_X3
-// One k-step of tf32x3 for one consumer warpgroup: wait for the slot, run the big*small and
-// small*big products into ``small`` and big*big into ``step`` (restarted when ``first``), wait
-// for them and hand the slot back.
-__device__ __forceinline__ void x3_step(float* step, float* small, unsigned base, unsigned bars, int cw, int lane,
-                                        int it, int kt, bool first) {
+#if X3_SPLIT_B
+// X3_SPLIT_B: wait for the slot of ring position ``it`` and split its B tile into its halves, 16
+// bytes a thread at a time (the swizzle moves whole 16-byte chunks, so both halves keep the copy
+// engine's layout); then the writes are made visible to the tensor core's (async proxy) reads and
+// every consumer thread's part is done.
+__device__ __forceinline__ void split_b_slot(unsigned base, unsigned bars, int it) {
     const int s = it % STAGES;
     mbar_wait(bars + 8 * s, (it / STAGES) & 1);
+    const unsigned b_tile = base + s * STAGE_BYTES + 2 * A_BYTES, b_small = b_tile + B_BYTES;
+#pragma unroll 1  // (few registers: it runs beside the three accumulator sets of the step's wgmmas)
+    for (unsigned c = threadIdx.x - 128; c < B_BYTES / 16; c += CONSUMER_THREADS) {
+        float x[4];
+        lds_v4(b_tile + 16 * c, x);
+        float big[4], lo[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            big[i] = __uint_as_float(to_tf32(x[i]));
+            lo[i] = isfinite(x[i]) ? __uint_as_float(to_tf32(x[i] - big[i])) : 0.f;
+        }
+        sts_v4(b_tile + 16 * c, big);
+        sts_v4(b_small + 16 * c, lo);
+    }
+    fence_async_shared();
+    consumer_sync();
+}
+#endif
+
+// One k-step of tf32x3 for one consumer warpgroup: wait for the slot, run the big*small and
+// small*big products into ``small`` and big*big into ``step`` (restarted when ``first``), wait
+// for them and hand the slot back. X3_SPLIT_B: the slot was waited for and split before (by the
+// step ahead, or before the block's first step), and the next slot (up to ``it_end``, the block's
+// k-steps) is split while this step's wgmmas run; the big*big product goes between the two
+// small ones of a k8 (the same sums in the same order), so they are not one chain.
+__device__ __forceinline__ void x3_step(float* step, float* small, unsigned base, unsigned bars, int cw, int lane,
+                                        int it, int kt, bool first, int it_end) {
+    const int s = it % STAGES;
+#if !X3_SPLIT_B
+    mbar_wait(bars + 8 * s, (it / STAGES) & 1);
+#endif
     const unsigned slot = base + s * STAGE_BYTES;
     const unsigned a_tile = slot + cw * 64 * 128, b_tile = slot + 2 * A_BYTES;
     const unsigned a_small = a_tile + A_BYTES, b_small = b_tile + B_BYTES;
@@ -287,12 +340,21 @@ __device__ __forceinline__ void x3_step(float* step, float* small, unsigned base
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < BK / 8; ++kk) {
+#if X3_SPLIT_B
+        wgmma_ss(small, smem_desc(a_tile + kk * 32), smem_desc(b_small + kk * 32), kt > 0 || kk > 0);
+        wgmma_ss(step, smem_desc(a_tile + kk * 32), smem_desc(b_tile + kk * 32), !first || kk > 0);
+        wgmma_ss(small, smem_desc(a_small + kk * 32), smem_desc(b_tile + kk * 32), 1);
+#else
         wgmma_ss(small, smem_desc(a_tile + kk * 32), smem_desc(b_small + kk * 32), kt > 0 || kk > 0);
         wgmma_ss(small, smem_desc(a_small + kk * 32), smem_desc(b_tile + kk * 32), 1);
         wgmma_ss(step, smem_desc(a_tile + kk * 32), smem_desc(b_tile + kk * 32), !first || kk > 0);
+#endif
     }
     wgmma_commit();
-    wgmma_wait<0>();  // the other consumer warpgroup keeps the tensor core busy meanwhile
+#if X3_SPLIT_B
+    if (it + 1 < it_end) split_b_slot(base, bars, it + 1);
+#endif
+    wgmma_wait<0>();  // (BM = 128: the other consumer warpgroup keeps the tensor core busy meanwhile)
 #pragma unroll
     for (int i = 0; i < ACC; ++i) { reg_fence(step[i]); reg_fence(small[i]); }
     if (lane == 0) mbar_arrive(bars + 8 * (STAGES + s));
@@ -388,7 +450,7 @@ __device__ __forceinline__ void store_half(const float* d, float* Cb, int row, i
 
 #if SPLIT
 #define SPLIT_PARAMS , float* __restrict__ Out, i64 sOm, i64 sOn, unsigned* __restrict__ arrivals
-// The end of a SPLIT block's work item, for the two consumer warpgroups (the producer's threads
+// The end of a SPLIT block's work item, for the consumer warpgroups (the producer's threads
 // gave their registers away, so they take no part): count this block's stored slice of the tile
 // (m0, n0) in the tile's arrival counter; the last of its gridDim.y blocks then adds the
 // slices in slice order (0.f + s0 + s1 + ..., as split_sum_slices in common.cuh) into Out with
@@ -473,7 +535,10 @@ __device__ __forceinline__ void split_finish(const float* W, i64 sWm, i64 sWn, i
 #else
 #define MAP_C
 #endif
-#if PRECISION_X3
+#if PRECISION_X3 && X3_SPLIT_B
+#define MAP_PARAMS const __grid_constant__ TensorMap mapA, const __grid_constant__ TensorMap mapA2, \
+                   const __grid_constant__ TensorMap mapB MAP_C
+#elif PRECISION_X3
 #define MAP_PARAMS const __grid_constant__ TensorMap mapA, const __grid_constant__ TensorMap mapA2, \
                    const __grid_constant__ TensorMap mapB, const __grid_constant__ TensorMap mapB2 MAP_C
 #else
@@ -539,7 +604,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fastmm_wgmma_tf32(
                     mbar_wait(bars + 8 * (STAGES + s), phase ^ 1);
                     const unsigned full = bars + 8 * s, dst = base + s * STAGE_BYTES;
                     const int kc = (k_first + kt) * BK;  // the k-step's first k
-                    mbar_arrive_expect_tx(full, STAGE_BYTES);
+                    mbar_arrive_expect_tx(full, LOAD_BYTES);
 #if A_MN
 #pragma unroll
                     for (int j = 0; j < BM / 32; ++j)  // box j: tile rows 32j..32j+31, all BK k rows
@@ -550,7 +615,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fastmm_wgmma_tf32(
 #if PRECISION_X3
                     tma_load_4d(dst + A_BYTES, &mapA2, full, kc, tm * BM, a2, a3);
                     tma_load_4d(dst + 2 * A_BYTES, &mapB, full, kc, tn * BN, b2, b3);
+#if !X3_SPLIT_B
                     tma_load_4d(dst + 2 * A_BYTES + B_BYTES, &mapB2, full, kc, tn * BN, b2, b3);
+#endif
 #else
                     tma_load_4d(dst + A_BYTES, &mapB, full, kc, tn * BN, b2, b3);
 #endif
@@ -622,6 +689,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fastmm_wgmma_tf32(
 #endif
 #if PRECISION_X3
         float step[ACC], small[ACC];
+        // the k-steps this block takes: its work items' (blockIdx.x, + gridDim.x, ...)
+        const int it_end = work > blockIdx.x ? (int)((work - 1 - blockIdx.x) / gridDim.x + 1) * k_tiles : 0;
+#if X3_SPLIT_B
+        if (it_end > 0) split_b_slot(base, bars, 0);
+#endif
 #endif
         int it = 0;  // k-steps consumed so far, over every work item: the ring's position
         for (long long w = blockIdx.x; w < work; w += gridDim.x) {
@@ -635,14 +707,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fastmm_wgmma_tf32(
             int kt = 0;
             for (; kt + PROMOTE_EVERY <= k_tiles; kt += PROMOTE_EVERY) {
 #pragma unroll
-                for (int g = 0; g < PROMOTE_EVERY; ++g) x3_step(step, small, base, bars, cw, lane, it++, kt + g, g == 0);
+                for (int g = 0; g < PROMOTE_EVERY; ++g) x3_step(step, small, base, bars, cw, lane, it++, kt + g, g == 0, it_end);
 #pragma unroll
                 for (int i = 0; i < ACC; ++i) PROMOTE(d[i], step[i], small[i]);  // the add's error joins small
             }
             if (kt < k_tiles) {
 #pragma unroll
                 for (int g = 0; g < PROMOTE_EVERY - 1; ++g)
-                    if (kt + g < k_tiles) x3_step(step, small, base, bars, cw, lane, it++, kt + g, g == 0);
+                    if (kt + g < k_tiles) x3_step(step, small, base, bars, cw, lane, it++, kt + g, g == 0, it_end);
 #pragma unroll
                 for (int i = 0; i < ACC; ++i) PROMOTE(d[i], step[i], small[i]);
             }
@@ -710,7 +782,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fastmm_wgmma_tf32(
             const int tile_row = cw * 64 + warp * 16 + lane / 4, row_step = 8;
 #endif
 #if TMA_STORE
-            // Through shared memory: both consumer warpgroups write C_BOXES boxes of 32 columns
+            // Through shared memory: the consumer warpgroups write C_BOXES boxes of 32 columns
             // into the staging buffer (swizzled), then one thread hands them to the copy engine and
             // everyone goes on to the next tile's main loop while the stores drain. Stored from
             // registers, every SM wrote its tile at the same moment with the tensor cores idle:

@@ -118,7 +118,7 @@ SKINNY_MEMORY_EFFICIENCY = 1.0
 #: (x @ W.t() with both read so: 46 against 51 TFLOP/s, RESULTS run 16).
 SIMT_ELEM_K_PENALTY = 0.95
 #: Blocks per SM that registers allow, by family (threads and shared memory are checked too):
-#: wgmma's 384-thread block takes a whole SM; the SIMT families by their registers a thread
+#: wgmma's block (384 threads, 256 on 64-row tiles) takes a whole SM; the SIMT families by their registers a thread
 #: (``SIMT_REGISTERS``).
 REGISTER_RESIDENT = {"simt_cp_async": 2, "simt_float4": 2, "wgmma_tf32": 1, "tf32_mma": 2, "kmajor_mma": 2,
                      "skinny": 4, "skinny_kmajor": 4, "scalar": 8}

@@ -687,10 +687,11 @@ def test_wgmma_split_builds_every_width_and_form_without_spills():
 
 
 def test_wgmma_64_row_tile_builds_every_width_and_form_without_spills():
-    """The 64-row tile (BM = 64: one consumer warpgroup, 256 threads) at every tf32 width, with C
-    through the copy engine and from registers (float2 and single floats), K split over blocks,
-    a fused D and a bias: no spills, no stack frame; and the forms it does not serve (taking
-    turns, A fed from registers, tf32x3) stop at the source's own check."""
+    """The 64-row tile (BM = 64: one consumer warpgroup, 256 threads) at every tf32 width and
+    every tf32x3 width (B split by the kernel: X3_SPLIT_B), with C through the copy engine and
+    from registers (float2 and single floats), K split over blocks, a fused D and a bias: no
+    spills, no stack frame; and the forms it does not serve (taking turns, A fed from registers,
+    tf32x3 with B staged, X3_SPLIT_B elsewhere) stop at the source's own check."""
     from fastmm.runtime.compiler import nvrtc_unavailable_reason
 
     if nvrtc_unavailable_reason():
@@ -709,6 +710,15 @@ def test_wgmma_64_row_tile_builds_every_width_and_form_without_spills():
                     # (the 256-wide tile keeps its ring's slots at K > 1024: C from registers)
                     assert m.get("TMA_STORE", 0) == int(tma and not split and n % 4 == 0 and bn < 256)
                     macros.add(plan.kernel.macros)
+    for bn in (64, 96, 128):  # tf32x3 on 64-row tiles: B split into its halves by the kernel
+        for n, split in ((4096, False), (4095, False), (4096, 3), (4095, 3)):
+            p = Problem.dense(48, n, 4096, "tf32x3", b_t=True)
+            for epi in (EPILOGUE_NONE, EPILOGUE_BIAS_N, EPILOGUE_D):
+                plan = select(dataclasses.replace(p, epilogue=epi), dev, force="wgmma_tf32",
+                              variants=(WgmmaTf32(force_bn=bn, split=split),))
+                m = dict(plan.kernel.macros)
+                assert m["BM"] == 64 and m["X3_SPLIT_B"] == 1 and m["PRECISION_X3"] == 1 and m["BN"] == bn, m
+                macros.add(plan.kernel.macros)
     forms = {(dict(m).get("TMA_STORE", 0), dict(m).get("SPLIT", 0), dict(m).get("EPILOGUE_VECTOR", 0), dict(m)["C_VEC"])
              for m in macros}
     assert forms >= {(1, 0, 0, 0), (1, 0, 1, 0), (0, 0, 0, 1), (0, 0, 1, 1), (0, 0, 0, 0), (0, 1, 0, 1), (0, 1, 0, 0)}
@@ -716,6 +726,9 @@ def test_wgmma_64_row_tile_builds_every_width_and_form_without_spills():
     base = {"BN": 128, "STAGES": 4, "C_VEC": 0, "PRECISION_X3": 0, "A_MN": 0, "BM": 64}
     for bad in ({"PINGPONG": 1}, {"A_MN": 1}, {"PRECISION_X3": 1}, {"BM": 96}):
         with pytest.raises(CompileError, match="BM"):
+            compile_cubin("wgmma_tf32.cu", tuple({**base, **bad}.items()), "sm_90a")
+    for bad in ({"X3_SPLIT_B": 1}, {"X3_SPLIT_B": 1, "PRECISION_X3": 1, "BM": 128}):  # (tf32x3 on 64-row tiles only)
+        with pytest.raises(CompileError, match="X3_SPLIT_B"):
             compile_cubin("wgmma_tf32.cu", tuple({**base, **bad}.items()), "sm_90a")
 
 

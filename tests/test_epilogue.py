@@ -179,6 +179,10 @@ LINEAR_CASES = [
     ("tf32_mma", "tf32", (64, 8192), 64),  # split-K + reduce
     ("wgmma_tf32", "tf32", (2, 64, 64), 96),
     ("wgmma_tf32", "tf32x3", (100, 72), 40),
+    ("wgmma_tf32", "tf32", (2, 20, 64), 96),  # 40 rows: the 64-row tile, C through the copy engine
+    ("wgmma_tf32", "tf32", (48, 2048), 2048),  # the 64-row tile, K split in 4: the bias in the sum
+    ("wgmma_tf32", "tf32x3", (40, 72), 2048),  # tf32x3 on 64-row tiles: B split by the kernel
+    ("wgmma_tf32", "tf32x3", (48, 2048), 2048),  # ... and K split in 4
     ("skinny", "ieee", (2, 8, 64), 200),
     ("skinny_kmajor", "ieee", (1, 4096), 96),  # decode: a fused split
     ("skinny_kmajor", "tf32", (5, 300), 130),

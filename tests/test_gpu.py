@@ -1109,6 +1109,14 @@ def test_wgmma_64_row_tiles_compute_every_output(case, rel_err):
         out, plan = run(variant)
         assert dict(plan.kernel.macros)["BM"] == plan.kernel.tile[0] == 64 and plan.kernel.block == 256
         assert torch.equal(out, ref), plan.describe()
+    if len(shape) == 2:  # nothing written outside C (rows past M above all), contiguous and in a window
+        for variant in (WgmmaTf32(rows64="always", split=False), WgmmaTf32(rows64="always", split=False, tma_store=False),
+                        WgmmaTf32(rows64="always", split=2)):
+            out, out2, untouched = guarded_outputs(*shape)
+            for o in (out, out2):
+                dispatch.matmul_fastmm(a, b, o, "tf32", force="wgmma_tf32", variants=(variant,))
+                check(o, a, b, "tf32", rel_err)
+            assert untouched(), variant
     if batch1:  # K split over blocks: the same slices on both tile heights, the same bits
         split_outs = []
         for variant in (WgmmaTf32(rows64=False, split=3), WgmmaTf32(rows64="always", split=3)):
@@ -1128,6 +1136,66 @@ def test_wgmma_64_row_tiles_compute_every_output(case, rel_err):
                 want = alpha * (a.double() @ b.double()) + beta * d.double()
                 assert not torch.isnan(result).any()
                 assert ((result.double() - want).norm() / want.norm()).item() <= TOL["tf32"], plan.describe()
+
+
+#: tf32x3 on 64-row tiles: B read as fp32 and split into its TF32 halves by the kernel
+WGMMA_X3_SPLIT_B_CASES = dict(WGMMA_ROWS64_CASES, **{
+    "row-major-b": lambda: (randn(40, 700), randn(700, 300)),  # B copied K-major in fp32, split by the kernel
+    "inf-and-nan": lambda: (randn(20, 512), _with_specials(randn(384, 512)).t()),
+})
+
+
+def _with_specials(w):
+    """``w`` with an Inf, a -Inf and a NaN in its first rows (each spoils its own output column)."""
+    w[0, 5], w[1, 7], w[2, 9] = float("inf"), float("-inf"), float("nan")
+    return w
+
+
+@pytest.mark.parametrize("case", sorted(WGMMA_X3_SPLIT_B_CASES))
+def test_wgmma_tf32x3_on_64_row_tiles_splits_b_in_the_kernel(case, rel_err):
+    """tf32x3 on 64-row tiles (X3_SPLIT_B: only A staged in halves, B split in shared memory),
+    with C through the copy engine and from registers, unsplit and split: right into NaN-poisoned
+    outputs at fp32-level error, and the same bits as the 128-row plan that stages both operands'
+    halves (the same halves, summed in the same order); Inf and NaN in B as fp32 gives them; a
+    fused bias matches float64."""
+    needs_sm90()
+    a, b = WGMMA_X3_SPLIT_B_CASES[case]()
+    shape = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1])
+    specials = case == "inf-and-nan"
+
+    def run(variant):
+        out = torch.full(shape, NAN, device="cuda")
+        result, plan, reason = dispatch.matmul_fastmm(a, b, out, "tf32x3", force="wgmma_tf32", variants=(variant,))
+        assert reason is None and result is out and plan.kernel.family == "wgmma_tf32", reason
+        if specials:  # fp32's answer: the columns that met Inf / NaN are non-finite, the rest right
+            want = torch.matmul(a.double(), b.double())
+            finite = torch.isfinite(want)
+            assert torch.equal(torch.isfinite(out), finite) and torch.equal(torch.isnan(out), torch.isnan(want))
+            assert ((out.double() - want)[finite].norm() / want[finite].norm()).item() <= TOL["tf32x3"]
+        else:
+            check(out, a, b, "tf32x3", rel_err)
+        return out, plan
+
+    ref, plan = run(WgmmaTf32(rows64=False, split=False))
+    assert plan.kernel.tile[0] == 128 and len(plan.staging) == 2
+    variants = [WgmmaTf32(rows64="always", split=False), WgmmaTf32(rows64="always", split=False, tma_store=False)]
+    for variant in variants:
+        out, plan = run(variant)
+        m = dict(plan.kernel.macros)
+        assert m["BM"] == 64 and m["X3_SPLIT_B"] == 1 and m["PRECISION_X3"] == 1, plan.describe()
+        in_place = b.stride(-2) == 1 and b.stride(-1) % 4 == 0  # (else an fp32 K-major copy of B, not split)
+        assert [w for w, _, _ in plan.staging] == (["a"] if in_place else ["a", "bt"]), plan.describe()
+        assert torch.equal(out, ref) or specials and torch.equal(out.isnan(), ref.isnan()), plan.describe()
+    if len(shape) == 2 and a.shape[-1] >= 1024:  # K split over blocks: the same bits on both tile heights
+        outs = [run(v)[0] for v in (WgmmaTf32(rows64=False, split=3), WgmmaTf32(rows64="always", split=3))]
+        assert torch.equal(outs[0], outs[1])
+    if len(shape) == 2 and not specials:
+        d = randn(shape[-1])
+        result, plan, reason = dispatch.matmul_fused(a, b, d, 1.0, 1.0, "tf32x3", force="wgmma_tf32",
+                                                     variants=(WgmmaTf32(rows64="always"),))
+        assert reason is None and dict(plan.kernel.macros)["X3_SPLIT_B"] == 1
+        want = a.double() @ b.double() + d.double()
+        assert ((result.double() - want).norm() / want.norm()).item() <= TOL["tf32x3"], plan.describe()
 
 
 @pytest.mark.parametrize("beta", [1.0, 0.0])

@@ -127,10 +127,10 @@ def dynamic_smem_from_macros(family: str, m: dict) -> int:
         kw = m.get("KR_KW", 1)  # red[KR_KW][MT][rows of a group: KR_WARPS / KR_KW warps x 4 x KR_R]
         red = kw * m["MT"] * (m["KR_WARPS"] // kw) * 4 * m["KR_R"] if kw > 1 else 0
         return (m["MT"] * m["KR_KS"] + red) * 4
-    if family == "wgmma_tf32":  # wgmma_tf32.cu: STAGES x (A + B tiles of 32 K_BOXES floats a row, twice
-        parts = 2 if m["PRECISION_X3"] else 1  # for tf32x3's halves), the mbarriers, 1 KiB to align the ring,
+    if family == "wgmma_tf32":  # wgmma_tf32.cu: STAGES x (A + B tiles of 32 floats a row, twice for
+        parts = 2 if m["PRECISION_X3"] else 1  # tf32x3's halves), the mbarriers, 1 KiB to align the ring,
         c_stage = m.get("TMA_STORE", 0) * m.get("C_BOXES", 4) * bm * 32 * 4  # and C_STAGE_BYTES
-        return m["STAGES"] * (parts * (bm + bn) * 32 * m.get("K_BOXES", 1) * 4 + 16) + 1024 + c_stage
+        return m["STAGES"] * (parts * (bm + bn) * 32 * 4 + 16) + 1024 + c_stage
     return 0  # scalar, simt_float4, skinny and kmajor_mma use static shared memory only
 
 
@@ -181,9 +181,11 @@ def check_geometry(plan) -> None:
         threads = 128 * (1 + m.get("BM", 128) // 64)
         assert cfg.block_dims == (threads, 1, 1) and cfg.block == threads
         assert cfg.arch_suffix == "a" and plan.device.cc == (9, 0)
-        if m.get("BM", 128) == 64 or m.get("K_BOXES", 1) > 1:  # (the kernel's #error lines)
-            assert not (m["A_MN"] or m["PRECISION_X3"] or m.get("PINGPONG")), m
-        assert cfg.tile[2] == 32 * m.get("K_BOXES", 1)
+        if m.get("BM", 128) == 64:  # (the kernel's #error lines; tf32x3 splits B itself there)
+            assert not (m["A_MN"] or m.get("PINGPONG")) and m.get("X3_SPLIT_B", 0) == m["PRECISION_X3"], m
+        else:
+            assert "X3_SPLIT_B" not in m, m
+        assert cfg.tile[2] == 32
     else:
         threads = m["WARPS_M"] * m["WARPS_N"] * 32
         assert cfg.block_dims == (threads, 1, 1) and cfg.block == threads
@@ -199,7 +201,7 @@ def check_geometry(plan) -> None:
         return
     if cfg.family == "wgmma_tf32" and cfg.split_fused:
         # SPLIT: one block a (tile, slice), a batch of 1, every slice a run of k-tiles (split_range)
-        k_tiles = -(-p.K // cfg.tile[2])  # (k-steps of 32 K_BOXES)
+        k_tiles = -(-p.K // 32)
         per = -(-k_tiles // gy)
         assert m["SPLIT"] == 1 and p.batch_total == 1 and gx == tiles and gz == 1 and cfg.work_items == tiles * gy
         assert 2 <= gy <= 16 and (gy - 1) * per < k_tiles and per * 32 >= 512 and "TMA_STORE" not in m
@@ -411,7 +413,7 @@ def test_tf32x3_that_wgmma_declines_runs_fp32_simt_on_sm90_and_mma_sync_before(a
     H200 ran it faster on the fp32 SIMT path than on mma.sync (Tf32Mma.x3_to_fp32_cc): there the
     plan computes ieee and says why; on sm_80-89, where TF32 peaks at 8x FP32, mma.sync keeps it.
     A request forced onto tf32_mma still gets it."""
-    for M, N, K, kw in ((256, 256, 65536, {}), (300, 700, 1100, {"b_t": True}), (64, 14336, 4096, {"b_t": True})):
+    for M, N, K, kw in ((256, 256, 65536, {}), (300, 700, 1100, {"b_t": True}), (64, 1024, 4096, {"b_t": True})):
         p = Problem.dense(M, N, K, precision="tf32x3", **kw)
         plan = select(p, DEV[arch])
         if arch == "sm_90":
@@ -424,6 +426,32 @@ def test_tf32x3_that_wgmma_declines_runs_fp32_simt_on_sm90_and_mma_sync_before(a
         assert forced.kernel.family == "tf32_mma" and forced.precision_used == "tf32x3"
     big = select(Problem.dense(*BIG, precision="tf32x3"), DEV[arch])  # what wgmma takes stays on tensor cores
     assert big.kernel.family == ("wgmma_tf32" if arch == "sm_90" else "tf32_mma")
+
+
+def test_tf32x3_decode_of_33_to_64_rows_runs_wgmma_splitting_b_in_the_kernel():
+    """tf32x3 x @ W.t() of 33-64 rows with N >= 2048 on sm_90: wgmma's 64-row tiles with only A's
+    halves staged, B split in shared memory (X3_SPLIT_B), split over K by the 64-row rule; fewer
+    rows or a narrower W keep the fp32 SIMT / skinny plans. H200 (NOTES run 37, GPU us, this plan
+    / fp32 SIMT / torch fp32): 64 x 14336 x 4096 164.7 / 213.7 / 197.0, 48 x 4096 x 11008 124.7 /
+    155.2 / 146.5; 64 x 1024 x 4096 36.4 / 24.9; 32 x 4096 x 14336 163.9 / 143.4."""
+    dev = DEV["sm_90"]
+    for (M, N, K), want in (((64, 14336, 4096), (1, 128)), ((48, 4096, 11008), (4, 128)), ((33, 2048, 4096), (4, 64))):
+        plan = select(Problem.dense(M, N, K, "tf32x3", b_t=True), dev)
+        m = macros(plan)
+        assert plan.kernel.family == "wgmma_tf32" and m["BM"] == 64 and m["X3_SPLIT_B"] == 1, plan.describe()
+        assert (plan.kernel.split_k, plan.kernel.tile[1]) == want and plan.precision_used == "tf32x3"
+        assert [w for w, _, _ in plan.staging] == ["a"] and len(plan.stagers) == 1
+        assert dict(plan.stagers[0].macros)["SPLIT"] == 1  # (A's halves)
+        assert "split into big and small TF32 halves in shared memory" in dict(plan.kernel.details)["A, B loads"]
+        check_geometry(plan)
+    for M, N, K in ((64, 1024, 4096), (32, 4096, 14336), (24, 4096, 4096), (16, 14336, 4096)):
+        plan = select(Problem.dense(M, N, K, "tf32x3", b_t=True), dev)
+        assert plan.kernel.family in ("simt_cp_async", "skinny_kmajor"), plan.describe()
+    # a row-major W (x @ W): B copied K-major in fp32 (not split: the kernel splits it) where wgmma takes it
+    forced = select(Problem.dense(64, 4096, 4096, "tf32x3"), dev, force="wgmma_tf32")
+    assert macros(forced)["X3_SPLIT_B"] == 1 and [w for w, _, _ in forced.staging] == ["a", "bt"]
+    assert [dict(s.macros)["SPLIT"] for s in forced.stagers] == [1, 0]
+    assert "copied K-major in fp32" in dict(forced.staged_descriptions())["bt"]
 
 
 @pytest.mark.parametrize("arch", SM80_PLUS)
@@ -1968,7 +1996,7 @@ def test_decode_products_up_to_64_rows_run_64_row_wgmma_tiles_split_where_they_l
     a fifth of the SMs (else tf32_mma). From 17 rows with N >= 2048 and K >= 2048 ahead of
     kmajor_mma. H200 (probes/wgmma_rows_probe.py, NOTES run 37, GPU us): 64 x 14336 x
     4096 unsplit 62.7 (2 slices 76.0), 48 x 4096 x 11008 4 slices 55.0 (unsplit 72.4), 24 x 16384 x
-    2048 38.3 against kmajor_mma's 55.1, 64 x 1024 x 4096 64 wide in 4 slices 13.0 (128 wide 17.3,
+    2048 38.3 against kmajor_mma's 55.1, 64 x 1024 x 4096 64 wide in 4 slices 13.0 (128 wide 17.4,
     tf32_mma 20.9); 16 rows stay kmajor_mma's."""
     dev = DEV["sm_90"]
     for (M, N, K), (family, tile, split) in (
@@ -1993,9 +2021,9 @@ def test_decode_products_up_to_64_rows_run_64_row_wgmma_tiles_split_where_they_l
             if tile:
                 assert plan.kernel.tile[1] == tile and plan.reduce is None
             check_geometry(plan)
-    # tf32x3 requests never split on wgmma by the rule (tf32x3 copies both operands)
-    x3 = select(Problem.dense(48, 4096, 11008, "tf32x3", b_t=True), dev)
-    assert x3.kernel.family != "wgmma_tf32" or not x3.kernel.split_fused
+    # tf32x3 on 128-row tiles (both operands' halves staged) is never split by the rule
+    x3 = select(Problem.dense(96, 4096, 11008, "tf32x3", b_t=True), dev, force="wgmma_tf32")
+    assert x3.kernel.tile[0] == 128 and not x3.kernel.split_fused
     # a forced count: 0 and 1 mean unsplit; capped by K / 512 and the grid's y limit
     p = Problem.dense(64, 512, 8192, "tf32", b_t=True)
     for n, want in ((0, 1), (1, 1), (5, 5), (100, 16)):

@@ -4,12 +4,13 @@ against the 128-row one at each width and number of K slices, and against the ot
 that take such products.
 
     python benchmarks/probes/wgmma_rows_probe.py [--only NAME,...] [--rows 128,64] [--widths 128,256]
-        [--splits 1,2,4] [--families kmajor_mma,tf32_mma] [--rounds 3]
+        [--splits 1,2,4] [--families kmajor_mma,tf32_mma] [--precision tf32x3] [--rounds 3]
 
 For each product: GPU us per call (probe_util.time_us, the median of ``--rounds`` alternating
 rounds) of the planner's plan, of every forced (rows, width, slices), of each forced family that
-takes the product and of torch with TF32 allowed; each result's error against float64 must be TF32-level (checked: the probe stops on one
-that is not). Decode's W is larger than L2 (but 64 x 4096 x 4096's 64 MiB, about L2's size).
+takes the product and of torch with TF32 allowed (``--precision tf32x3``: tf32x3 requests, B
+split by the kernel on 64-row tiles, against torch in fp32); each result's error against float64
+must be TF32-level, or fp32-level for tf32x3 (checked: the probe stops on one that is not). Decode's W is larger than L2 (but 64 x 4096 x 4096's 64 MiB, about L2's size).
 """
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ PRODUCTS = (("dec64_up", 1, 64, 14336, 4096, "wt"), ("dec48_down", 1, 48, 4096, 
             ("p48_128_64k", 1, 48, 128, 65536, "wt"), ("dec33_odd", 1, 33, 2001, 8200, "wt"),
             ("dec64_2k", 1, 64, 2048, 4096, "wt"))
 
-TF32_BOUND = 2e-3  # a TF32 product's relative error is ~3e-4 at these K
+BOUND = {"tf32": 2e-3, "tf32x3": 1e-5}  # relative error: TF32 ~3e-4 at these K, tf32x3 ~1e-7
 
 
 def main() -> int:
@@ -52,12 +53,14 @@ def main() -> int:
     ap.add_argument("--widths", default="128,256")
     ap.add_argument("--splits", default="1,2,4")
     ap.add_argument("--families", default="kmajor_mma,tf32_mma")
+    ap.add_argument("--precision", default="tf32", choices=("tf32", "tf32x3"))
     ap.add_argument("--rounds", type=int, default=3)
     o = ap.parse_args()
     if not need_gpu("wgmma_rows_probe.py"):
         return 2
     torch.manual_seed(0)
-    torch.backends.cuda.matmul.allow_tf32 = True
+    prec = o.precision
+    torch.backends.cuda.matmul.allow_tf32 = prec == "tf32"
     only = set(filter(None, o.only.split(",")))
     ints = lambda text: [int(x) for x in text.split(",")]  # noqa: E731
     variants = {f"r{rows}/{bn}/{s}": WgmmaTf32(rows64="always" if rows == 64 else False, force_bn=bn,
@@ -78,7 +81,7 @@ def main() -> int:
         a, b = operands(batch, M, N, K, layout)
         out = torch.empty(*a.shape[:-1], N, device="cuda")
         sh = analyse(a, b).materialized(a)
-        p, _ = build_problem(sh, sh.matrix_view(out), "tf32")
+        p, _ = build_problem(sh, sh.matrix_view(out), prec)
         plans.append(select(p, dev))
         for kw in [{"force": "wgmma_tf32", "variants": (v,)} for v in variants.values()] + [{"force": f} for f in families]:
             try:
@@ -88,7 +91,7 @@ def main() -> int:
     if plans:  # (all of them)
         print(f"compiled {compile_plans(plans, 'sm_90')} kernels", flush=True)
 
-    print("tf32: GPU us per call; forced columns are rows/width/slices")
+    print(f"{prec}: GPU us per call; forced columns are rows/width/slices")
     for name, batch, M, N, K, layout in products:
         a, b = operands(batch, M, N, K, layout)
         out = torch.empty(*a.shape[:-1], N, device="cuda")
@@ -97,7 +100,7 @@ def main() -> int:
         def add(label, **kw):
             c = torch.full_like(out, float("nan"))
             try:
-                _, plan, reason = dispatch.matmul_fastmm(a, b, c, "tf32", **kw)
+                _, plan, reason = dispatch.matmul_fastmm(a, b, c, prec, **kw)
             except ValueError:  # (a forced family that cannot run the product)
                 return
             if reason is not None or plan is None or plan.kernel is None:
@@ -105,11 +108,11 @@ def main() -> int:
             if "force" in kw and plan.kernel.family != kw["force"]:
                 return
             err = rel_err(c, a, b)
-            if not err < TF32_BOUND:
+            if not err < BOUND[prec]:
                 raise SystemExit(f"{name} {label}: error {err:.2e} against float64 ({plan.describe()})")
             k = plan.kernel
             descs[label] = f"{k.family[:6]} {k.tile[0]}x{k.tile[1]}x{k.tile[2]}" + (f"/{k.split_k}" if k.split_k > 1 else "")
-            runs[label] = lambda: dispatch.matmul_fastmm(a, b, out, "tf32", **kw)
+            runs[label] = lambda: dispatch.matmul_fastmm(a, b, out, prec, **kw)
 
         add("planner")
         for label, v in variants.items():

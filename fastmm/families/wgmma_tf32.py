@@ -129,7 +129,8 @@ ROWS64_MAX_M = 64
 #: 55.5 / 57.3 / **55.0** / 62.6 / 74.6; 32 x 3584 x 18944 (28) 131.4 / 81.4 / 77.5 / **76.6** / 81.5 /
 #: 89.2; 24 x 4096 x 4096 32.3 / 27.8 / 26.6 / **26.2** / 32.4 (kmajor_mma 30.7); 64 x 1024 x 4096 (8)
 #: 24.7 / 22.2 / 18.6 / **17.4** / 18.2 (tf32_mma 20.9); 64 x 14336 x 4096 (112 tiles) unsplit 62.7,
-#: 2 slices 76.0; 64 x 512 x 8192 (4 tiles: 16 blocks) 4 slices 23.0 against tf32_mma's 20.8.
+#: 2 slices 76.0; 64 x 512 x 8192 128 wide in 4 slices (16 blocks) 23.0, 64 wide in 4 slices (32
+#: blocks, the plan) 18.4, tf32_mma 20.8.
 #: 128 wide was the fastest of 128 and 256 at every split (256 wide: 66.8-109 unsplit); where even
 #: 4 slices leave SMs idle, more tiles beat more slices: 64 x 1024 x 4096 in 64-wide tiles and 4
 #: slices (64 blocks) 13.0, 128 wide in 8 slices (64 blocks) 18.2.
@@ -138,6 +139,17 @@ ROWS64_SPLIT_FILL = 2
 ROWS64_MAX_SLICES = 4
 ROWS64_SLICE_K = 512
 ROWS64_MIN_FILL = 5
+#: tf32x3 on 64-row tiles (X3_SPLIT_B, :meth:`WgmmaTf32.x3_splits_b`) from ROWS64_X3_MIN_M rows and
+#: N >= ROWS64_X3_MIN_N. H200 (NOTES run 37, GPU us, x3 on 64-row tiles / the fp32 SIMT plan / torch
+#: fp32): 64 x 14336 x 4096 W^T 164.7 / 213.7 / 197.0, 48 x 4096 x 11008 124.7 / 155.2 / 146.5; but
+#: 64 x 1024 x 4096 36.4 / 24.9 / 25.4, and at 17-32 rows the 32-row SIMT tile stays ahead (32 x
+#: 4096 x 14336 163.9 / 143.4, 24 x 4096 x 4096 57.1 / 47.9, before the split of B overlapped the
+#: wgmmas: ~7% off). (The 128-row tiles with both operands' halves staged: 2-3x slower than either.)
+ROWS64_X3_MIN_M = 33
+ROWS64_X3_MIN_N = 2048
+#: tf32x3 on 64-row tiles: how explain words its loads.
+X3_SPLIT_B_LOADS = ("A: TMA tiles of its staged big and small TF32 halves; B: fp32 TMA tiles (read in place), split "
+                    "into big and small TF32 halves in shared memory by the consumer threads")
 #: The 64-row tile's ring: as many slots as this many bytes hold (tile_options' rings are 192-200
 #: KiB), at most MAX_STAGES.
 RING_MAX_BYTES = 200 * 1024
@@ -203,13 +215,16 @@ SPLIT_FORCED_SLICE_K = 512
 
 #: From this many rows on, the planner tries wgmma ahead of the decode families (kmajor_mma,
 #: skinny_kmajor, skinny; all take at most 32 rows) for a tf32 product (:func:`wgmma_ahead`) with
-#: N of at least AHEAD_MIN_N (a narrow W is the decode families' to stream) that wgmma reads in
-#: place on 64-row tiles with K >= AHEAD_ROWS64_MIN_K, or that it splits with K >= SPLIT_AHEAD_MIN_K.
+#: N of at least AHEAD_MIN_N (a narrow W is the decode families' to stream) that it splits with K
+#: >= SPLIT_AHEAD_MIN_K, or that it reads in place on 64-row tiles, one matrix, with N >=
+#: AHEAD_ROWS64_MIN_N and K >= AHEAD_ROWS64_MIN_K (the products measured; kmajor_mma kept 24 x 1024
+#: x 4096, 11.7 against 14.2 us, and batches and N = 2048 were not measured).
 #: Measured (H200, GPU us, wgmma against kmajor_mma): 24 x 16384 x 2048 38.3 against 55.1 on
 #: 64-row tiles (NOTES run 37); with 128-row tiles split, 32 x 3584 x 18944 104 against 116 and 32
 #: x 4096 x 14336 85 against 98 (run 25), but slower at 16 rows and K = 4096 (34.0 against 24.0).
 AHEAD_FROM_M = 17
 AHEAD_MIN_N = 2048
+AHEAD_ROWS64_MIN_N = 4096
 AHEAD_ROWS64_MIN_K = 2048
 SPLIT_AHEAD_MIN_K = 8192
 
@@ -222,7 +237,7 @@ def wgmma_ahead(p: Problem, dev: DeviceFacts, fam: "WgmmaTf32 | None" = None) ->
         return False
     fam = fam or WgmmaTf32()
     launch_p, staged, swap = fam.staging(p, dev)
-    if (not staged and not swap and p.K >= AHEAD_ROWS64_MIN_K
+    if (not staged and not swap and p.batch_total == 1 and p.N >= AHEAD_ROWS64_MIN_N and p.K >= AHEAD_ROWS64_MIN_K
             and fam.tile_rows(launch_p, False, fam.reads_a_mn(launch_p)) == 64):
         return True
     return p.K >= SPLIT_AHEAD_MIN_K and fam.split_choice(launch_p, dev, fam.tile_options(False)) is not None
@@ -392,10 +407,27 @@ class WgmmaTf32(Family):
 
     def tile_rows(self, p: Problem, x3: bool, a_mn: bool) -> int:
         """The tile's rows for ``p``: 64 where ROWS64_MAX_M's rule (or ``rows64="always"``) says
-        and the kernel allows it (tf32, A K-major, the consumers sharing tiles), else 128."""
-        if x3 or a_mn or self.rows64 is False:
+        and the kernel allows it (tf32 with A K-major, the consumers sharing tiles; tf32x3 where
+        it splits B itself), else 128."""
+        if x3:
+            return 64 if self.x3_splits_b(p) else 128
+        if a_mn or self.rows64 is False:
             return 128
         return 64 if self.rows64 == "always" or p.M <= ROWS64_MAX_M else 128
+
+    def x3_splits_b(self, p: Problem) -> bool:
+        """tf32x3 on 64-row tiles, B read as fp32 and split into its TF32 halves by the kernel
+        (X3_SPLIT_B): ROWS64_X3_MIN_M to ROWS64_MAX_M rows and N >= ROWS64_X3_MIN_N (or
+        ``rows64="always"``). A is staged in its halves; B is read in place where the copy engine
+        can (else copied K-major in fp32 first, not split). For decode's x @ W.t() this reads W
+        once, where staging W wrote both halves and read them back."""
+        return p.precision == "tf32x3" and (self.rows64 == "always" or (
+            self.rows64 is not False and ROWS64_X3_MIN_M <= p.M <= ROWS64_MAX_M and p.N >= ROWS64_X3_MIN_N))
+
+    def splits_staged(self, p: Problem, which: str) -> bool:
+        """Whether the staging copy of operand ``which`` of ``p`` makes tf32x3's two halves (not
+        B's fp32 copy where the kernel splits B itself)."""
+        return p.precision == "tf32x3" and not (which == "bt" and self.x3_splits_b(p))
 
     @staticmethod
     def c_tma_ready(p: Problem) -> bool:
@@ -470,15 +502,15 @@ class WgmmaTf32(Family):
         macros = (("BN", bn), ("STAGES", stages), ("C_VEC", c_vec), ("PRECISION_X3", int(x3)), ("A_MN", int(a_mn)))
         if tma:
             macros += (("TMA_STORE", 1), ("C_BOXES", c_boxes))
-        if bm != 128:
-            macros += (("BM", bm),)
+        macros += self.row_macros(bm, x3)
         if pingpong:
             macros += (("PINGPONG", 1),)
         if vector:
             macros += (("EPILOGUE_VECTOR", vector),)
         if x3:  # see X3_SHORT_K
             macros += (("PROMOTE_EVERY", 1 if p.K <= X3_SHORT_K else 2), ("COMPENSATE", 1))
-        loads = ("TMA tiles of the big and small halves (K-major, 128-byte swizzle)" if x3 else
+        loads = (X3_SPLIT_B_LOADS if x3 and bm == 64 else
+                 "TMA tiles of the big and small halves (K-major, 128-byte swizzle)" if x3 else
                  "TMA tiles (128-byte swizzle), rounded to TF32 by the copy engine; "
                  + ("the kernel's A operand m-contiguous, fed to wgmma from registers (8-byte shared loads), "
                     "its B K-major" if a_mn else "both K-major"))
@@ -516,10 +548,15 @@ class WgmmaTf32(Family):
         where not (two at least). A 64-row tile's slots are smaller: a ring of up to
         RING_MAX_BYTES, at most MAX_STAGES slots, as tile_options' rings are."""
         if bm != 128:
-            stages = max(2, min(MAX_STAGES, RING_MAX_BYTES // ((bm + bn) * self.bk * 4)))
+            stages = max(2, min(MAX_STAGES, RING_MAX_BYTES // ((2 if x3 else 1) * (bm + bn) * self.bk * 4)))
         while stages > 2 and self.smem_bytes(bn, stages, x3, c_boxes, bm) > dev.smem_per_block_optin:
             stages -= 1
         return stages
+
+    @staticmethod
+    def row_macros(bm: int, x3: bool) -> tuple[tuple[str, int], ...]:
+        """BM where it is not the kernel's default (128); on 64-row tiles tf32x3 splits B itself."""
+        return () if bm == 128 else (("BM", bm),) + ((("X3_SPLIT_B", 1),) if x3 else ())
 
     @staticmethod
     def rows64_detail(p: Problem) -> tuple[str, str]:
@@ -544,7 +581,7 @@ class WgmmaTf32(Family):
         if self.split is not True:  # a forced count
             n = split_slices(p, min(int(self.split), max(p.K // SPLIT_FORCED_SLICE_K, 1), MAX_GRID_Y))
             return (options[0], n) if n > 1 else None
-        if p.precision != "tf32" or p.K < SPLIT_MIN_K:
+        if p.K < SPLIT_MIN_K or (p.precision != "tf32" and bm != 64):  # (tf32x3: on 64-row tiles only)
             return None
         if bm == 64:
             return self._rows64_split(p, dev, options)
@@ -598,13 +635,14 @@ class WgmmaTf32(Family):
         stages = self.fit_stages(dev, bn, stages, x3, 0, bm)
         c_vec = int(p.N % 2 == 0)
         macros = (("BN", bn), ("STAGES", stages), ("C_VEC", c_vec), ("PRECISION_X3", int(x3)), ("A_MN", int(a_mn)),
-                  ("SPLIT", 1)) + ((("BM", bm),) if bm != 128 else ())
+                  ("SPLIT", 1)) + self.row_macros(bm, x3)
         if x3:
             macros += (("PROMOTE_EVERY", 1 if p.K <= X3_SHORT_K else 2), ("COMPENSATE", 1))
         per = slice_k_tiles(p, split) * self.bk
         consumers = "1 consumer warpgroup" if bm == 64 else "2 consumer warpgroups sharing each tile"
-        details = (("A, B loads", "TMA tiles (128-byte swizzle)" + (" of the big and small halves" if x3 else
-                                                                    ", rounded to TF32 by the copy engine")),
+        details = (("A, B loads", X3_SPLIT_B_LOADS if x3 and bm == 64 else
+                    "TMA tiles (128-byte swizzle)" + (" of the big and small halves" if x3 else
+                                                      ", rounded to TF32 by the copy engine")),
                    ("pipeline", f"{stages} stages, 1 producer + {consumers}, mbarriers"),
                    ("split-K", f"{split} slices of {per} k, one block a (tile, slice); each stores its partial tile "
                                "into a workspace slice and the tile's last block sums the slices in slice order "
@@ -655,8 +693,9 @@ class WgmmaTf32(Family):
         a K-major A by swapping (:meth:`in_place_form`). Otherwise it copies one
         operand into K-major buffers (one per matrix of its batch: stage_kmajor.kmajor_batch), A as
         M x K4 or B as its transpose N x K4, and both only when neither can be read in place. tf32x3
-        always copies both: the copy makes the big and small halves. Rows are padded to 16 bytes; the
-        maps still say K, so the padding is never read."""
+        copies both (the copy makes the big and small halves), but A alone where the kernel splits
+        B itself (:meth:`x3_splits_b`). Rows are padded to 16 bytes; the maps still say K, so the
+        padding is never read."""
         k4 = -(-p.K // 4) * 4
         split = p.precision == "tf32x3"
         form = None if split else self.in_place_form(p)
@@ -688,8 +727,8 @@ class WgmmaTf32(Family):
         if split or not self.a_ready(p):
             p, entry = copy_a(p)
             staged.append(entry)
-        if split or not self.b_ready(p):
-            p, entry = copy_bt(p)
+        if (split and not self.x3_splits_b(original)) or not self.b_ready(p):
+            p, entry = copy_bt(p)  # (tf32x3 on 64-row tiles: an fp32 copy, split by the kernel)
             staged.append(entry)
         return p, tuple(staged), False
 
@@ -713,8 +752,9 @@ class WgmmaTf32(Family):
             if blocks < share * dev.sm_count:
                 return (f"{blocks} tiles of 128x128 fill under 1/{round(1 / share)} of the {dev.sm_count} SMs, and "
                         "splitting K does not pay here")
-        per_element = 12 if x3 else 8  # read, write (twice when split)
-        moved = sum(per_element * rows * cols * kmajor_batch(p, which)[1] for which, rows, cols in staged)
+        # read, write (twice when split)
+        moved = sum((12 if self.splits_staged(p, which) else 8) * rows * cols * kmajor_batch(p, which)[1]
+                    for which, rows, cols in staged)
         # The alternative, tf32_mma, is much slower (H200: TF32 120 vs 350 TFLOP/s; tf32x3 24-28 vs
         # 115), and slower still on small products (blocks of one warp: 2-4x under its large-product
         # rate): with copies at ~3 TB/s, wgmma + copies is faster above ~10 FLOP per copied byte.
@@ -726,14 +766,17 @@ class WgmmaTf32(Family):
         return None
 
     def stagers(self, p, staging):
-        return tuple(stage_kmajor_config(p, which, p.precision == "tf32x3") for which, _, _ in staging)
+        return tuple(stage_kmajor_config(p, which, self.splits_staged(p, which)) for which, _, _ in staging)
 
     def describe_staging(self, p, which, rows, cols):
         what = "B transposed" if which == "bt" else which.upper()
         copies = kmajor_batch(p, which)[1]
         each = f"{copies} x {rows}x{cols}" if copies > 1 else f"{rows}x{cols}"
-        if p.precision == "tf32x3":
+        if self.splits_staged(p, which):
             return f"{what} split into big and small TF32 halves, K-major ({each} each; stage_kmajor)"
+        if p.precision == "tf32x3":
+            return (f"{what} copied K-major in fp32 ({each}; stage_kmajor): a tensor map cannot read it, and "
+                    "the kernel splits it into TF32 halves as it arrives")
         return (f"{what} copied K-major ({each}, 16-byte aligned rows; stage_kmajor): TF32 wgmma needs one "
                 "operand K-major in shared memory (the other may come through registers), and a tensor map "
                 "cannot read this one that way")

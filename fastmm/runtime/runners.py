@@ -201,17 +201,18 @@ def wgmma_runner(plan, loaded, p: Problem, device: torch.device):
     for (which, rows, cols), stager in zip(plan.staging, plan.stagers):
         _, s_rows, s_k, _ = kmajor_source(plan.problem, which)
         inner, total, s0, s1 = kmajor_batch(plan.problem, which)
-        copies.append((which == "a", (2 if x3 else 1, total, rows, cols), launcher.load(plan.device, stager),
+        halves = dict(stager.macros)["SPLIT"] == 1  # (tf32x3's halves; B's fp32 copy where the kernel splits it)
+        copies.append((which == "a", halves, (2 if halves else 1, total, rows, cols), launcher.load(plan.device, stager),
                        (rows, plan.problem.K, s_rows, s_k, cols, inner, total, s0, s1)))
 
     def run(pa: int, pb: int, pc: int, stream: int, epi: tuple = ()) -> None:
         a_parts, b_parts = (pa,), (pb,)
         staged = []  # referenced until the GEMM is queued (the allocator is stream-ordered)
-        for is_a, shape, stager, args in copies:
+        for is_a, halves, shape, stager, args in copies:
             buf = torch.empty(shape, dtype=torch.float32, device=device)
             staged.append(buf)
             big = buf.data_ptr()
-            parts = (big, big + buf.stride(0) * 4) if x3 else (big,)
+            parts = (big, big + buf.stride(0) * 4) if halves else (big,)
             launcher.launch(stager, stream, ((a_parts if is_a else b_parts)[0], parts[0], parts[-1]) + args)
             if is_a:
                 a_parts = parts
@@ -220,7 +221,7 @@ def wgmma_runner(plan, loaded, p: Problem, device: torch.device):
         if swap:  # the kernel's A is B (its B is A, or A's copy): C^T = B^T A^T
             a_parts, b_parts = b_parts, a_parts
         encode = tensor_map.encode
-        if x3:  # two halves of each operand, TF32 already: plain fp32 maps
+        if x3:  # two halves of each operand, TF32 already (B alone in fp32 where the kernel splits it): fp32 maps
             maps = tuple([encode(ptr, spec_a, tf32=False) for ptr in a_parts]
                          + [encode(ptr, spec_b, tf32=False) for ptr in b_parts])
         else:  # one part each (the operand or its copy); the copy engine rounds to TF32
