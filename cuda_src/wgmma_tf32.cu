@@ -158,6 +158,9 @@
 #if X3_SPLIT_B && !(PRECISION_X3 && BM == 64)
 #error "X3_SPLIT_B splits B into tf32x3's halves on 64-row tiles"
 #endif
+#if X3_SPLIT_B && STAGES < 2
+#error "X3_SPLIT_B splits the next slot while a step's wgmmas read this one: STAGES >= 2"
+#endif
 #define BK 32  // 32 floats = 128 bytes: one swizzle row
 #define THREADS (128 + CONSUMER_THREADS)
 #define A_BYTES (BM * BK * 4)

@@ -715,7 +715,7 @@ def test_wgmma_64_row_tile_builds_every_width_and_form_without_spills():
             p = Problem.dense(48, n, 4096, "tf32x3", b_t=True)
             for epi in (EPILOGUE_NONE, EPILOGUE_BIAS_N, EPILOGUE_D):
                 plan = select(dataclasses.replace(p, epilogue=epi), dev, force="wgmma_tf32",
-                              variants=(WgmmaTf32(force_bn=bn, split=split),))
+                              variants=(WgmmaTf32(force_bn=bn, split=split, rows64="always"),))
                 m = dict(plan.kernel.macros)
                 assert m["BM"] == 64 and m["X3_SPLIT_B"] == 1 and m["PRECISION_X3"] == 1 and m["BN"] == bn, m
                 macros.add(plan.kernel.macros)

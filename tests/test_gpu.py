@@ -1142,6 +1142,10 @@ def test_wgmma_64_row_tiles_compute_every_output(case, rel_err):
 WGMMA_X3_SPLIT_B_CASES = dict(WGMMA_ROWS64_CASES, **{
     "row-major-b": lambda: (randn(40, 700), randn(700, 300)),  # B copied K-major in fp32, split by the kernel
     "inf-and-nan": lambda: (randn(20, 512), _with_specials(randn(384, 512)).t()),
+    # persistent blocks walking several tiles: the last k-step of a tile splits the next tile's first slot
+    "many-tiles-one-k-step": lambda: (randn(48, 32), randn(40000, 32).t()),
+    "many-tiles": lambda: (randn(64, 100), randn(40000, 100).t()),
+    "many-tiles-batched": lambda: (randn(16, 64, 520), randn(16, 2048, 520).transpose(1, 2)),
 })
 
 

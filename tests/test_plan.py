@@ -429,13 +429,13 @@ def test_tf32x3_that_wgmma_declines_runs_fp32_simt_on_sm90_and_mma_sync_before(a
 
 
 def test_tf32x3_decode_of_33_to_64_rows_runs_wgmma_splitting_b_in_the_kernel():
-    """tf32x3 x @ W.t() of 33-64 rows with N >= 2048 on sm_90: wgmma's 64-row tiles with only A's
+    """tf32x3 x @ W.t() of 33-64 rows with N >= 4096 on sm_90: wgmma's 64-row tiles with only A's
     halves staged, B split in shared memory (X3_SPLIT_B), split over K by the 64-row rule; fewer
     rows or a narrower W keep the fp32 SIMT / skinny plans. H200 (NOTES run 37, GPU us, this plan
     / fp32 SIMT / torch fp32): 64 x 14336 x 4096 164.7 / 213.7 / 197.0, 48 x 4096 x 11008 124.7 /
     155.2 / 146.5; 64 x 1024 x 4096 36.4 / 24.9; 32 x 4096 x 14336 163.9 / 143.4."""
     dev = DEV["sm_90"]
-    for (M, N, K), want in (((64, 14336, 4096), (1, 128)), ((48, 4096, 11008), (4, 128)), ((33, 2048, 4096), (4, 64))):
+    for (M, N, K), want in (((64, 14336, 4096), (1, 128)), ((48, 4096, 11008), (4, 128)), ((40, 4096, 8192), (4, 128))):
         plan = select(Problem.dense(M, N, K, "tf32x3", b_t=True), dev)
         m = macros(plan)
         assert plan.kernel.family == "wgmma_tf32" and m["BM"] == 64 and m["X3_SPLIT_B"] == 1, plan.describe()
@@ -444,7 +444,7 @@ def test_tf32x3_decode_of_33_to_64_rows_runs_wgmma_splitting_b_in_the_kernel():
         assert dict(plan.stagers[0].macros)["SPLIT"] == 1  # (A's halves)
         assert "split into big and small TF32 halves in shared memory" in dict(plan.kernel.details)["A, B loads"]
         check_geometry(plan)
-    for M, N, K in ((64, 1024, 4096), (32, 4096, 14336), (24, 4096, 4096), (16, 14336, 4096)):
+    for M, N, K in ((64, 1024, 4096), (64, 2048, 4096), (32, 4096, 14336), (24, 4096, 4096), (16, 14336, 4096)):
         plan = select(Problem.dense(M, N, K, "tf32x3", b_t=True), dev)
         assert plan.kernel.family in ("simt_cp_async", "skinny_kmajor"), plan.describe()
     # a row-major W (x @ W): B copied K-major in fp32 (not split: the kernel splits it) where wgmma takes it
@@ -1407,7 +1407,7 @@ def test_m_up_to_32_picks_skinny_on_every_arch_and_precision(arch, precision, M)
             # (fp32 x @ W.t() at 17-32 rows: the 32-row SIMT tile, its own test below)
             assert plan.kernel.family == "simt_cp_async" and macros(plan)["THREAD_M"] == 4, (N, K, kw)
             continue
-        if arch == "sm_90" and precision == "tf32" and kw.get("b_t") and M >= 17 and N >= 2048 and K >= 2048:
+        if arch == "sm_90" and precision == "tf32" and kw.get("b_t") and M >= 17 and N >= 4096 and K >= 2048:
             # (tf32 x @ W.t() from 17 rows: wgmma's 64-row tile, its own test)
             assert plan.kernel.family == "wgmma_tf32" and plan.kernel.tile[0] == 64, (N, K, kw)
             continue
@@ -1993,7 +1993,7 @@ def test_decode_products_up_to_64_rows_run_64_row_wgmma_tiles_split_where_they_l
     128-wide tiles fill under half the SMs and K >= 2048, K split over blocks into 132 // tiles
     slices (2 at least, 4 and K / 512 at most), the last blocks summing them; 64 wide where 128
     wide still leaves half the SMs idle and 64 wide makes more blocks; only where those blocks fill
-    a fifth of the SMs (else tf32_mma). From 17 rows with N >= 2048 and K >= 2048 ahead of
+    a fifth of the SMs (else tf32_mma). From 17 rows, one matrix, N >= 4096 and K >= 2048 ahead of
     kmajor_mma. H200 (probes/wgmma_rows_probe.py, NOTES run 37, GPU us): 64 x 14336 x
     4096 unsplit 62.7 (2 slices 76.0), 48 x 4096 x 11008 4 slices 55.0 (unsplit 72.4), 24 x 16384 x
     2048 38.3 against kmajor_mma's 55.1, 64 x 1024 x 4096 64 wide in 4 slices 13.0 (128 wide 17.4,

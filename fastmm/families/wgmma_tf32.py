@@ -1,6 +1,7 @@
 """The Hopper family (cuda_src/wgmma_tf32.cu, sm_90a): TF32 wgmma fed by TMA, warp-specialised;
 also tf32x3 from operands split into big and small TF32 halves by the staging pass
-(:mod:`.stage_kmajor`). Everything the planner and the runner ask of it lives here: what it
+(:mod:`.stage_kmajor`), or on 64-row tiles A by the staging pass and B by the kernel itself.
+Everything the planner and the runner ask of it lives here: what it
 reads in place, which operand it copies first (and when that costs too much), the tensor maps."""
 from __future__ import annotations
 
@@ -145,11 +146,13 @@ ROWS64_MIN_FILL = 5
 #: 64 x 1024 x 4096 36.4 / 24.9 / 25.4, and at 17-32 rows the 32-row SIMT tile stays ahead (32 x
 #: 4096 x 14336 163.9 / 143.4, 24 x 4096 x 4096 57.1 / 47.9, before the split of B overlapped the
 #: wgmmas: ~7% off). (The 128-row tiles with both operands' halves staged: 2-3x slower than either.)
+#: N = 2048 was not measured: from 4096, where it won.
 ROWS64_X3_MIN_M = 33
-ROWS64_X3_MIN_N = 2048
+ROWS64_X3_MIN_N = 4096
 #: tf32x3 on 64-row tiles: how explain words its loads.
-X3_SPLIT_B_LOADS = ("A: TMA tiles of its staged big and small TF32 halves; B: fp32 TMA tiles (read in place), split "
-                    "into big and small TF32 halves in shared memory by the consumer threads")
+X3_SPLIT_B_LOADS = ("A: TMA tiles of its staged big and small TF32 halves; B: fp32 TMA tiles (of B where the copy "
+                    "engine reads it, else of its fp32 K-major copy), split into big and small TF32 halves in shared "
+                    "memory by the consumer threads")
 #: The 64-row tile's ring: as many slots as this many bytes hold (tile_options' rings are 192-200
 #: KiB), at most MAX_STAGES.
 RING_MAX_BYTES = 200 * 1024
@@ -302,7 +305,8 @@ def persistent_pays(p: Problem, dev: DeviceFacts, work: int) -> bool:
 @dataclass(frozen=True)
 class WgmmaTf32(Family):
     """Hopper tensor cores: wgmma m64nNk8 TF32 fed by TMA, warp-specialised (sm_90a only); also
-    tf32x3 from operands split into big and small TF32 halves by the staging pass.
+    tf32x3 from operands split into big and small TF32 halves by the staging pass (B by the
+    kernel on 64-row tiles: :meth:`x3_splits_b`).
 
     TF32 wgmma reads K-major tiles from shared memory only. An MN-major A (m contiguous) is fed
     from registers instead (A_MN); a row-major B is handled by computing C^T = B^T A^T, where B^T
@@ -334,9 +338,10 @@ class WgmmaTf32(Family):
     #: K split over blocks (SPLIT in the kernel: each tile's last block sums the slices) where
     #: the rule of SPLIT_MAX_M says (tf32 decode-like products whose tiles leave most SMs idle);
     #: False: never; a number: that many slices wherever a batch-1 product may split, tf32x3 too
-    #: (for probes and tests). (tf32x3 is left unsplit by the rule: its copies of both
-    #: operands weigh most on exactly the long-K products a split is for, where the planner sends
-    #: it to the fp32 SIMT path, measured 1.9x faster at 256 x 256 x 65536 in issue 18.)
+    #: (for probes and tests). (tf32x3 on 128-row tiles is left unsplit by the rule: its copies of
+    #: both operands weigh most on exactly the long-K products a split is for, where the planner
+    #: sends it to the fp32 SIMT path, measured 1.9x faster at 256 x 256 x 65536 in issue 18; on
+    #: 64-row tiles, B split by the kernel, the 64-row rule splits it as it does tf32.)
     split: bool | int = True
     #: 64-row tiles where the rule of ROWS64_MAX_M says; False: 128 rows always, "always": 64 rows
     #: wherever the kernel allows them (tf32, a K-major A, the cooperative form): for probes.
