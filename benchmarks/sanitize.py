@@ -488,6 +488,12 @@ def wgmma_cases(dev: DeviceFacts, precision: str, quick: bool) -> list[Case]:
         if not quick:
             add("split", 2100, 40, 6000, offsets=(0, 0, 1))
             add("split", 1, 4096, 8192, b_t=True)
+    # 64-row tiles (M <= 64; NOTES run 37): split, and persistent blocks walking several tiles; tf32x3
+    # there splits B in the kernel (the next slot while a step's wgmmas run, across tiles too)
+    add("rows64", 17, 4096, 4100, b_t=True)
+    add("rows64", 64, 40000, 100, b_t=True)
+    if precision == "tf32x3":
+        add("rows64", 40, 4100, 4100, b_t=True)
     # batches: in place where the layout allows (tf32), else copied per matrix (tf32x3 always)
     add("batch", bm - 1, bn + 1, bk + 3, batch=3, b_broadcast=True)  # K % 4 != 0: copies of both
     if precision == "tf32":
