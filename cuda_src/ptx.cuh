@@ -117,6 +117,14 @@ __device__ __forceinline__ unsigned to_tf32(float x) {
     return r;
 }
 
+// tf32x3's halves of x as the wgmma family stores them: big = tf32(x), small = tf32(x - big), and
+// small = 0 for +-Inf / NaN (big alone then carries fp32's answer). One definition for the staging
+// pass and the kernel that splits B itself (X3_SPLIT_B), whose results must be the same bits.
+__device__ __forceinline__ void tf32_halves(float x, float& big, float& small) {
+    big = __uint_as_float(to_tf32(x));
+    small = isfinite(x) ? __uint_as_float(to_tf32(x - big)) : 0.f;
+}
+
 // D = A(16x8, row) * B(8x8, col) + D on tensor cores, TF32 inputs, fp32 accumulators.
 __device__ __forceinline__ void mma_tf32_16x8x8(float d[4], const unsigned a[4], const unsigned b[2]) {
     asm volatile(

@@ -32,10 +32,7 @@ __device__ __forceinline__ void put4(float* dst, float* dst2, i64 at, const floa
 #if SPLIT
     float big[4], small[4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        big[i] = __uint_as_float(to_tf32(v[i]));
-        small[i] = isfinite(v[i]) ? __uint_as_float(to_tf32(v[i] - big[i])) : 0.f;
-    }
+    for (int i = 0; i < 4; ++i) tf32_halves(v[i], big[i], small[i]);
     *(float4*)(dst + at) = make_float4(big[0], big[1], big[2], big[3]);
     *(float4*)(dst2 + at) = make_float4(small[0], small[1], small[2], small[3]);
 #else

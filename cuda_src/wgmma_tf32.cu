@@ -311,10 +311,7 @@ __device__ __forceinline__ void split_b_slot(unsigned base, unsigned bars, int i
         lds_v4(b_tile + 16 * c, x);
         float big[4], lo[4];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            big[i] = __uint_as_float(to_tf32(x[i]));
-            lo[i] = isfinite(x[i]) ? __uint_as_float(to_tf32(x[i] - big[i])) : 0.f;
-        }
+        for (int i = 0; i < 4; ++i) tf32_halves(x[i], big[i], lo[i]);
         sts_v4(b_tile + 16 * c, big);
         sts_v4(b_small + 16 * c, lo);
     }
