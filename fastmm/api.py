@@ -8,13 +8,14 @@ steady-state entry of a layout seen before, else the full path of :mod:`fastmm.d
 from __future__ import annotations
 
 import torch
+from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 from . import ops
 from .dispatch import torch_matmul
 from .errors import FastmmWarning  # noqa: F401  (re-exported: fastmm.FastmmWarning)
 from .fast_path import compute
-from .precision import autocast_half_active_on, resolve_precision
-from .shapes import analyse, resize_out
+from .precision import autocast_any_half_active, autocast_half_active_on, resolve_precision, resolve_precision_eager
+from .shapes import PLAIN_TYPES, analyse, resize_out
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
@@ -26,6 +27,16 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
     accuracy. Inputs fastmm's kernels cannot serve (CPU tensors, other dtypes, no NVRTC, ...) go to
     ``torch.matmul``; :func:`explain` says which and why.
     """
+    if type(a) in PLAIN_TYPES and type(b) in PLAIN_TYPES and (out is None or type(out) in PLAIN_TYPES) \
+            and not torch.compiler.is_compiling() and not is_in_torch_dispatch_mode():
+        # Plain tensors in eager mode, the usual call: the tests below, each made once (this
+        # path runs on every product of a decode step, where the host time is the step's time)
+        precision = resolve_precision_eager(precision)
+        if autocast_any_half_active(a):
+            return torch_matmul(a, b, out)
+        if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
+            return torch_matmul(a, b, out) if out is not None else ops.matmul_autograd(a, b, precision)
+        return compute(a, b, out, precision)
     if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor) or (
             out is not None and not isinstance(out, torch.Tensor)):
         return torch_matmul(a, b, out)  # torch words the type error

@@ -7,7 +7,9 @@ devices, pointer alignment, precision and the environment switches. A layout tha
 this path (several launch offsets, rows folded by a copy) is remembered as such too, so it
 is analysed once, not on every call. ``F.linear``'s product (every Linear layer's forward) has
 a key of its own, read from x, the weight and the bias as they are (:func:`compute_linear`):
-the same information, without making the transposed weight's view per call.
+the same information, without making the transposed weight's view per call; and a Linear
+layer's backward (grad_x and grad_W, :func:`serve_linear_grads`) one key for both products, read
+from g, x and the weight, without the flattened and transposed views the formula makes.
 """
 from __future__ import annotations
 
@@ -50,11 +52,21 @@ ENTRIES: dict[tuple, FastEntry | bool | str] = {}
 
 
 def key_of(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, precision: str) -> tuple:
+    return key_at(a, b, out, precision, a.data_ptr(), b.data_ptr(), 0 if out is None else out.data_ptr())
+
+
+def key_at(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, precision: str, pa: int, pb: int,
+           po: int) -> tuple:
+    """:func:`key_of` from the operands' data pointers, read once by the caller: a repeat call
+    needs them again for the overlap test and the launch (each read ~0.07 us)."""
     key = (a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, a.device, b.device,
-           a.data_ptr() & 15, b.data_ptr() & 15, precision, config.switches())
+           pa & 15, pb & 15, precision, _switches())
     if out is not None:
-        key += (out.shape, out.stride(), out.dtype, out.device, out.data_ptr() & 15)
+        key += (out.shape, out.stride(), out.dtype, out.device, po & 15)
     return key
+
+
+_switches = config.switches  # (a module global: one lookup less a key)
 
 
 def forget_plans() -> None:
@@ -64,10 +76,11 @@ def forget_plans() -> None:
     ENTRIES.clear()
 
 
-def ranges_overlap(entry: FastEntry, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> bool:
+def ranges_overlap(entry: FastEntry, pa: int, pb: int, po: int) -> bool:
+    """Whether ``out`` at ``po`` overlaps ``a`` at ``pa`` or ``b`` at ``pb`` (the byte extents the
+    entry keeps: the same for every call of its key)."""
     ea, eb, eo = entry.extents
-    o = out.data_ptr()
-    return (o < a.data_ptr() + ea and a.data_ptr() < o + eo) or (o < b.data_ptr() + eb and b.data_ptr() < o + eo)
+    return (po < pa + ea and pa < po + eo) or (po < pb + eb and pb < po + eo)
 
 
 def remember(key: tuple, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, precision: str,
@@ -118,21 +131,23 @@ def remember(key: tuple, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | N
     ENTRIES[key] = FastEntry(s.out_shape, hit.kernel, tail, a.device, index, extents, runner, epi_tail)
 
 
-def launch(entry: FastEntry, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None,
+def launch(entry: FastEntry, pa: int, pb: int, out: torch.Tensor | None, po: int,
            d: torch.Tensor | None = None) -> torch.Tensor:
-    """Queue ``entry``'s work on ``a``, ``b`` (and a fused epilogue's ``d``) into ``out`` or a
-    fresh C."""
-    # C allocated in matmul's result shape at once: the same contiguous memory as the batch +
-    # (M, N) matrix the kernel writes (a view from one to the other costs ~1.5 us a call)
-    c = result_matrix(entry.out_shape, entry.device) if out is None else out
+    """Queue ``entry``'s work on the operands at ``pa``, ``pb`` (and a fused epilogue's ``d``)
+    into ``out`` (at ``po``) or a fresh C."""
+    if out is None:
+        # C allocated in matmul's result shape at once: the same contiguous memory as the batch +
+        # (M, N) matrix the kernel writes (a view from one to the other costs ~1.5 us a call)
+        out = result_matrix(entry.out_shape, entry.device)
+        po = out.data_ptr()
     epi = () if d is None else (d.data_ptr(),) + entry.epi_tail
     index = entry.index
     if (_cuda_device() if _cuda_device is not None else torch.cuda.current_device()) != index:
         with torch.cuda.device(index):  # (dispatch.on_device: a kernel runs in the current context)
-            _enqueue(entry, a, b, c, epi)
+            _enqueue(entry, pa, pb, po, epi)
     else:
-        _enqueue(entry, a, b, c, epi)
-    return c
+        _enqueue(entry, pa, pb, po, epi)
+    return out
 
 
 #: torch's C getter of the current device, without torch.cuda.current_device()'s lazy-init test
@@ -140,24 +155,24 @@ def launch(entry: FastEntry, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor
 _cuda_device = getattr(torch._C, "_cuda_getDevice", None)
 
 
-def _enqueue(entry: FastEntry, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, epi: tuple) -> None:
+def _enqueue(entry: FastEntry, pa: int, pb: int, pc: int, epi: tuple) -> None:
     if entry.runner is None:
-        launcher.launch(entry.kernel, dispatch.current_stream(entry.index),
-                        (a.data_ptr(), b.data_ptr(), c.data_ptr()) + entry.tail + epi)
+        launcher.launch(entry.kernel, dispatch.current_stream(entry.index), (pa, pb, pc) + entry.tail + epi)
     else:
-        entry.runner(a.data_ptr(), b.data_ptr(), c.data_ptr(), dispatch.current_stream(entry.index), epi)
+        entry.runner(pa, pb, pc, dispatch.current_stream(entry.index), epi)
 
 
-def serve(key: tuple, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None,
+def serve(key: tuple, pa: int, pb: int, out: torch.Tensor | None, po: int,
           d: torch.Tensor | None = None) -> torch.Tensor | None:
-    """The steady-state call: ``key``'s entry launched on these operands (:func:`launch`), or
-    None where it has no FastEntry, the entry may not serve (an ``out`` overlapping an input),
-    or its launch failed (not expected: the first call did the same; the key is then NOT_FAST,
-    so the full path decides, falling back if it must)."""
+    """The steady-state call: ``key``'s entry launched on the operands at ``pa``, ``pb`` into
+    ``out`` at ``po`` or a fresh C (:func:`launch`), or None where it has no FastEntry, the entry
+    may not serve (an ``out`` overlapping an input), or its launch failed (not expected: the first
+    call did the same; the key is then NOT_FAST, so the full path decides, falling back if it
+    must)."""
     entry = ENTRIES.get(key)
-    if type(entry) is FastEntry and (out is None or not ranges_overlap(entry, a, b, out)):
+    if type(entry) is FastEntry and (out is None or not ranges_overlap(entry, pa, pb, po)):
         try:
-            return launch(entry, a, b, out, d)
+            return launch(entry, pa, pb, out, po, d)
         except (TensorMapError, LaunchError):
             ENTRIES[key] = NOT_FAST
     return None
@@ -166,8 +181,9 @@ def serve(key: tuple, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None
 def compute(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, precision: str) -> torch.Tensor:
     """The product without autograd, for operands torch's type rules already accepted: the
     steady-state entry where a first call left one, else the full path (which leaves one)."""
-    key = key_of(a, b, out, precision)
-    c = serve(key, a, b, out)
+    pa, pb, po = a.data_ptr(), b.data_ptr(), 0 if out is None else out.data_ptr()
+    key = key_at(a, b, out, precision, pa, pb, po)
+    c = serve(key, pa, pb, out, po)
     return c if c is not None else _compute_full(key, a, b, out, precision)
 
 
@@ -200,7 +216,7 @@ def compute_fused(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, alpha, beta
     input) where the plan allows (:func:`fastmm.dispatch.fused_reason`), else the product and
     then the epilogue in place on it. A fresh result either way."""
     key = fused_key(a, b, d, alpha, beta, precision)
-    c = serve(key, a, b, None, d)
+    c = serve(key, a.data_ptr(), b.data_ptr(), None, 0, d)
     return c if c is not None else _fused_full(key, a, b, d, alpha, beta, precision)
 
 
@@ -235,13 +251,16 @@ def add_epilogue(prod: torch.Tensor, d: torch.Tensor, alpha, beta) -> torch.Tens
 # ---------------------------------------------------------------------------------------------
 # F.linear: x @ w.t() (+ bias), keyed on (x, w, bias) themselves
 
-def linear_key(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, precision: str) -> tuple:
+def linear_key(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, precision: str,
+               px: int | None = None, pw: int | None = None) -> tuple:
     """The key of ``x @ w.t()`` (+ ``bias``, alpha = beta = 1): what :func:`key_of` (no bias) or
     :func:`fused_key` hold for ``(x, w.t(), bias)``, read from ``w`` itself (w.t()'s shape and
     strides are w's reversed, its pointer is w's). It starts with "linear", where theirs start
     with a shape, so the two kinds of key never meet."""
+    if px is None:
+        px, pw = x.data_ptr(), w.data_ptr()
     key = ("linear", x.shape, x.stride(), w.shape, w.stride(), x.dtype, w.dtype, x.device, w.device,
-           x.data_ptr() & 15, w.data_ptr() & 15, precision, config.switches())
+           px & 15, pw & 15, precision, _switches())
     if bias is not None:
         key += (bias.shape, bias.stride(), bias.dtype, bias.device, type(bias), bias.data_ptr() & 3)
     return key
@@ -252,8 +271,9 @@ def compute_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, 
     :func:`compute_fused` (the bias added in the kernel's stores where the plan allows), with
     the entry under :func:`linear_key`. A repeat call so makes neither the transposed view
     (~1.3 us) nor the generic key; its launch reads w.t()'s pointer from ``w`` (the same)."""
-    key = linear_key(x, w, bias, precision)
-    c = serve(key, x, w, None, bias)
+    px, pw = x.data_ptr(), w.data_ptr()
+    key = linear_key(x, w, bias, precision, px, pw)
+    c = serve(key, px, pw, None, 0, bias)
     if c is not None:
         return c
     if x.dim() > 2 and (ENTRIES.get(key) is FOLD_BY_COPY or (w.dim() == 2 and (bias is None or bias.dim() <= 1)
@@ -268,3 +288,69 @@ def compute_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, 
     if bias is None:
         return _compute_full(key, x, w.t(), None, precision)
     return _fused_full(key, x, w.t(), bias, 1, 1, precision)
+
+
+# ---------------------------------------------------------------------------------------------
+# a Linear layer's backward: grad_x = g @ w and grad_w = g^T @ x (rows flattened), one key for both
+
+@dataclass(frozen=True, slots=True)
+class LinearGradsEntry:
+    """The two products of ``x @ w.t()``'s backward as remembered entries: ``grad_x`` launched on
+    (g, w), ``grad_w`` on (g, x) read in place (g^T and x's rows flattened are views at the
+    same pointers); None for a gradient not asked for."""
+
+    grad_x: FastEntry | None
+    grad_w: FastEntry | None
+
+
+def linear_grads_key(g: torch.Tensor, x: torch.Tensor, w: torch.Tensor, precision: str, need_x: bool,
+                     need_w: bool, pg: int, px: int, pw: int) -> tuple:
+    """What both products' :func:`key_of` keys hold, read from (g, x, w) as they are: the views
+    (g^T, x's rows flattened) and a key a product are made once, on the first call of a layout."""
+    return ("linear grads", g.shape, g.stride(), x.shape, x.stride(), w.shape, w.stride(), g.dtype, x.dtype,
+            w.dtype, g.device, x.device, w.device, pg & 15, px & 15, pw & 15, precision, _switches(), need_x, need_w)
+
+
+def serve_linear_grads(g: torch.Tensor, x: torch.Tensor, w: torch.Tensor, precision: str, need_x: bool,
+                       need_w: bool) -> tuple | None:
+    """(grad_x, grad_w) of ``x @ w.t()`` for the output gradient ``g`` (None for one not asked
+    for), from the entry a first call of this layout left (:func:`remember_linear_grads`); None
+    where there is none (not known yet, or never fast): the caller takes the formula, whose
+    products then go through :func:`compute` one by one."""
+    pg, px, pw = g.data_ptr(), x.data_ptr(), w.data_ptr()
+    key = linear_grads_key(g, x, w, precision, need_x, need_w, pg, px, pw)
+    entry = ENTRIES.get(key)
+    if type(entry) is not LinearGradsEntry:
+        return None
+    try:
+        grad_x = None if entry.grad_x is None else launch(entry.grad_x, pg, pw, None, 0)
+        grad_w = None if entry.grad_w is None else launch(entry.grad_w, pg, px, None, 0)
+    except (TensorMapError, LaunchError):  # (not expected: the products' own calls launched the same)
+        ENTRIES[key] = NOT_FAST
+        return None
+    return grad_x, grad_w
+
+
+def remember_linear_grads(g: torch.Tensor, x: torch.Tensor, w: torch.Tensor, precision: str, need_x: bool,
+                          need_w: bool) -> None:
+    """After the formula computed ``x @ w.t()``'s gradients product by product (each through
+    :func:`compute`, which remembered its own entry): keep both entries under one key, where both
+    products are single launches and read g and x in place. Else the key is remembered as never
+    fast, so the next call does not look again."""
+    key = linear_grads_key(g, x, w, precision, need_x, need_w, g.data_ptr(), x.data_ptr(), w.data_ptr())
+    if key in ENTRIES:
+        return
+    grad_x = grad_w = None
+    fast = True
+    if need_x:
+        grad_x = ENTRIES.get(key_of(g, w, None, precision))
+        fast = type(grad_x) is FastEntry
+    if need_w and fast:
+        g_t = g.reshape(-1, w.shape[0]).t()
+        rows = x.reshape(-1, x.shape[-1])
+        grad_w = ENTRIES.get(key_of(g_t, rows, None, precision))
+        # (views at g's and x's own pointers: a reshape that copied reads another memory)
+        fast = type(grad_w) is FastEntry and g_t.data_ptr() == g.data_ptr() and rows.data_ptr() == x.data_ptr()
+    if len(ENTRIES) >= dispatch.MAX_CACHED_SHAPES:
+        ENTRIES.clear()
+    ENTRIES[key] = LinearGradsEntry(grad_x, grad_w) if fast else NOT_FAST

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from . import ops
 from .api import matmul as fastmm_matmul
-from .precision import autocast_half_active, resolve_precision
+from .precision import autocast_any_half_active, autocast_half_active, resolve_precision, resolve_precision_eager
 
 __all__ = ["Linear", "MultiheadAttention", "plain_tensor"]
 
@@ -62,13 +62,16 @@ class Linear(torch.nn.Linear):
         weight = params["weight"] if "weight" in params else self.weight
         bias = params["bias"] if "bias" in params else self.bias
         if not (plain_tensor(input) and plain_tensor(weight) and (bias is None or plain_tensor(bias))) \
-                or input.dim() == 0 or not (input.is_cuda or input.is_cpu) \
-                or autocast_half_active("cuda" if input.is_cuda else "cpu"):
+                or input.dim() == 0 or not (input.is_cuda or input.is_cpu):
             return F.linear(input, weight, bias)
-        precision = resolve_precision(self.precision)
         if ops.tracing_or_in_dispatch_mode():  # (plain tensors checked above)
-            return torch.ops.fastmm.linear(input, weight, bias, precision)
-        return ops.linear_eager(input, weight, bias, precision)
+            if autocast_half_active("cuda" if input.is_cuda else "cpu"):
+                return F.linear(input, weight, bias)
+            return torch.ops.fastmm.linear(input, weight, bias, resolve_precision(self.precision))
+        # eager, every call of every layer: torch's C test of "any autocast on" first
+        if autocast_any_half_active(input):
+            return F.linear(input, weight, bias)
+        return ops.linear_eager(input, weight, bias, resolve_precision_eager(self.precision))
 
     def extra_repr(self) -> str:
         return super().extra_repr() + (f", precision={self.precision!r}" if self.precision is not None else "")

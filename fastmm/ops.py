@@ -31,6 +31,7 @@ from typing import Optional
 import torch
 from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
+from . import fast_path
 from .fast_path import compute, compute_fused, compute_linear
 from .precision import autocast_half_active, autocast_half_active_on, resolve_precision
 from .problem import PRECISIONS
@@ -159,7 +160,14 @@ class _Linear(torch.autograd.Function):
     def backward(ctx, g):
         x, w = ctx.saved_tensors
         nx, nw, nb = ctx.needs_input_grad[:3]
-        return linear_grads(_EAGER_MM[ctx.precision], x, w, g, nx, nw, nb) + (None,)
+        if torch.is_grad_enabled():  # double backward: the formula, whose products record autograd
+            return linear_grads(_EAGER_MM[ctx.precision], x, w, g, nx, nw, nb) + (None,)
+        # a repeat layout: both products from one remembered entry (one key, no views)
+        grads = fast_path.serve_linear_grads(g, x, w, ctx.precision, nx, nw) if nx or nw else (None, None)
+        if grads is None:
+            grads = linear_grads(_EAGER_MM[ctx.precision], x, w, g, nx, nw, False)[:2]
+            fast_path.remember_linear_grads(g, x, w, ctx.precision, nx, nw)
+        return grads + (g.reshape(-1, w.shape[0]).sum(0) if nb else None, None)
 
 
 class _Addmm(torch.autograd.Function):

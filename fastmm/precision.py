@@ -26,6 +26,16 @@ def resolve_precision(precision: str | None) -> str:
     return precision
 
 
+def resolve_precision_eager(precision: str | None) -> str:
+    """:func:`resolve_precision` for a caller that knows it is not being traced by torch.compile
+    (one test of that less a call)."""
+    if precision is None:
+        return "tf32" if torch_allows_tf32() else "ieee"
+    if precision not in PRECISIONS:
+        return resolve_precision(precision)  # (its error)
+    return precision
+
+
 _HALF = (torch.float16, torch.bfloat16)
 #: torch's C test of "is autocast on for any device type", where this torch has it (~0.14 us)
 _any_autocast_enabled = getattr(torch._C, "_is_any_autocast_enabled", None)
@@ -37,6 +47,14 @@ def autocast_half_active_on(t: torch.Tensor) -> bool:
     torch.compile: dynamo folds that C test to its value when tracing without guarding on it,
     so a graph traced outside autocast would skip the check inside it."""
     if _any_autocast_enabled is not None and not torch.compiler.is_compiling() and not _any_autocast_enabled():
+        return False
+    return autocast_half_active(t.device.type)
+
+
+def autocast_any_half_active(t: torch.Tensor) -> bool:
+    """:func:`autocast_half_active_on` for a caller that knows it is not being traced by
+    torch.compile (one test of that less a call)."""
+    if _any_autocast_enabled is not None and not _any_autocast_enabled():
         return False
     return autocast_half_active(t.device.type)
 

@@ -414,3 +414,92 @@ def test_a_linear_on_uncopyable_rows_keeps_f_linears_bias_broadcasting(emulated_
     w1 = torch.randn(40)
     torch.testing.assert_close(fastmm.linear(x, w1, precision="ieee"), torch.nn.functional.linear(x, w1),
                                rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------
+# a Linear layer's backward: both products from one remembered entry
+
+def _linear_step(x_shape, frozen):
+    """A fresh fastmm.nn.Linear (LK -> LN) and x of ``x_shape``, forward then backward of a fresh
+    g; returns (x, w, g, grads, the backward's launches). ``frozen``: "weight" (no grad_W, no
+    bias grad) or "input" (no grad_x)."""
+    gpu = fast_path_gpu[0]
+    lin = fastmm.nn.Linear(LK, LN, precision="ieee")
+    if frozen == "weight":
+        lin.requires_grad_(False)
+    x = torch.randn(x_shape, requires_grad=frozen != "input")
+    y = lin(x)
+    g = torch.randn(y.shape)
+    gpu.clear()
+    y.backward(g)
+    grads = (x.grad, lin.weight.grad, lin.bias.grad)
+    return x.detach(), lin.weight.detach(), g, grads, list(gpu.launches)
+
+
+fast_path_gpu = []  # (the emulated GPU of the test running: _linear_step's)
+
+
+@pytest.mark.parametrize("frozen", ["none", "weight", "input"])
+@pytest.mark.parametrize("x_shape", [(LM, LK), (3, LM, LK)], ids=["2d", "3d"])
+def test_a_linear_backward_repeat_launches_both_products_from_one_entry(emulated_gpu, frozen, x_shape):
+    """Forward and backward of a fresh Linear of one layout, three times: from the second on,
+    the backward takes both products from one LinearGradsEntry (one key, no views made, no
+    full-path call), queuing the first backward's launches (the same kernels and arguments) on
+    the new g, w and x, in place: grad_x on (g, w), grad_W on (g, x). The gradients are the
+    formula's (fastmm.ops.linear_grads, product by product) bit for bit, and float64's."""
+    fast_path_gpu[:] = [emulated_gpu]
+    x, w, g, grads, first = _linear_step(x_shape, frozen)
+    slow = emulated_gpu.slow_calls
+    for _ in range(2):
+        x, w, g, grads, launches = _linear_step(x_shape, frozen)
+        assert emulated_gpu.slow_calls == slow
+        _same_launches(first, launches)
+        want = ([(g.data_ptr(), w.data_ptr())] if frozen != "input" else []) + \
+               ([(g.data_ptr(), x.data_ptr())] if frozen != "weight" else [])
+        assert [launch.pointers[:2] for launch in launches] == want
+        key = fast_path.linear_grads_key(g, x, w, "ieee", frozen != "input", frozen != "weight",
+                                         g.data_ptr(), x.data_ptr(), w.data_ptr())
+        assert type(fast_path.ENTRIES.get(key)) is fast_path.LinearGradsEntry
+        with torch.no_grad():
+            formula = fastmm.ops.linear_grads(fastmm.ops._EAGER_MM["ieee"], x, w, g, frozen != "input",
+                                              frozen != "weight", frozen != "weight")
+        for got, ref in zip(grads, formula):
+            assert (got is None) == (ref is None)
+            if got is not None:
+                assert torch.equal(got, ref)
+        x64, w64, g64 = x.double(), w.double(), g.double()
+        if frozen != "input":
+            assert relative_error(grads[0], g64 @ w64) <= TOL["ieee"]
+        if frozen != "weight":
+            assert relative_error(grads[1], g64.reshape(-1, LN).t() @ x64.reshape(-1, LK)) <= TOL["ieee"]
+
+
+def test_the_combined_linear_grads_entry_is_only_for_products_read_in_place(emulated_gpu):
+    """remember_linear_grads keeps the two products' entries under one key only where both are
+    one-launch entries reading g and x themselves: x's rows that merge only by a copy (a seq-first
+    view: grad_W's product reads the copy) make the key never fast, as does a product entry that
+    is not a FastEntry. (The emulation tracks no memory torch's own copies make, so a backward of
+    such an x runs in tests/test_gpu_model_path.py.)"""
+    w = torch.randn(LN, LK)
+    entry = fast_path.FastEntry((1,), object(), (), torch.device("cpu"), 0, None, None)
+    for x, in_place in ((torch.randn(3, 8, LK), True), (torch.randn(3, 8, LK).transpose(0, 1), False)):
+        g = torch.randn(x.shape[:-1] + (LN,))
+        fast_path.ENTRIES.clear()
+        fast_path.ENTRIES[fast_path.key_of(g, w, None, "ieee")] = entry
+        g_t, rows = g.reshape(-1, LN).t(), x.reshape(-1, LK)
+        fast_path.ENTRIES[fast_path.key_of(g_t, rows, None, "ieee")] = entry
+        fast_path.remember_linear_grads(g, x, w, "ieee", True, True)
+        key = fast_path.linear_grads_key(g, x, w, "ieee", True, True, g.data_ptr(), x.data_ptr(), w.data_ptr())
+        got = fast_path.ENTRIES[key]
+        if in_place:
+            assert got == fast_path.LinearGradsEntry(entry, entry)
+        else:
+            assert got is fast_path.NOT_FAST
+        # grad_x alone needs no view of x; a product entry that is NOT_FAST makes the key never fast
+        fast_path.remember_linear_grads(g, x, w, "ieee", True, False)
+        key_x = fast_path.linear_grads_key(g, x, w, "ieee", True, False, g.data_ptr(), x.data_ptr(), w.data_ptr())
+        assert fast_path.ENTRIES[key_x] == fast_path.LinearGradsEntry(entry, None)
+        fast_path.ENTRIES[fast_path.key_of(g, w, None, "ieee")] = fast_path.NOT_FAST
+        del fast_path.ENTRIES[key_x]
+        fast_path.remember_linear_grads(g, x, w, "ieee", True, False)
+        assert fast_path.ENTRIES[key_x] is fast_path.NOT_FAST

@@ -325,3 +325,11 @@ def test_a_tensor_that_outlived_its_functorch_transform_is_unwrapped_as_torch_wo
         torch.testing.assert_close(y, ref)
         (got,) = torch.autograd.grad(y.sum(), w)
         torch.testing.assert_close(got, torch.ones(5, 1) * x.sum(0))
+
+
+def test_gradgradcheck_through_fastmm_linear():
+    """A double backward of F.linear's form (create_graph): the backward takes the formula, whose
+    products record autograd, not the remembered entries of a first-order backward."""
+    x, w, b = r(2, 3, 4, grad=True, dtype=torch.float64), r(5, 4, grad=True, dtype=torch.float64), \
+        r(5, grad=True, dtype=torch.float64)
+    assert torch.autograd.gradgradcheck(lambda x, w, b: fastmm.linear(x, w, b, precision="ieee"), (x, w, b))

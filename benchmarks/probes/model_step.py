@@ -154,7 +154,7 @@ def pieces() -> None:
         c = torch.empty((4, 256, 2816), device="cuda")
         args = (x.data_ptr(), wt.data_ptr(), c.data_ptr()) + entry.tail + (bias.data_ptr(),) + entry.epi_tail
         rows.append(("launcher.launch (cuda.core)", lambda: launcher.launch(entry.kernel, stream, args)))
-        rows.append(("fast_path.launch (alloc + launch)", lambda: fast_path.launch(entry, x, wt, None, bias)))
+        rows.append(("fast_path.launch (alloc + launch)", lambda: fast_path.launch(entry, x.data_ptr(), wt.data_ptr(), None, 0, bias)))
     else:
         print(f"  (the Linear's entry is {entry!r}: no single-launch pieces)")
     with torch.no_grad():

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""TF32 wgmma on products of at most 64 rows: the 64-row tile (BM = 64, one consumer warpgroup)
+"""TF32 wgmma on products of at most 64 rows (and mid-size ones): the 64-row tile (BM = 64, one consumer warpgroup)
 against the 128-row one at each width and number of K slices, and against the other families
 that take such products.
 
@@ -41,7 +41,14 @@ PRODUCTS = (("dec64_up", 1, 64, 14336, 4096, "wt"), ("dec48_down", 1, 48, 4096, 
             ("dec24_4k", 1, 24, 4096, 4096, "wt"), ("dec17_8k", 1, 17, 4096, 8192, "wt"),
             ("dec24_kv", 1, 24, 1024, 4096, "wt"), ("p64_512_8k", 1, 64, 512, 8192, "wt"),
             ("p48_128_64k", 1, 48, 128, 65536, "wt"), ("dec33_odd", 1, 33, 2001, 8200, "wt"),
-            ("dec64_2k", 1, 64, 2048, 4096, "wt"))
+            ("dec64_2k", 1, 64, 2048, 4096, "wt"),
+            # mid-size products (65-1000 rows) whose 128-row tiles fill few SMs: 64-row tiles there?
+            ("odd_small", 1, 300, 700, 1100, "wt"), ("mid384", 1, 384, 768, 768, "wt"),
+            ("vit1_down", 1, 197, 768, 3072, "wt"), ("mid512_2k", 1, 512, 512, 2048, "wt"),
+            ("mid256_4k", 1, 256, 1024, 4096, "wt"), ("mid128_4k", 1, 128, 4096, 4096, "wt"),
+            ("mid1000", 1, 1000, 1000, 1000, "wt"), ("mid96_3k", 1, 96, 3072, 768, "wt"),
+            ("mid77", 1, 77, 1531, 2053, "wt"), ("mid700", 1, 700, 2304, 768, "wt"),
+            ("mid128_11k", 1, 128, 4096, 11008, "wt"), ("mid200_1k", 1, 200, 1024, 1024, "wt"))
 
 BOUND = {"tf32": 2e-3, "tf32x3": 1e-5}  # relative error: TF32 ~3e-4 at these K, tf32x3 ~1e-7
 
