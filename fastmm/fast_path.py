@@ -8,7 +8,7 @@ this path (several launch offsets, rows folded by a copy) is remembered as such 
 is analysed once, not on every call. ``F.linear``'s product (every Linear layer's forward) has
 a key of its own, read from x, the weight and the bias as they are (:func:`compute_linear`):
 the same information, without making the transposed weight's view per call; and a Linear
-layer's backward (grad_x and grad_W, :func:`serve_linear_grads`) one key for both products, read
+layer's backward (grad_x and grad_W, :func:`linear_backward`) one key for both products, read
 from g, x and the weight, without the flattened and transposed views the formula makes.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ from . import config, dispatch
 from .runtime import launcher, runners
 from .runtime.launcher import LaunchError
 from .runtime.tensor_map import TensorMapError
-from .shapes import analyse, build_problem, extent, fold_needs_copy, overlaps, result_matrix, rows_copy
+from .shapes import analyse, build_problem, extent, flat_rows, fold_needs_copy, overlaps, result_matrix, rows_copy
 
 
 @dataclass(frozen=True, slots=True)
@@ -311,46 +311,46 @@ def linear_grads_key(g: torch.Tensor, x: torch.Tensor, w: torch.Tensor, precisio
             w.dtype, g.device, x.device, w.device, pg & 15, px & 15, pw & 15, precision, _switches(), need_x, need_w)
 
 
-def serve_linear_grads(g: torch.Tensor, x: torch.Tensor, w: torch.Tensor, precision: str, need_x: bool,
-                       need_w: bool) -> tuple | None:
+def linear_backward(g: torch.Tensor, x: torch.Tensor, w: torch.Tensor, precision: str, need_x: bool,
+                    need_w: bool, formula) -> tuple:
     """(grad_x, grad_w) of ``x @ w.t()`` for the output gradient ``g`` (None for one not asked
-    for), from the entry a first call of this layout left (:func:`remember_linear_grads`); None
-    where there is none (not known yet, or never fast): the caller takes the formula, whose
-    products then go through :func:`compute` one by one."""
+    for): from the entry a first call of this layout left, else ``formula()`` (the products one
+    by one, each through :func:`compute`, which remembers its own entry), after which both
+    products' entries are kept under one key (:func:`_remember_linear_grads`)."""
     pg, px, pw = g.data_ptr(), x.data_ptr(), w.data_ptr()
     key = linear_grads_key(g, x, w, precision, need_x, need_w, pg, px, pw)
     entry = ENTRIES.get(key)
-    if type(entry) is not LinearGradsEntry:
-        return None
-    try:
-        grad_x = None if entry.grad_x is None else launch(entry.grad_x, pg, pw, None, 0)
-        grad_w = None if entry.grad_w is None else launch(entry.grad_w, pg, px, None, 0)
-    except (TensorMapError, LaunchError):  # (not expected: the products' own calls launched the same)
-        ENTRIES[key] = NOT_FAST
-        return None
-    return grad_x, grad_w
+    if type(entry) is LinearGradsEntry:
+        try:
+            return (None if entry.grad_x is None else launch(entry.grad_x, pg, pw, None, 0),
+                    None if entry.grad_w is None else launch(entry.grad_w, pg, px, None, 0))
+        except (TensorMapError, LaunchError):  # (not expected: the products' own calls launched the same)
+            ENTRIES[key] = entry = NOT_FAST
+    grads = formula()
+    if entry is None:
+        _remember_linear_grads(key, g, x, w, precision, need_x, need_w)
+    return grads
 
 
-def remember_linear_grads(g: torch.Tensor, x: torch.Tensor, w: torch.Tensor, precision: str, need_x: bool,
-                          need_w: bool) -> None:
-    """After the formula computed ``x @ w.t()``'s gradients product by product (each through
-    :func:`compute`, which remembered its own entry): keep both entries under one key, where both
-    products are single launches and read g and x in place. Else the key is remembered as never
-    fast, so the next call does not look again."""
-    key = linear_grads_key(g, x, w, precision, need_x, need_w, g.data_ptr(), x.data_ptr(), w.data_ptr())
-    if key in ENTRIES:
-        return
-    grad_x = grad_w = None
-    fast = True
+def _remember_linear_grads(key: tuple, g: torch.Tensor, x: torch.Tensor, w: torch.Tensor, precision: str,
+                           need_x: bool, need_w: bool) -> None:
+    """Both products' entries under ``key``, where both are single launches reading g and x in
+    place; the key never fast where a product is known not to be (NOT_FAST) or reads a copy. A
+    product with no entry leaves the key unknown: its entry may have been dropped between the two
+    products (the entries' bound, a tuned bucket's forget_plans) and be there next time."""
+    found = []
     if need_x:
-        grad_x = ENTRIES.get(key_of(g, w, None, precision))
-        fast = type(grad_x) is FastEntry
-    if need_w and fast:
-        g_t = g.reshape(-1, w.shape[0]).t()
-        rows = x.reshape(-1, x.shape[-1])
-        grad_w = ENTRIES.get(key_of(g_t, rows, None, precision))
+        found.append((ENTRIES.get(key_of(g, w, None, precision)), True))
+    if need_w:
+        g_t, rows = flat_rows(g).t(), flat_rows(x)  # (the formula's views: fastmm.ops.linear_grads)
         # (views at g's and x's own pointers: a reshape that copied reads another memory)
-        fast = type(grad_w) is FastEntry and g_t.data_ptr() == g.data_ptr() and rows.data_ptr() == x.data_ptr()
+        in_place = g_t.data_ptr() == g.data_ptr() and rows.data_ptr() == x.data_ptr()
+        found.append((ENTRIES.get(key_of(g_t, rows, None, precision)), in_place))
+    if any(e is None for e, _ in found):
+        return
+    fast = all(type(e) is FastEntry and in_place for e, in_place in found)
     if len(ENTRIES) >= dispatch.MAX_CACHED_SHAPES:
         ENTRIES.clear()
-    ENTRIES[key] = LinearGradsEntry(grad_x, grad_w) if fast else NOT_FAST
+    entries = iter(e for e, _ in found)
+    ENTRIES[key] = LinearGradsEntry(next(entries) if need_x else None, next(entries) if need_w else None) \
+        if fast else NOT_FAST

@@ -35,7 +35,7 @@ from . import fast_path
 from .fast_path import compute, compute_fused, compute_linear
 from .precision import autocast_half_active, autocast_half_active_on, resolve_precision
 from .problem import PRECISIONS
-from .shapes import PLAIN_TYPES, analyse, resize_out
+from .shapes import PLAIN_TYPES, analyse, flat_rows, resize_out
 
 def tracing_or_in_dispatch_mode() -> bool:
     """torch.compile is tracing, or a TorchDispatchMode is active: the registered op is what they
@@ -81,8 +81,7 @@ def matmul_grads(mm, a, b, g, need_a: bool, need_b: bool):
     if need_b:
         if b2.dim() == 2 and a2.dim() > 2:
             # one product over every row: (K, rows) @ (rows, N), K of the weight gradient = tokens
-            k, n = a2.shape[-1], g.shape[-1]
-            gb = mm(a2.reshape(-1, k).transpose(0, 1), g.reshape(-1, n))
+            gb = mm(flat_rows(a2).transpose(0, 1), flat_rows(g))
         else:
             gb = mm(a2.transpose(-1, -2), g).sum_to_size(b2.shape)
         grad_b = gb.reshape(b_shape)
@@ -95,9 +94,9 @@ def linear_grads(mm, x, w, g, need_x: bool, need_w: bool, need_bias: bool):
     if need_x:
         grad_x = mm(g, w)  # folded: (..., N) @ (N, K)
     if need_w or need_bias:  # (not for a frozen layer's grad_x alone)
-        g2 = g.reshape(-1, w.shape[0])
+        g2 = flat_rows(g)
         if need_w:
-            grad_w = mm(g2.transpose(0, 1), x.reshape(-1, x.shape[-1]))  # (N, rows) @ (rows, K)
+            grad_w = mm(g2.transpose(0, 1), flat_rows(x))  # (N, rows) @ (rows, K)
         if need_bias:
             grad_bias = g2.sum(0)
     return grad_x, grad_w, grad_bias
@@ -163,11 +162,9 @@ class _Linear(torch.autograd.Function):
         if torch.is_grad_enabled():  # double backward: the formula, whose products record autograd
             return linear_grads(_EAGER_MM[ctx.precision], x, w, g, nx, nw, nb) + (None,)
         # a repeat layout: both products from one remembered entry (one key, no views)
-        grads = fast_path.serve_linear_grads(g, x, w, ctx.precision, nx, nw) if nx or nw else (None, None)
-        if grads is None:
-            grads = linear_grads(_EAGER_MM[ctx.precision], x, w, g, nx, nw, False)[:2]
-            fast_path.remember_linear_grads(g, x, w, ctx.precision, nx, nw)
-        return grads + (g.reshape(-1, w.shape[0]).sum(0) if nb else None, None)
+        grads = (None, None) if not (nx or nw) else fast_path.linear_backward(
+            g, x, w, ctx.precision, nx, nw, lambda: linear_grads(_EAGER_MM[ctx.precision], x, w, g, nx, nw, False)[:2])
+        return grads + (flat_rows(g).sum(0) if nb else None, None)
 
 
 class _Addmm(torch.autograd.Function):

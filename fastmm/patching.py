@@ -43,6 +43,7 @@ from . import ops
 from .api import matmul as _fastmm_matmul
 from .precision import autocast_half_active, resolve_precision
 from .nn import Linear, MultiheadAttention, plain_tensor
+from .shapes import flat_rows
 
 __all__ = ["patch", "unpatch", "register", "register_linear_like", "use_fastmm", "FastmmMode"]
 
@@ -104,7 +105,7 @@ def register_linear_like(cls: type, *, weight: str = "weight", bias: str | None 
             return cls.forward(self, x)
         if layout == "out_in":
             return ops.linear(x, w, b, self.precision)
-        rows = x.reshape(-1, x.shape[-1])
+        rows = flat_rows(x)
         out = ops.addmm(b, rows, w, precision=self.precision) if b is not None else \
             _fastmm_matmul(rows, w, precision=self.precision)
         return out.view(x.shape[:-1] + (w.shape[1],))

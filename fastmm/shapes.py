@@ -155,6 +155,13 @@ def _norm(size: int, stride: int) -> int:
     return 1 if size == 1 else stride
 
 
+def flat_rows(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s leading dims flattened into rows, (rows, last dim): ``t.reshape(-1, n)``, also where
+    n = 0 (there -1 has no single meaning, and torch refuses it). A view where the layout allows
+    one, else a copy (reshape's rule)."""
+    return t.reshape(math.prod(t.shape[:-1]), t.shape[-1])
+
+
 def result_matrix(view_shape: tuple[int, ...], device) -> torch.Tensor:
     """C as matmul allocates it: a fresh contiguous float32 tensor of batch + (M, N) (on the
     meta device: its layout, with no memory, for planning ahead)."""

@@ -475,31 +475,64 @@ def test_a_linear_backward_repeat_launches_both_products_from_one_entry(emulated
 
 
 def test_the_combined_linear_grads_entry_is_only_for_products_read_in_place(emulated_gpu):
-    """remember_linear_grads keeps the two products' entries under one key only where both are
-    one-launch entries reading g and x themselves: x's rows that merge only by a copy (a seq-first
-    view: grad_W's product reads the copy) make the key never fast, as does a product entry that
-    is not a FastEntry. (The emulation tracks no memory torch's own copies make, so a backward of
-    such an x runs in tests/test_gpu_model_path.py.)"""
+    """After the formula's first backward of a layout, linear_backward keeps the two products'
+    entries under one key only where both are one-launch entries reading g and x themselves: x's
+    or g's rows that merge only by a copy (a seq-first view: grad_W's product reads the copy) or a
+    product entry that is NOT_FAST make the key never fast; a product entry that is missing (the
+    entries' bound or a tuned bucket dropped it between the two products) leaves the key unknown,
+    to be decided by the next backward. (The emulation tracks no memory torch's own copies make,
+    so a backward of such rows runs in tests/test_gpu_model_path.py.)"""
     w = torch.randn(LN, LK)
     entry = fast_path.FastEntry((1,), object(), (), torch.device("cpu"), 0, None, None)
-    for x, in_place in ((torch.randn(3, 8, LK), True), (torch.randn(3, 8, LK).transpose(0, 1), False)):
-        g = torch.randn(x.shape[:-1] + (LN,))
+    calls = []
+
+    def formula():
+        calls.append(1)
+        return "grad_x", "grad_w"
+
+    def backward(g, x, need_x=True, need_w=True):
+        got = fast_path.linear_backward(g, x, w, "ieee", need_x, need_w, formula)
+        key = fast_path.linear_grads_key(g, x, w, "ieee", need_x, need_w, g.data_ptr(), x.data_ptr(), w.data_ptr())
+        return got, fast_path.ENTRIES.get(key)
+
+    def with_products(g, x, grad_x=entry, grad_w=entry):
         fast_path.ENTRIES.clear()
-        fast_path.ENTRIES[fast_path.key_of(g, w, None, "ieee")] = entry
-        g_t, rows = g.reshape(-1, LN).t(), x.reshape(-1, LK)
-        fast_path.ENTRIES[fast_path.key_of(g_t, rows, None, "ieee")] = entry
-        fast_path.remember_linear_grads(g, x, w, "ieee", True, True)
-        key = fast_path.linear_grads_key(g, x, w, "ieee", True, True, g.data_ptr(), x.data_ptr(), w.data_ptr())
-        got = fast_path.ENTRIES[key]
-        if in_place:
-            assert got == fast_path.LinearGradsEntry(entry, entry)
-        else:
-            assert got is fast_path.NOT_FAST
-        # grad_x alone needs no view of x; a product entry that is NOT_FAST makes the key never fast
-        fast_path.remember_linear_grads(g, x, w, "ieee", True, False)
-        key_x = fast_path.linear_grads_key(g, x, w, "ieee", True, False, g.data_ptr(), x.data_ptr(), w.data_ptr())
-        assert fast_path.ENTRIES[key_x] == fast_path.LinearGradsEntry(entry, None)
-        fast_path.ENTRIES[fast_path.key_of(g, w, None, "ieee")] = fast_path.NOT_FAST
-        del fast_path.ENTRIES[key_x]
-        fast_path.remember_linear_grads(g, x, w, "ieee", True, False)
-        assert fast_path.ENTRIES[key_x] is fast_path.NOT_FAST
+        for k, e in ((fast_path.key_of(g, w, None, "ieee"), grad_x),
+                     (fast_path.key_of(g.reshape(-1, LN).t(), x.reshape(-1, LK), None, "ieee"), grad_w)):
+            if e is not None:
+                fast_path.ENTRIES[k] = e
+
+    x, g = torch.randn(3, 8, LK), torch.randn(3, 8, LN)
+    with_products(g, x)
+    assert backward(g, x) == (("grad_x", "grad_w"), fast_path.LinearGradsEntry(entry, entry)) and len(calls) == 1
+    assert backward(g, x, need_w=False)[1] == fast_path.LinearGradsEntry(entry, None)
+    assert backward(g, x, need_x=False)[1] == fast_path.LinearGradsEntry(None, entry)
+    with_products(g, x, grad_w=fast_path.NOT_FAST)
+    assert backward(g, x)[1] is fast_path.NOT_FAST
+    with_products(g, x, grad_x=None)  # dropped between the products: decided next time
+    assert backward(g, x)[1] is None
+    with_products(g, x)
+    assert backward(g, x)[1] == fast_path.LinearGradsEntry(entry, entry)
+    x_seq = torch.randn(8, 3, LK).transpose(0, 1)  # (3, 8, LK), rows merge only by a copy
+    with_products(g, x_seq)
+    assert backward(g, x_seq)[1] is fast_path.NOT_FAST
+    g_seq = torch.randn(8, 3, LN).transpose(0, 1)  # the input frozen: grad_W alone, g read by a copy
+    with_products(g_seq, x)
+    assert backward(g_seq, x, need_x=False)[1] is fast_path.NOT_FAST
+
+
+def test_a_double_backward_after_a_remembered_one_records_its_products(emulated_gpu):
+    """A backward with create_graph after the layout's entry exists: the formula runs, its
+    products recording autograd (the remembered entry's launches record nothing), so second
+    derivatives come out: d/dW of sum(v * grad_x) with grad_x = g @ W is g^T v."""
+    lin = fastmm.nn.Linear(LK, LN, bias=False, precision="ieee")
+    x = torch.randn(3, LM, LK, requires_grad=True)
+    g = torch.randn(3, LM, LN)
+    lin(x).backward(g)  # the first backward of the layout: the formula, then the entry
+    lin(x).backward(g)  # served by the entry
+    (grad_x,) = torch.autograd.grad(lin(x), x, g, create_graph=True)
+    assert grad_x.requires_grad
+    v = torch.randn(grad_x.shape)
+    (second,) = torch.autograd.grad(grad_x, lin.weight, v)  # (v as given: memory the emulation reads)
+    want = g.double().reshape(-1, LN).t() @ v.double().reshape(-1, LK)
+    assert relative_error(second, want) <= TOL["ieee"]

@@ -205,38 +205,42 @@ def test_a_workspace_that_does_not_fit_raises_torchs_oom_and_the_next_call_works
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
-@pytest.mark.parametrize("layout", ["2d", "3d", "seq_first", "frozen_weight"])
+@pytest.mark.parametrize("layout", ["2d", "3d", "seq_first", "frozen_weight", "frozen_input_g_seq_first"])
 def test_a_repeat_linear_backward_gives_the_first_backwards_gradients(precision, layout):
     """From the second backward of a layout on, a Linear's two products come from one remembered
-    entry (fast_path.LinearGradsEntry; the formula where x's rows merge only by a copy): on the
-    same inputs, the same gradients as the first backward bit for bit, and float64's."""
+    entry (fast_path.LinearGradsEntry; the formula where x's or g's rows merge only by a copy): on
+    the same inputs, the same gradients as the first backward bit for bit, and float64's."""
     fast_path.forget_plans()
     torch.manual_seed(3)
     layer = fastmm.nn.Linear(192, 160, precision=precision).cuda()
     if layout == "frozen_weight":
         layer.requires_grad_(False)
-    shape = {"2d": (150, 192), "3d": (3, 50, 192), "seq_first": (50, 3, 192), "frozen_weight": (3, 50, 192)}[layout]
-    x0 = randn(*shape) if layout != "seq_first" else randn(3, 50, 192).transpose(0, 1)
-    g = randn(*shape[:-1], 160)
+    need_x, need_w = layout != "frozen_input_g_seq_first", layout != "frozen_weight"
+    shape = (150, 192) if layout == "2d" else (50, 3, 192) if layout == "seq_first" else (3, 50, 192)
+    x0 = randn(3, 50, 192).transpose(0, 1) if layout == "seq_first" else randn(*shape)
+    g = randn(50, 3, 160).transpose(0, 1) if layout == "frozen_input_g_seq_first" else randn(*shape[:-1], 160)
     results = []
     for _ in range(3):
-        x = x0.detach().requires_grad_()
+        x = x0.detach().requires_grad_(need_x)
         layer.zero_grad(set_to_none=True)
         layer(x).backward(g)
         results.append((x.grad, layer.weight.grad, layer.bias.grad))
-    key = fast_path.linear_grads_key(g, x0, layer.weight, precision, True, layout != "frozen_weight",
+    key = fast_path.linear_grads_key(g, x0, layer.weight, precision, need_x, need_w,
                                      g.data_ptr(), x0.data_ptr(), layer.weight.data_ptr())
-    want_entry = fast_path.NOT_FAST if layout == "seq_first" else fast_path.LinearGradsEntry
+    in_place = layout not in ("seq_first", "frozen_input_g_seq_first")
     got_entry = fast_path.ENTRIES.get(key)
-    assert got_entry is want_entry or type(got_entry) is want_entry
+    assert type(got_entry) is fast_path.LinearGradsEntry if in_place else got_entry is fast_path.NOT_FAST
     for later in results[1:]:
         for got, first in zip(later, results[0]):
             assert (got is None) == (first is None)
             assert got is None or torch.equal(got, first)
     x64, w64, g64 = x0.double(), layer.weight.detach().double(), g.double()
     gx, gw, gb = results[-1]
-    assert rel(gx, g64 @ w64) <= tol(precision, 160)
-    if layout != "frozen_weight":
+    if need_x:
+        assert rel(gx, g64 @ w64) <= tol(precision, 160)
+    else:
+        assert gx is None
+    if need_w:
         assert rel(gw, g64.reshape(-1, 160).t() @ x64.reshape(-1, 192)) <= tol(precision, 150)
         assert rel(gb, g64.reshape(-1, 160).sum(0)) <= 1e-6
     else:

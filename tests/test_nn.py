@@ -45,7 +45,8 @@ def _keep_matmul_precision():
 class Calls:
     """Records every product fastmm computes: each call of ``fast_path.compute``, ``compute_fused``
     and ``compute_linear`` (the eager route: plain and autograd calls, steady-state entries
-    included) and of ``dispatch.matmul_fastmm`` from the registered ops (torch.compile). For
+    included, but not a Linear's repeat backward, whose two products ``fast_path.linear_backward``
+    launches from one entry) and of ``dispatch.matmul_fastmm`` from the registered ops (torch.compile). For
     each: its precision and, after it returned, the reason it fell back to torch (None: fastmm's
     kernels ran)."""
 

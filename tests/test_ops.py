@@ -328,8 +328,26 @@ def test_a_tensor_that_outlived_its_functorch_transform_is_unwrapped_as_torch_wo
 
 
 def test_gradgradcheck_through_fastmm_linear():
-    """A double backward of F.linear's form (create_graph): the backward takes the formula, whose
-    products record autograd, not the remembered entries of a first-order backward."""
     x, w, b = r(2, 3, 4, grad=True, dtype=torch.float64), r(5, 4, grad=True, dtype=torch.float64), \
         r(5, grad=True, dtype=torch.float64)
     assert torch.autograd.gradgradcheck(lambda x, w, b: fastmm.linear(x, w, b, precision="ieee"), (x, w, b))
+
+
+@pytest.mark.parametrize("x_shape,n", [((0, 7), 5), ((3, 0, 7), 5), ((4, 0), 5), ((4, 7), 0), ((2, 3, 0), 0)])
+def test_linear_and_matmul_gradients_of_empty_products_are_torchs(x_shape, n):
+    """Products with no rows, K = 0 or N = 0: the gradients' flattened rows are still well
+    defined (reshape(-1, 0) is not), and equal torch's (zeros where a sum is empty)."""
+    k = x_shape[-1]
+    x, w, b = r(*x_shape, grad=True), r(n, k, grad=True), r(n, grad=True)
+    g = r(*x_shape[:-1], n)
+    fastmm.linear(x, w, b, precision="ieee").backward(g)
+    refs = [t.detach().clone().requires_grad_() for t in (x, w, b)]
+    torch.nn.functional.linear(*refs).backward(g)
+    for got, ref in zip((x.grad, w.grad, b.grad), (t.grad for t in refs)):
+        assert got.shape == ref.shape and torch.equal(got, ref)
+    wk = r(k, n, grad=True)
+    a = x.detach().requires_grad_()
+    fastmm.matmul(a, wk, precision="ieee").backward(g)
+    a_ref, wk_ref = a.detach().clone().requires_grad_(), wk.detach().clone().requires_grad_()
+    torch.matmul(a_ref, wk_ref).backward(g)
+    assert torch.equal(a.grad, a_ref.grad) and torch.equal(wk.grad, wk_ref.grad)
