@@ -186,7 +186,8 @@ _MATMUL_APPLY, _LINEAR_APPLY, _ADDMM_APPLY = _c_apply(_Matmul), _c_apply(_Linear
 
 
 def _addmm_grads(mm, a, b, g, c_shape, beta, alpha, need_c, need_a, need_b):
-    grad_c = (g * beta).sum_to_size(c_shape) if need_c else None
+    # (beta = 1, GPT-2's Conv1D bias: g itself, as torch's addmm backward: no pass over g)
+    grad_c = (g if beta == 1 else g * beta).sum_to_size(c_shape) if need_c else None
     ga, gb = matmul_grads(mm, a, b, g, need_a, need_b)
     if alpha != 1:
         ga = ga * alpha if ga is not None else None

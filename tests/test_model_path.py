@@ -220,6 +220,25 @@ def test_addmm_gradients_match_torch():
         torch.testing.assert_close(got.grad, ref.grad)
 
 
+@pytest.mark.parametrize("beta", [1, 0.5])
+def test_addmm_backward_scales_the_input_gradient_only_for_beta_other_than_one(beta):
+    """GPT-2's Conv1D is addmm(bias, x, W) with beta = 1: the bias gradient is g summed over
+    rows, with no elementwise pass making g * 1 first (on the GPU a read and a write of the whole
+    output gradient, every Conv1D of every step); beta = 0.5 makes that one multiply. The
+    gradients are torch's."""
+    c, a, b = (torch.randn(s, requires_grad=True) for s in ((4,), (6, 5), (5, 4)))
+    g = torch.randn(6, 4)
+    y = fastmm.addmm(c, a, b, beta=beta)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        y.backward(g)
+    muls = [e.name for e in prof.events() if e.name == "aten::mul"]
+    assert len(muls) == (0 if beta == 1 else 1)
+    refs = [t.detach().clone().requires_grad_() for t in (c, a, b)]
+    torch.addmm(*refs, beta=beta).backward(g)
+    for got, ref in zip((c, a, b), refs):
+        torch.testing.assert_close(got.grad, ref.grad)
+
+
 def test_addmm_errors_are_worded_like_torch():
     with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
         fastmm.addmm(torch.randn(3), torch.randn(2, 3), torch.randn(4, 3))
