@@ -389,3 +389,77 @@ def test_transformers_models_convert_and_keep_their_outputs(name):
     fastmm_calls = [e for e in report.entries if e.op.startswith("fastmm::")]
     assert len(fastmm_calls) >= 2 * len(linears)  # every Linear forward, and its backward products
     assert model.state_dict().keys() == ref.state_dict().keys()
+
+
+# --- a patched model's step: no pass over memory that torch's step does not make ---------------
+
+#: torch ops that read and write whole tensors (elementwise math, copies, reductions): each one a
+#: kernel and a trip through memory on the GPU
+MEMORY_PASSES = ("aten::mul", "aten::add", "aten::add_", "aten::sub", "aten::div", "aten::copy_", "aten::clone",
+                 "aten::cat", "aten::sum", "aten::fill_", "aten::zero_")
+
+
+def _tiny_model(tf, name):
+    """(model, inputs, loss of the output) at toy sizes, dims multiples of 4."""
+    ids = {"input_ids": torch.randint(0, 64, (2, 8))}
+    if name == "gpt2":
+        cfg = tf.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=16, resid_pdrop=0.0,
+                            embd_pdrop=0.0, attn_pdrop=0.0)
+        return tf.GPT2LMHeadModel(cfg), dict(ids, labels=ids["input_ids"]), lambda out: out.loss
+    if name == "llama":
+        cfg = tf.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                             num_key_value_heads=1, vocab_size=64)
+        return tf.LlamaForCausalLM(cfg), dict(ids, labels=ids["input_ids"]), lambda out: out.loss
+    if name == "bert":
+        cfg = tf.BertConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                            vocab_size=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+        return tf.BertModel(cfg), ids, lambda out: out.last_hidden_state.pow(2).mean()
+    cfg = tf.ViTConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                       image_size=16, patch_size=8, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    return tf.ViTModel(cfg), {"pixel_values": torch.randn(2, 3, 16, 16)}, lambda out: out.last_hidden_state.pow(2).mean()
+
+
+def _memory_passes(model, inputs, loss_fn):
+    """(count of each MEMORY_PASSES op in one forward + backward, the loss), the emulated
+    kernels' own torch ops left out (emulation.EMULATED_KERNEL)."""
+    from emulation import EMULATED_KERNEL
+
+    loss_fn(model(**inputs)).backward()  # (a first step: plans made, grads allocated)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        loss = loss_fn(model(**inputs))
+        loss.backward()
+
+    def in_kernel(e):
+        while e is not None:
+            if e.name == EMULATED_KERNEL:
+                return True
+            e = e.cpu_parent
+        return False
+
+    names = [e.name for e in prof.events() if e.name in MEMORY_PASSES and not in_kernel(e)]
+    return {op: names.count(op) for op in MEMORY_PASSES}, loss.item()
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama", "bert", "vit"])
+def test_a_patched_models_step_makes_no_memory_pass_torchs_does_not(emulated_gpu, monkeypatch, name):
+    """A training step (forward + backward) of a tiny Hugging Face model, patched, on the
+    emulated GPU: fastmm runs every product (its kernels emulated), and around them it makes no
+    more elementwise, copy or reduction ops than torch's own step, op by op (such an op is a
+    pass over the tensor's memory on the GPU: GPT-2's Conv1D backward once made g * 1 for its
+    bias). The losses agree."""
+    import copy
+
+    import emulation
+
+    tf = pytest.importorskip("transformers")
+    tf.logging.set_verbosity_error()
+    monkeypatch.setattr(emulation, "CHECK_MEMORY", False)  # (activations are made by torch's ops)
+    torch.manual_seed(0)
+    model, inputs, loss_fn = _tiny_model(tf, name)
+    patched = copy.deepcopy(model)
+    fastmm.patch(patched, precision="ieee")
+    theirs, their_loss = _memory_passes(model, inputs, loss_fn)
+    ours, our_loss = _memory_passes(patched, inputs, loss_fn)
+    assert emulated_gpu.launches, "fastmm ran no product"
+    assert {op: n for op, n in ours.items() if n > theirs[op]} == {}, (ours, theirs)
+    assert our_loss == pytest.approx(their_loss, rel=1e-5)
