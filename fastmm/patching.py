@@ -41,7 +41,7 @@ from torch.overrides import TorchFunctionMode
 
 from . import ops
 from .api import matmul as _fastmm_matmul
-from .precision import autocast_half_active, resolve_precision
+from .precision import autocast_any_half_active, autocast_half_active, resolve_precision, resolve_precision_eager
 from .nn import Linear, MultiheadAttention, plain_tensor
 from .shapes import flat_rows
 
@@ -98,17 +98,28 @@ def register_linear_like(cls: type, *, weight: str = "weight", bias: str | None 
         raise ValueError(f"layout must be 'out_in' or 'in_out', got {layout!r}")
 
     def forward(self, x):
-        w = getattr(self, weight)
-        b = getattr(self, bias) if bias is not None else None
-        if not (plain_tensor(x) and plain_tensor(w) and (b is None or plain_tensor(b))) or x.dim() == 0 \
-                or autocast_half_active(x.device.type):
+        params = self._parameters  # (Module.__getattr__ costs ~1 us a lookup; a property is read as one)
+        w = params[weight] if weight in params else getattr(self, weight)
+        b = None if bias is None else params[bias] if bias in params else getattr(self, bias)
+        if not (plain_tensor(x) and plain_tensor(w) and (b is None or plain_tensor(b))) or x.dim() == 0:
             return cls.forward(self, x)
-        if layout == "out_in":
-            return ops.linear(x, w, b, self.precision)
-        rows = flat_rows(x)
-        out = ops.addmm(b, rows, w, precision=self.precision) if b is not None else \
-            _fastmm_matmul(rows, w, precision=self.precision)
-        return out.view(x.shape[:-1] + (w.shape[1],))
+        eager = not ops.tracing_or_in_dispatch_mode()
+        if autocast_any_half_active(x) if eager else autocast_half_active(x.device.type):
+            return cls.forward(self, x)
+        if layout == "in_out" and torch.is_grad_enabled() and (
+                x.requires_grad or w.requires_grad or (b is not None and b.requires_grad)):
+            # (addmm on x's rows: its weight gradient comes out in W's own [in, out] layout)
+            rows = flat_rows(x)
+            out = ops.addmm(b, rows, w, precision=self.precision) if b is not None else \
+                _fastmm_matmul(rows, w, precision=self.precision)
+            return out.view(x.shape[:-1] + (w.shape[1],))
+        # x @ W^T (+ b); for [in, out] without gradients (inference, decode) the same on W^T's view:
+        # F.linear's path, which folds x's rows and adds the bias in the product's stores, at a
+        # Linear layer's host cost (an addmm on flattened rows costs ~1.5x on the host)
+        wt = w if layout == "out_in" else w.t()
+        if eager:
+            return ops.linear_eager(x, wt, b, resolve_precision_eager(self.precision))
+        return ops.linear(x, wt, b, self.precision)
 
     sub = type(f"Fastmm{cls.__name__}", (cls,), {"forward": forward, "precision": None,
                                                   "__doc__": f"{cls.__name__} computed by fastmm ({layout})."})

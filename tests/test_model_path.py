@@ -18,6 +18,7 @@ import torch.nn.functional as F
 import fastmm
 from fastmm import ops
 from fastmm.shapes import analyse
+from conftest import relative_error
 
 NAN = float("nan")
 
@@ -335,6 +336,47 @@ def test_register_linear_like_converts_a_users_class_both_ways():
     torch.testing.assert_close(model(x), want)
     fastmm.unpatch(model)
     assert type(model[0]) is Proj
+
+
+def test_an_in_out_layer_without_gradients_takes_the_linear_path(emulated_gpu):
+    """A registered [in, out] layer (GPT-2's Conv1D form) where no gradient is made (decode):
+    x @ W through F.linear's path on W^T's view (the Linear layer's host cost): one launch with
+    the bias added in its stores, its repeat served by the linear entry. With gradients: addmm
+    on x's rows, whose weight gradient comes out in W's own [in, out] layout. Right against
+    float64 either way."""
+    from fastmm import fast_path
+
+    class InOut(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.randn(16, 12))  # [in, out]
+            self.bias = torch.nn.Parameter(torch.randn(12))
+
+        def forward(self, x):
+            return x @ self.weight + self.bias
+
+    fastmm.register_linear_like(InOut, layout="in_out")
+    model = torch.nn.Sequential(InOut())
+    fastmm.patch(model, precision="ieee")
+    layer = model[0]
+    w, b = layer.weight.detach(), layer.bias.detach()
+    for _ in range(2):
+        x = torch.randn(3, 5, 16)
+        emulated_gpu.clear()
+        with torch.no_grad():
+            y = layer(x)
+        assert len(emulated_gpu.launches) == 1
+        want = x.double() @ w.double() + b.double()
+        assert y.shape == (3, 5, 12) and relative_error(y, want) <= 1e-6
+    assert emulated_gpu.slow_calls == 1  # the repeat: the linear entry
+    assert type(fast_path.ENTRIES.get(fast_path.linear_key(x, layer.weight.t(), layer.bias, "ieee"))) \
+        is fast_path.FastEntry
+    x = torch.randn(3, 5, 16, requires_grad=True)
+    g = torch.randn(3, 5, 12)
+    layer(x).backward(g)
+    assert layer.weight.grad.stride() == (12, 1)
+    assert relative_error(layer.weight.grad, x.detach().double().reshape(15, 16).t() @ g.double().reshape(15, 12)) <= 1e-6
+    assert relative_error(x.grad, g.double() @ w.double().t()) <= 1e-6
 
 
 def test_gpt2_conv1d_is_converted_where_transformers_is_installed():

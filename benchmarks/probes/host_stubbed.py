@@ -12,7 +12,8 @@ On the GPU the launch itself adds ~5 us a call to fastmm (cuda.core) and cuBLAS'
 
 Rows: fastmm.matmul with out= (bench's decode rows: host-paced on the H200), without out=, a
 ``fastmm.nn.Linear`` forward without grad, with grad, and forward + backward (models.py's host
-table), each with torch's beside it. Times are the best of 5 repeats of back-to-back calls.
+table), an [in, out] layer (GPT-2's Conv1D form, registered with register_linear_like) without
+grad, each with torch's beside it. Times are the best of 5 repeats of back-to-back calls.
 """
 from __future__ import annotations
 
@@ -65,8 +66,20 @@ def measure(repo: str) -> dict[str, float]:
     fm = fastmm.nn.Linear.from_linear(ref)
     x, g = torch.randn(4, 16), torch.randn(4, 32)
     xg = x.clone().requires_grad_()
+    class InOut(torch.nn.Module):  # GPT-2's Conv1D form: x @ W + b, W stored [in, out]
+        def __init__(self, w, b):
+            super().__init__()
+            self.weight, self.bias = torch.nn.Parameter(w), torch.nn.Parameter(b)
+
+        def forward(self, x):
+            return torch.addmm(self.bias, x.view(-1, x.shape[-1]), self.weight).view(x.shape[:-1] + (-1,))
+
+    conv = InOut(ref.weight.detach().t().contiguous(), ref.bias.detach())
+    fastmm.register_linear_like(InOut, layout="in_out")
+    fm_conv = fastmm.patch(torch.nn.Sequential(InOut(conv.weight.detach(), conv.bias.detach())))[0]
     res = {}
     with torch.no_grad():
+        res["[in, out] layer, no grad"] = (t(lambda: fm_conv(x), 30000), t(lambda: conv(x), 30000))
         res["matmul(a, W.t(), out=c)"] = (t(lambda: fastmm.matmul(a, w.t(), out=c, precision="ieee"), 50000),
                                           t(lambda: torch.matmul(a, w.t(), out=c), 50000))
         res["matmul(a, W.t())"] = (t(lambda: fastmm.matmul(a, w.t(), precision="ieee"), 50000),
