@@ -297,55 +297,61 @@ def compute_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, 
 class LinearGradsEntry:
     """The two products of ``x @ w.t()``'s backward as remembered entries: ``grad_x`` launched on
     (g, w), ``grad_w`` on (g, x) read in place (g^T and x's rows flattened are views at the
-    same pointers); None for a gradient not asked for."""
+    same pointers); None for a gradient not asked for. (``in_out``, ``x @ w`` with w stored [in,
+    out]: grad_x on (g, w), grad_w = x^T g on (x, g), in w's own layout.)"""
 
     grad_x: FastEntry | None
     grad_w: FastEntry | None
 
 
 def linear_grads_key(g: torch.Tensor, x: torch.Tensor, w: torch.Tensor, precision: str, need_x: bool,
-                     need_w: bool, pg: int, px: int, pw: int) -> tuple:
+                     need_w: bool, pg: int, px: int, pw: int, in_out: bool = False) -> tuple:
     """What both products' :func:`key_of` keys hold, read from (g, x, w) as they are: the views
     (g^T, x's rows flattened) and a key a product are made once, on the first call of a layout."""
     return ("linear grads", g.shape, g.stride(), x.shape, x.stride(), w.shape, w.stride(), g.dtype, x.dtype,
-            w.dtype, g.device, x.device, w.device, pg & 15, px & 15, pw & 15, precision, _switches(), need_x, need_w)
+            w.dtype, g.device, x.device, w.device, pg & 15, px & 15, pw & 15, precision, _switches(), need_x, need_w,
+            in_out)
 
 
 def linear_backward(g: torch.Tensor, x: torch.Tensor, w: torch.Tensor, precision: str, need_x: bool,
-                    need_w: bool, formula) -> tuple:
-    """(grad_x, grad_w) of ``x @ w.t()`` for the output gradient ``g`` (None for one not asked
-    for): from the entry a first call of this layout left, else ``formula()`` (the products one
-    by one, each through :func:`compute`, which remembers its own entry), after which both
-    products' entries are kept under one key (:func:`_remember_linear_grads`)."""
+                    need_w: bool, formula, in_out: bool = False) -> tuple:
+    """(grad_x, grad_w) of ``x @ w.t()`` (``in_out``: of ``x @ w``) for the output gradient ``g``
+    (None for one not asked for): from the entry a first call of this layout left, else
+    ``formula()`` (the products one by one, each through :func:`compute`, which remembers its own
+    entry), after which both products' entries are kept under one key
+    (:func:`_remember_linear_grads`)."""
     pg, px, pw = g.data_ptr(), x.data_ptr(), w.data_ptr()
-    key = linear_grads_key(g, x, w, precision, need_x, need_w, pg, px, pw)
+    key = linear_grads_key(g, x, w, precision, need_x, need_w, pg, px, pw, in_out)
     entry = ENTRIES.get(key)
     if type(entry) is LinearGradsEntry:
         try:
             return (None if entry.grad_x is None else launch(entry.grad_x, pg, pw, None, 0),
-                    None if entry.grad_w is None else launch(entry.grad_w, pg, px, None, 0))
+                    None if entry.grad_w is None else
+                    launch(entry.grad_w, px, pg, None, 0) if in_out else launch(entry.grad_w, pg, px, None, 0))
         except (TensorMapError, LaunchError):  # (not expected: the products' own calls launched the same)
             ENTRIES[key] = entry = NOT_FAST
     grads = formula()
     if entry is None:
-        _remember_linear_grads(key, g, x, w, precision, need_x, need_w)
+        _remember_linear_grads(key, g, x, w, precision, need_x, need_w, in_out)
     return grads
 
 
 def _remember_linear_grads(key: tuple, g: torch.Tensor, x: torch.Tensor, w: torch.Tensor, precision: str,
-                           need_x: bool, need_w: bool) -> None:
+                           need_x: bool, need_w: bool, in_out: bool) -> None:
     """Both products' entries under ``key``, where both are single launches reading g and x in
     place; the key never fast where a product is known not to be (NOT_FAST) or reads a copy. A
     product with no entry leaves the key unknown: its entry may have been dropped between the two
-    products (the entries' bound, a tuned bucket's forget_plans) and be there next time."""
+    products (the entries' bound, a tuned bucket's forget_plans) and be there next time. (The
+    products as the formulas make them: fastmm.ops.linear_grads, in_out_grads.)"""
     found = []
     if need_x:
-        found.append((ENTRIES.get(key_of(g, w, None, precision)), True))
+        found.append((ENTRIES.get(key_of(g, w.t() if in_out else w, None, precision)), True))
     if need_w:
-        g_t, rows = flat_rows(g).t(), flat_rows(x)  # (the formula's views: fastmm.ops.linear_grads)
+        g_rows, x_rows = flat_rows(g), flat_rows(x)
         # (views at g's and x's own pointers: a reshape that copied reads another memory)
-        in_place = g_t.data_ptr() == g.data_ptr() and rows.data_ptr() == x.data_ptr()
-        found.append((ENTRIES.get(key_of(g_t, rows, None, precision)), in_place))
+        in_place = g_rows.data_ptr() == g.data_ptr() and x_rows.data_ptr() == x.data_ptr()
+        a, b = (x_rows.t(), g_rows) if in_out else (g_rows.t(), x_rows)
+        found.append((ENTRIES.get(key_of(a, b, None, precision)), in_place))
     if any(e is None for e, _ in found):
         return
     fast = all(type(e) is FastEntry and in_place for e, in_place in found)

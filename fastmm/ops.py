@@ -167,6 +167,37 @@ class _Linear(torch.autograd.Function):
         return grads + (flat_rows(g).sum(0) if nb else None, None)
 
 
+def in_out_grads(mm, x, w, g, need_x: bool, need_w: bool, need_bias: bool):
+    """(grad_x, grad_weight, grad_bias) of ``x @ w + bias``, w stored [in, out] (GPT-2's Conv1D):
+    the weight's gradient x^T g in w's own layout."""
+    grad_x = mm(g, w.t()) if need_x else None  # folded: (..., N) @ (N, K)
+    grad_w = mm(flat_rows(x).t(), flat_rows(g)) if need_w else None  # (K, rows) @ (rows, N)
+    return grad_x, grad_w, flat_rows(g).sum(0) if need_bias else None
+
+
+class _LinearInOut(torch.autograd.Function):
+    """``x @ w + bias`` with w stored [in, out]: forward F.linear's product on w.t()'s view (the
+    bias fused, x's rows folded), backward :func:`in_out_grads` (from one remembered entry on a
+    repeat, as :class:`_Linear`'s)."""
+
+    @staticmethod
+    def forward(ctx, x, w, bias, precision):
+        ctx.precision = precision
+        ctx.save_for_backward(x, w)
+        return compute_linear(x, w.t(), bias, precision)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        nx, nw, nb = ctx.needs_input_grad[:3]
+        if torch.is_grad_enabled():  # double backward: the formula, whose products record autograd
+            return in_out_grads(_EAGER_MM[ctx.precision], x, w, g, nx, nw, nb) + (None,)
+        grads = (None, None) if not (nx or nw) else fast_path.linear_backward(
+            g, x, w, ctx.precision, nx, nw, lambda: in_out_grads(_EAGER_MM[ctx.precision], x, w, g, nx, nw, False)[:2],
+            in_out=True)
+        return grads + (flat_rows(g).sum(0) if nb else None, None)
+
+
 class _Addmm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, c, a, b, beta, alpha, precision):
@@ -183,6 +214,7 @@ class _Addmm(torch.autograd.Function):
 
 
 _MATMUL_APPLY, _LINEAR_APPLY, _ADDMM_APPLY = _c_apply(_Matmul), _c_apply(_Linear), _c_apply(_Addmm)
+_LINEAR_IN_OUT_APPLY = _c_apply(_LinearInOut)
 
 
 def _addmm_grads(mm, a, b, g, c_shape, beta, alpha, need_c, need_a, need_b):
@@ -226,6 +258,19 @@ def linear_eager(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     if _transforms_active():
         return _Linear.apply(x, weight, bias, precision)
     return _LINEAR_APPLY(_unwrap(x), _unwrap(weight), None if bias is None else _unwrap(bias), precision)
+
+
+def linear_in_out_eager(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                        precision: str) -> torch.Tensor:
+    """``x @ weight + bias`` with weight stored [in, out] (GPT-2's Conv1D), on the eager route (its
+    caller made :func:`linear_eager`'s checks): F.linear's product on weight.t()'s view, and with
+    gradients :class:`_LinearInOut`, whose weight gradient comes out in weight's own layout."""
+    if not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
+                                         or (bias is not None and bias.requires_grad))):
+        return compute_linear(x, weight.t(), bias, precision)
+    if _transforms_active():
+        return _LinearInOut.apply(x, weight, bias, precision)
+    return _LINEAR_IN_OUT_APPLY(_unwrap(x), _unwrap(weight), None if bias is None else _unwrap(bias), precision)
 
 
 def addmm(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta=1, alpha=1,

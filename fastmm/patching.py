@@ -43,7 +43,6 @@ from . import ops
 from .api import matmul as _fastmm_matmul
 from .precision import autocast_any_half_active, autocast_half_active, resolve_precision, resolve_precision_eager
 from .nn import Linear, MultiheadAttention, plain_tensor
-from .shapes import flat_rows
 
 __all__ = ["patch", "unpatch", "register", "register_linear_like", "use_fastmm", "FastmmMode"]
 
@@ -106,20 +105,11 @@ def register_linear_like(cls: type, *, weight: str = "weight", bias: str | None 
         eager = not ops.tracing_or_in_dispatch_mode()
         if autocast_any_half_active(x) if eager else autocast_half_active(x.device.type):
             return cls.forward(self, x)
-        if layout == "in_out" and torch.is_grad_enabled() and (
-                x.requires_grad or w.requires_grad or (b is not None and b.requires_grad)):
-            # (addmm on x's rows: its weight gradient comes out in W's own [in, out] layout)
-            rows = flat_rows(x)
-            out = ops.addmm(b, rows, w, precision=self.precision) if b is not None else \
-                _fastmm_matmul(rows, w, precision=self.precision)
-            return out.view(x.shape[:-1] + (w.shape[1],))
-        # x @ W^T (+ b); for [in, out] without gradients (inference, decode) the same on W^T's view:
-        # F.linear's path, which folds x's rows and adds the bias in the product's stores, at a
-        # Linear layer's host cost (an addmm on flattened rows costs ~1.5x on the host)
-        wt = w if layout == "out_in" else w.t()
-        if eager:
-            return ops.linear_eager(x, wt, b, resolve_precision_eager(self.precision))
-        return ops.linear(x, wt, b, self.precision)
+        if eager:  # x @ W^T (+ b), or for [in, out] x @ W (+ b): F.linear's product on W^T's view
+            if layout == "out_in":
+                return ops.linear_eager(x, w, b, resolve_precision_eager(self.precision))
+            return ops.linear_in_out_eager(x, w, b, resolve_precision_eager(self.precision))
+        return ops.linear(x, w if layout == "out_in" else w.t(), b, self.precision)
 
     sub = type(f"Fastmm{cls.__name__}", (cls,), {"forward": forward, "precision": None,
                                                   "__doc__": f"{cls.__name__} computed by fastmm ({layout})."})

@@ -245,3 +245,44 @@ def test_a_repeat_linear_backward_gives_the_first_backwards_gradients(precision,
         assert rel(gb, g64.reshape(-1, 160).sum(0)) <= 1e-6
     else:
         assert gw is None and gb is None
+
+
+class _InOut(torch.nn.Module):
+    """x @ W + b with W stored [in, out] (GPT-2's Conv1D form)."""
+
+    def __init__(self, k, n):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(k, n))
+        self.bias = torch.nn.Parameter(torch.randn(n))
+
+    def forward(self, x):
+        return x @ self.weight + self.bias
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_an_in_out_layer_matches_float64_and_repeats_its_gradients(precision):
+    """A registered [in, out] layer on the GPU: forward without gradients (F.linear's path on
+    W^T's view), and forward + backward three times (the repeats from one remembered entry): the
+    gradients bit-equal to the first backward's, the weight gradient in W's own layout, all
+    within the precision's tolerance of float64."""
+    fast_path.forget_plans()
+    torch.manual_seed(4)
+    fastmm.register_linear_like(_InOut, layout="in_out")
+    layer = fastmm.patch(torch.nn.Sequential(_InOut(192, 160)).cuda(), precision=precision)[0]
+    x0, g = randn(3, 50, 192), randn(3, 50, 160)
+    w64, b64, x64, g64 = (t.detach().double() for t in (layer.weight, layer.bias, x0, g))
+    with torch.no_grad():
+        assert rel(layer(x0), x64 @ w64 + b64) <= tol(precision, 192)
+    grads = []
+    for _ in range(3):
+        x = x0.detach().requires_grad_()
+        layer.zero_grad(set_to_none=True)
+        layer(x).backward(g)
+        grads.append((x.grad, layer.weight.grad, layer.bias.grad))
+    for later in grads[1:]:
+        assert all(torch.equal(a, c) for a, c in zip(later, grads[0]))
+    gx, gw, gb = grads[-1]
+    assert gw.stride() == (160, 1)
+    assert rel(gx, g64 @ w64.t()) <= tol(precision, 160)
+    assert rel(gw, x64.reshape(150, 192).t() @ g64.reshape(150, 160)) <= tol(precision, 150)
+    assert rel(gb, g64.reshape(150, 160).sum(0)) <= 1e-6

@@ -332,18 +332,20 @@ def test_register_linear_like_converts_a_users_class_both_ways():
     fastmm.patch(model, precision="ieee")
     assert type(model[0]) is sub and model[0].precision == "ieee"
     report = fastmm.coverage(model, x)
-    assert {e.op for e in report.entries} == {"fastmm::addmm", "fastmm::matmul"}
+    assert {e.op for e in report.entries} == {"fastmm::linear", "fastmm::matmul"}  # (x @ W on W^T's view)
     torch.testing.assert_close(model(x), want)
     fastmm.unpatch(model)
     assert type(model[0]) is Proj
 
 
-def test_an_in_out_layer_without_gradients_takes_the_linear_path(emulated_gpu):
-    """A registered [in, out] layer (GPT-2's Conv1D form) where no gradient is made (decode):
-    x @ W through F.linear's path on W^T's view (the Linear layer's host cost): one launch with
-    the bias added in its stores, its repeat served by the linear entry. With gradients: addmm
-    on x's rows, whose weight gradient comes out in W's own [in, out] layout. Right against
-    float64 either way."""
+@pytest.mark.parametrize("frozen", ["none", "input", "weight"])
+def test_an_in_out_layer_takes_the_linear_path_with_its_weight_gradient_in_its_own_layout(emulated_gpu, frozen):
+    """A registered [in, out] layer (GPT-2's Conv1D form): x @ W through F.linear's path on W^T's
+    view, one launch with the bias added in its stores, its repeat served by the linear entry;
+    with gradients, its backward's two products from one remembered entry on a repeat (grad_x
+    on (g, W), grad_W = x^T g on (x, g)), the weight gradient in W's own [in, out] layout (no
+    transposed gradient for autograd to copy). Right against float64, the repeat's gradients
+    bit-equal to the first's."""
     from fastmm import fast_path
 
     class InOut(torch.nn.Module):
@@ -359,24 +361,37 @@ def test_an_in_out_layer_without_gradients_takes_the_linear_path(emulated_gpu):
     model = torch.nn.Sequential(InOut())
     fastmm.patch(model, precision="ieee")
     layer = model[0]
+    if frozen == "weight":
+        layer.requires_grad_(False)
     w, b = layer.weight.detach(), layer.bias.detach()
+    x0 = torch.randn(3, 5, 16)
     for _ in range(2):
-        x = torch.randn(3, 5, 16)
         emulated_gpu.clear()
         with torch.no_grad():
-            y = layer(x)
+            y = layer(x0)
         assert len(emulated_gpu.launches) == 1
-        want = x.double() @ w.double() + b.double()
-        assert y.shape == (3, 5, 12) and relative_error(y, want) <= 1e-6
-    assert emulated_gpu.slow_calls == 1  # the repeat: the linear entry
-    assert type(fast_path.ENTRIES.get(fast_path.linear_key(x, layer.weight.t(), layer.bias, "ieee"))) \
+        assert y.shape == (3, 5, 12) and relative_error(y, x0.double() @ w.double() + b.double()) <= 1e-6
+    assert type(fast_path.ENTRIES.get(fast_path.linear_key(x0, layer.weight.t(), layer.bias, "ieee"))) \
         is fast_path.FastEntry
-    x = torch.randn(3, 5, 16, requires_grad=True)
     g = torch.randn(3, 5, 12)
-    layer(x).backward(g)
-    assert layer.weight.grad.stride() == (12, 1)
-    assert relative_error(layer.weight.grad, x.detach().double().reshape(15, 16).t() @ g.double().reshape(15, 12)) <= 1e-6
-    assert relative_error(x.grad, g.double() @ w.double().t()) <= 1e-6
+    grads = []
+    for _ in range(3):
+        x = x0.detach().requires_grad_(frozen != "input")  # (x0's memory: the emulation reads what it made)
+        layer.zero_grad(set_to_none=True)
+        layer(x).backward(g)
+        grads.append((x.grad, layer.weight.grad, layer.bias.grad))
+    key = fast_path.linear_grads_key(g, x0, w, "ieee", frozen != "input", frozen != "weight", g.data_ptr(),
+                                     x0.data_ptr(), w.data_ptr(), in_out=True)
+    assert type(fast_path.ENTRIES.get(key)) is fast_path.LinearGradsEntry
+    for later in grads[1:]:
+        assert all((a is None and c is None) or torch.equal(a, c) for a, c in zip(later, grads[0]))
+    gx, gw, gb = grads[-1]
+    if frozen != "input":
+        assert relative_error(gx, g.double() @ w.double().t()) <= 1e-6
+    if frozen != "weight":
+        assert gw.stride() == (12, 1)
+        assert relative_error(gw, x0.double().reshape(15, 16).t() @ g.double().reshape(15, 12)) <= 1e-6
+        torch.testing.assert_close(gb, g.sum((0, 1)))
 
 
 def test_gpt2_conv1d_is_converted_where_transformers_is_installed():

@@ -13,7 +13,7 @@ On the GPU the launch itself adds ~5 us a call to fastmm (cuda.core) and cuBLAS'
 Rows: fastmm.matmul with out= (bench's decode rows: host-paced on the H200), without out=, a
 ``fastmm.nn.Linear`` forward without grad, with grad, and forward + backward (models.py's host
 table), an [in, out] layer (GPT-2's Conv1D form, registered with register_linear_like) without
-grad, each with torch's beside it. Times are the best of 5 repeats of back-to-back calls.
+grad and forward + backward, each with torch's beside it. Times are the best of 5 repeats of back-to-back calls.
 """
 from __future__ import annotations
 
@@ -87,6 +87,8 @@ def measure(repo: str) -> dict[str, float]:
         res["Linear, no grad"] = (t(lambda: fm(x), 50000), t(lambda: ref(x), 50000))
     res["Linear, with grad"] = (t(lambda: fm(xg), 30000), t(lambda: ref(xg), 30000))
     res["Linear, forward + backward"] = (t(lambda: fm(xg).backward(g), 5000), t(lambda: ref(xg).backward(g), 5000))
+    res["[in, out] layer, forward + backward"] = (t(lambda: fm_conv(xg).backward(g), 5000),
+                                                  t(lambda: conv(xg).backward(g), 5000))
     return res
 
 
