@@ -157,14 +157,22 @@ class _Linear(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
-        x, w = ctx.saved_tensors
-        nx, nw, nb = ctx.needs_input_grad[:3]
-        if torch.is_grad_enabled():  # double backward: the formula, whose products record autograd
-            return linear_grads(_EAGER_MM[ctx.precision], x, w, g, nx, nw, nb) + (None,)
-        # a repeat layout: both products from one remembered entry (one key, no views)
-        grads = (None, None) if not (nx or nw) else fast_path.linear_backward(
-            g, x, w, ctx.precision, nx, nw, lambda: linear_grads(_EAGER_MM[ctx.precision], x, w, g, nx, nw, False)[:2])
-        return grads + (flat_rows(g).sum(0) if nb else None, None)
+        return _eager_linear_backward(ctx, g, linear_grads, False)
+
+
+def _eager_linear_backward(ctx, g, formula, in_out: bool):
+    """A Linear-form layer's backward (``formula``: :func:`linear_grads`, or :func:`in_out_grads`
+    for w stored [in, out]): a repeat layout's two products from one remembered entry (one key,
+    no views: fastmm.fast_path.linear_backward); a double backward (grad enabled here) the
+    formula, whose products record autograd."""
+    x, w = ctx.saved_tensors
+    nx, nw, nb = ctx.needs_input_grad[:3]
+    mm = _EAGER_MM[ctx.precision]
+    if torch.is_grad_enabled():
+        return formula(mm, x, w, g, nx, nw, nb) + (None,)
+    grads = (None, None) if not (nx or nw) else fast_path.linear_backward(
+        g, x, w, ctx.precision, nx, nw, lambda: formula(mm, x, w, g, nx, nw, False)[:2], in_out)
+    return grads + (flat_rows(g).sum(0) if nb else None, None)
 
 
 def in_out_grads(mm, x, w, g, need_x: bool, need_w: bool, need_bias: bool):
@@ -188,14 +196,7 @@ class _LinearInOut(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
-        x, w = ctx.saved_tensors
-        nx, nw, nb = ctx.needs_input_grad[:3]
-        if torch.is_grad_enabled():  # double backward: the formula, whose products record autograd
-            return in_out_grads(_EAGER_MM[ctx.precision], x, w, g, nx, nw, nb) + (None,)
-        grads = (None, None) if not (nx or nw) else fast_path.linear_backward(
-            g, x, w, ctx.precision, nx, nw, lambda: in_out_grads(_EAGER_MM[ctx.precision], x, w, g, nx, nw, False)[:2],
-            in_out=True)
-        return grads + (flat_rows(g).sum(0) if nb else None, None)
+        return _eager_linear_backward(ctx, g, in_out_grads, True)
 
 
 class _Addmm(torch.autograd.Function):
