@@ -292,6 +292,7 @@ def compute_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, 
 
 # ---------------------------------------------------------------------------------------------
 # a Linear layer's backward: grad_x = g @ w and grad_w = g^T @ x (rows flattened), one key for both
+# (a layer of w stored [in, out], ``in_out``: grad_x = g @ w^T and grad_w = x^T @ g)
 
 @dataclass(frozen=True, slots=True)
 class LinearGradsEntry:
@@ -307,7 +308,9 @@ class LinearGradsEntry:
 def linear_grads_key(g: torch.Tensor, x: torch.Tensor, w: torch.Tensor, precision: str, need_x: bool,
                      need_w: bool, pg: int, px: int, pw: int, in_out: bool = False) -> tuple:
     """What both products' :func:`key_of` keys hold, read from (g, x, w) as they are: the views
-    (g^T, x's rows flattened) and a key a product are made once, on the first call of a layout."""
+    (g's and x's rows flattened, one of them transposed; w^T for ``in_out``) and a key a product
+    are made once, on the first call of a layout. ``in_out`` tells the two forms apart where K = N
+    would give them the same layouts."""
     return ("linear grads", g.shape, g.stride(), x.shape, x.stride(), w.shape, w.stride(), g.dtype, x.dtype,
             w.dtype, g.device, x.device, w.device, pg & 15, px & 15, pw & 15, precision, _switches(), need_x, need_w,
             in_out)

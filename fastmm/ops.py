@@ -88,18 +88,11 @@ def matmul_grads(mm, a, b, g, need_a: bool, need_b: bool):
     return grad_a, grad_b
 
 
-def linear_grads(mm, x, w, g, need_x: bool, need_w: bool, need_bias: bool):
-    """(grad_x, grad_weight, grad_bias) of ``x @ w.t() + bias``."""
-    grad_x = grad_w = grad_bias = None
-    if need_x:
-        grad_x = mm(g, w)  # folded: (..., N) @ (N, K)
-    if need_w or need_bias:  # (not for a frozen layer's grad_x alone)
-        g2 = flat_rows(g)
-        if need_w:
-            grad_w = mm(g2.transpose(0, 1), flat_rows(x))  # (N, rows) @ (rows, K)
-        if need_bias:
-            grad_bias = g2.sum(0)
-    return grad_x, grad_w, grad_bias
+def linear_grads(mm, x, w, g, need_x: bool, need_w: bool):
+    """(grad_x, grad_weight) of ``x @ w.t()`` (a bias's: :func:`bias_grad`)."""
+    grad_x = mm(g, w) if need_x else None  # folded: (..., N) @ (N, K)
+    grad_w = mm(flat_rows(g).t(), flat_rows(x)) if need_w else None  # (N, rows) @ (rows, K)
+    return grad_x, grad_w
 
 
 # ---------------------------------------------------------------------------------------------
@@ -151,7 +144,7 @@ class _Matmul(torch.autograd.Function):
 class _Linear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w, bias, precision):
-        ctx.precision = precision
+        ctx.precision, ctx.bias_shape = precision, None if bias is None else bias.shape
         ctx.save_for_backward(x, w)
         return compute_linear(x, w, bias, precision)
 
@@ -169,18 +162,27 @@ def _eager_linear_backward(ctx, g, formula, in_out: bool):
     nx, nw, nb = ctx.needs_input_grad[:3]
     mm = _EAGER_MM[ctx.precision]
     if torch.is_grad_enabled():
-        return formula(mm, x, w, g, nx, nw, nb) + (None,)
-    grads = (None, None) if not (nx or nw) else fast_path.linear_backward(
-        g, x, w, ctx.precision, nx, nw, lambda: formula(mm, x, w, g, nx, nw, False)[:2], in_out)
-    return grads + (flat_rows(g).sum(0) if nb else None, None)
+        grads = formula(mm, x, w, g, nx, nw)
+    else:
+        grads = (None, None) if not (nx or nw) else fast_path.linear_backward(
+            g, x, w, ctx.precision, nx, nw, lambda: formula(mm, x, w, g, nx, nw), in_out)
+    return grads + (bias_grad(g, ctx.bias_shape) if nb else None, None)
 
 
-def in_out_grads(mm, x, w, g, need_x: bool, need_w: bool, need_bias: bool):
-    """(grad_x, grad_weight, grad_bias) of ``x @ w + bias``, w stored [in, out] (GPT-2's Conv1D):
-    the weight's gradient x^T g in w's own layout."""
+def bias_grad(g: torch.Tensor, shape) -> torch.Tensor:
+    """The gradient of a bias of ``shape`` added to every row of the output (gradient ``g``): g's
+    rows summed (F.linear's bias, one value a column), or for a bias that broadcasts otherwise
+    (a (1, N) row, a scalar) g summed to its shape."""
+    grad = flat_rows(g).sum(0)
+    return grad if grad.shape == shape else g.sum_to_size(shape)
+
+
+def in_out_grads(mm, x, w, g, need_x: bool, need_w: bool):
+    """(grad_x, grad_weight) of ``x @ w``, w stored [in, out] (GPT-2's Conv1D): the weight's
+    gradient x^T g in w's own layout."""
     grad_x = mm(g, w.t()) if need_x else None  # folded: (..., N) @ (N, K)
     grad_w = mm(flat_rows(x).t(), flat_rows(g)) if need_w else None  # (K, rows) @ (rows, N)
-    return grad_x, grad_w, flat_rows(g).sum(0) if need_bias else None
+    return grad_x, grad_w
 
 
 class _LinearInOut(torch.autograd.Function):
@@ -190,7 +192,7 @@ class _LinearInOut(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, w, bias, precision):
-        ctx.precision = precision
+        ctx.precision, ctx.bias_shape = precision, None if bias is None else bias.shape
         ctx.save_for_backward(x, w)
         return compute_linear(x, w.t(), bias, precision)
 
@@ -219,7 +221,7 @@ _LINEAR_IN_OUT_APPLY = _c_apply(_LinearInOut)
 
 
 def _addmm_grads(mm, a, b, g, c_shape, beta, alpha, need_c, need_a, need_b):
-    # (beta = 1, GPT-2's Conv1D bias: g itself, as torch's addmm backward: no pass over g)
+    # (beta = 1, the usual addmm, a bias: g itself, as torch's addmm backward: no pass over g)
     grad_c = (g if beta == 1 else g * beta).sum_to_size(c_shape) if need_c else None
     ga, gb = matmul_grads(mm, a, b, g, need_a, need_b)
     if alpha != 1:
@@ -392,14 +394,15 @@ def _(x, weight, bias=None, precision=None):
 
 def _linear_setup(ctx, inputs, output):
     x, weight, bias, precision = inputs
-    ctx.precision = precision
+    ctx.precision, ctx.bias_shape = precision, None if bias is None else bias.shape
     ctx.save_for_backward(x, weight)
 
 
 def _linear_backward(ctx, g):
     x, w = ctx.saved_tensors
     nx, nw, nb = ctx.needs_input_grad[:3]
-    return linear_grads(_op_mm(ctx.precision), x, w, g, nx, nw, nb) + (None,)
+    return linear_grads(_op_mm(ctx.precision), x, w, g, nx, nw) + (
+        bias_grad(g, ctx.bias_shape) if nb else None, None)
 
 
 linear_op.register_autograd(_linear_backward, setup_context=_linear_setup)

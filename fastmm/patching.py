@@ -97,7 +97,9 @@ def register_linear_like(cls: type, *, weight: str = "weight", bias: str | None 
         raise ValueError(f"layout must be 'out_in' or 'in_out', got {layout!r}")
 
     def forward(self, x):
-        params = self._parameters  # (Module.__getattr__ costs ~1 us a lookup; a property is read as one)
+        # (Parameters from their dict: Module.__getattr__ costs ~1 us a lookup; a property or a
+        # buffer is read with getattr)
+        params = self._parameters
         w = params[weight] if weight in params else getattr(self, weight)
         b = None if bias is None else params[bias] if bias in params else getattr(self, bias)
         if not (plain_tensor(x) and plain_tensor(w) and (b is None or plain_tensor(b))) or x.dim() == 0:

@@ -394,6 +394,91 @@ def test_an_in_out_layer_takes_the_linear_path_with_its_weight_gradient_in_its_o
         torch.testing.assert_close(gb, g.sum((0, 1)))
 
 
+class _InOutLayer(torch.nn.Module):
+    """x @ W (+ b) with W stored [in, out] (GPT-2's Conv1D form); ``bias_shape`` None: no bias."""
+
+    def __init__(self, k, n, bias_shape=None):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(k, n))
+        self.bias = None if bias_shape is None else torch.nn.Parameter(torch.randn(bias_shape))
+
+    def forward(self, x):
+        return x @ self.weight + (0 if self.bias is None else self.bias)
+
+
+def _in_out_layer(k, n, bias_shape=None):
+    fastmm.register_linear_like(_InOutLayer, layout="in_out")
+    return fastmm.patch(torch.nn.Sequential(_InOutLayer(k, n, bias_shape)), precision="ieee")[0]
+
+
+def test_an_in_out_layers_double_backward_after_a_remembered_one_records_its_products(emulated_gpu):
+    """create_graph through an [in, out] layer whose layout has its remembered backward entry:
+    the formula runs, recording autograd, so d/dW of sum(v * grad_x), grad_x = g W^T, is v^T g."""
+    layer = _in_out_layer(16, 12)
+    x, g = torch.randn(3, 5, 16, requires_grad=True), torch.randn(3, 5, 12)
+    layer(x).backward(g)
+    layer(x).backward(g)  # (served by the entry)
+    (grad_x,) = torch.autograd.grad(layer(x), x, g, create_graph=True)
+    assert grad_x.requires_grad
+    v = torch.randn(grad_x.shape)
+    (second,) = torch.autograd.grad(grad_x, layer.weight, v)
+    assert relative_error(second, v.double().reshape(15, 16).t() @ g.double().reshape(15, 12)) <= 1e-6
+
+
+def test_an_in_out_layer_on_rows_no_view_merges_takes_the_formula(emulated_gpu, monkeypatch):
+    """x's rows merge only by a copy (a transpose of its leading dims): grad_W = x^T g reads the
+    copy, so the layout's combined backward key is never fast, and every backward is right."""
+    import emulation
+    from fastmm import fast_path
+
+    monkeypatch.setattr(emulation, "CHECK_MEMORY", False)  # (the copy is made by torch's reshape)
+    layer = _in_out_layer(16, 12)
+    x0, g = torch.randn(5, 3, 16).transpose(0, 1), torch.randn(3, 5, 12)
+    for _ in range(3):
+        x = x0.detach().requires_grad_()
+        layer.zero_grad(set_to_none=True)
+        layer(x).backward(g)
+        x64, g64 = x0.double().reshape(15, 16), g.double().reshape(15, 12)
+        assert relative_error(layer.weight.grad, x64.t() @ g64) <= 1e-6
+        assert relative_error(x.grad, g.double() @ layer.weight.detach().double().t()) <= 1e-6
+    key = fast_path.linear_grads_key(g, x0, layer.weight, "ieee", True, True, g.data_ptr(), x0.data_ptr(),
+                                     layer.weight.data_ptr(), in_out=True)
+    assert fast_path.ENTRIES.get(key) is fast_path.NOT_FAST
+
+
+def test_square_linear_and_in_out_layers_of_one_layout_keep_their_own_backward_entries(emulated_gpu):
+    """K = N: a Linear (x @ W^T) and an [in, out] layer (x @ W) on the same x, W and g layouts
+    have backward products of the same shapes; their remembered entries stay apart, and each
+    backward, interleaved, gives its own gradients."""
+    lin = fastmm.nn.Linear(16, 16, bias=False, precision="ieee")
+    inout = _in_out_layer(16, 16)
+    x0, g = torch.randn(3, 5, 16), torch.randn(3, 5, 16)
+    for _ in range(3):
+        for layer, w_t in ((lin, False), (inout, True)):
+            x = x0.detach().requires_grad_()
+            layer.zero_grad(set_to_none=True)
+            layer(x).backward(g)
+            w64, x64, g64 = layer.weight.detach().double(), x0.double().reshape(15, 16), g.double().reshape(15, 16)
+            assert relative_error(x.grad, g.double() @ (w64.t() if w_t else w64)) <= 1e-6
+            assert relative_error(layer.weight.grad, x64.t() @ g64 if w_t else g64.t() @ x64) <= 1e-6
+
+
+@pytest.mark.parametrize("form", ["linear", "in_out"])
+@pytest.mark.parametrize("bias_shape", [(1, 12), (), (1,)])
+def test_a_bias_that_broadcasts_otherwise_gets_a_gradient_of_its_own_shape(emulated_gpu, form, bias_shape):
+    """F.linear and x @ W + b accept a bias of shape (1, N), () or (1,): its gradient is g summed
+    to that shape (torch's), not the (N,) of a row bias; a first and a repeat backward."""
+    layer = fastmm.nn.Linear(16, 12, precision="ieee") if form == "linear" else _in_out_layer(16, 12, bias_shape)
+    if form == "linear":
+        layer.bias = torch.nn.Parameter(torch.randn(bias_shape))
+    for _ in range(2):
+        x, g = torch.randn(3, 5, 16), torch.randn(3, 5, 12)
+        layer.zero_grad(set_to_none=True)
+        layer(x).backward(g)
+        assert layer.bias.grad.shape == bias_shape
+        torch.testing.assert_close(layer.bias.grad, g.sum_to_size(bias_shape))
+
+
 def test_gpt2_conv1d_is_converted_where_transformers_is_installed():
     transformers = pytest.importorskip("transformers")
     transformers.logging.set_verbosity_error()
