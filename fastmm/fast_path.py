@@ -69,6 +69,14 @@ def key_at(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, precision
 _switches = config.switches  # (a module global: one lookup less a key)
 
 
+def _keep(key: tuple, value) -> None:
+    """``ENTRIES[key] = value`` within the bound: a full table is emptied first (the entries of
+    the layouts still in use come back on their next call)."""
+    if len(ENTRIES) >= dispatch.MAX_CACHED_SHAPES:
+        ENTRIES.clear()
+    ENTRIES[key] = value
+
+
 def forget_plans() -> None:
     """Drop every cached plan and fast-path entry, so the next call of each shape plans again (a
     tuned choice was stored). Loaded kernels stay loaded."""
@@ -116,19 +124,17 @@ def remember(key: tuple, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | N
     if hit is None:
         return
     plan = hit.plan
-    if len(ENTRIES) >= dispatch.MAX_CACHED_SHAPES:
-        ENTRIES.clear()
     if len(offsets) != 1 or plan.kernel is None:
         # Never fast for this key (these depend on the problem only): remember that too, so the
         # next call does not analyse the problem a third time just to find out again.
-        ENTRIES[key] = NOT_FAST
+        _keep(key, NOT_FAST)
         return
     p = plan.launch_problem or problem  # (as in dispatch.launch_plan)
     runner = runners.runner_for(plan, hit.kernel, hit.second, p, a.device)
     tail = runners.gemm_args(p) if runner is None else ()
     extents = (extent(a), extent(b), extent(out)) if out is not None else None
     epi_tail = None if epi is None else epi.args(plan.swap_ab)[1:]  # (D's pointer: per call)
-    ENTRIES[key] = FastEntry(s.out_shape, hit.kernel, tail, a.device, index, extents, runner, epi_tail)
+    _keep(key, FastEntry(s.out_shape, hit.kernel, tail, a.device, index, extents, runner, epi_tail))
 
 
 def launch(entry: FastEntry, pa: int, pb: int, out: torch.Tensor | None, po: int,
@@ -232,9 +238,7 @@ def _fused_full(key: tuple, a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, a
                 remember(key, a, b, None, precision, (d, alpha, beta))
             return result
         if plan is None or plan.kernel is None:  # (shapes, layouts or the device: the same next time)
-            if len(ENTRIES) >= dispatch.MAX_CACHED_SHAPES:
-                ENTRIES.clear()
-            ENTRIES[key] = UNFUSED
+            _keep(key, UNFUSED)
     return add_epilogue(compute(a, b, None, precision), d, alpha, beta)
 
 
@@ -281,9 +285,7 @@ def compute_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, 
         # rows that no view merges (a seq-first view of a batch-first activation): copied into
         # one (rows, K) matrix, as torch.matmul's reshape does, whose own entry then serves (a
         # 1-D weight, or a bias over the leading dims too, take the full path, which copies)
-        if len(ENTRIES) >= dispatch.MAX_CACHED_SHAPES:
-            ENTRIES.clear()
-        ENTRIES[key] = FOLD_BY_COPY
+        _keep(key, FOLD_BY_COPY)
         return compute_linear(rows_copy(x), w, bias, precision).view(x.shape[:-1] + (w.shape[0],))
     if bias is None:
         return _compute_full(key, x, w.t(), None, precision)
@@ -346,20 +348,17 @@ def _remember_linear_grads(key: tuple, g: torch.Tensor, x: torch.Tensor, w: torc
     product with no entry leaves the key unknown: its entry may have been dropped between the two
     products (the entries' bound, a tuned bucket's forget_plans) and be there next time. (The
     products as the formulas make them: fastmm.ops.linear_grads, in_out_grads.)"""
-    found = []
+    grad_x = grad_w = None
+    in_place = True
     if need_x:
-        found.append((ENTRIES.get(key_of(g, w.t() if in_out else w, None, precision)), True))
+        grad_x = ENTRIES.get(key_of(g, w.t() if in_out else w, None, precision))
     if need_w:
         g_rows, x_rows = flat_rows(g), flat_rows(x)
         # (views at g's and x's own pointers: a reshape that copied reads another memory)
         in_place = g_rows.data_ptr() == g.data_ptr() and x_rows.data_ptr() == x.data_ptr()
-        a, b = (x_rows.t(), g_rows) if in_out else (g_rows.t(), x_rows)
-        found.append((ENTRIES.get(key_of(a, b, None, precision)), in_place))
-    if any(e is None for e, _ in found):
+        grad_w = ENTRIES.get(key_of(*((x_rows.t(), g_rows) if in_out else (g_rows.t(), x_rows)), None, precision))
+    found = [e for e, needed in ((grad_x, need_x), (grad_w, need_w)) if needed]
+    if None in found:
         return
-    fast = all(type(e) is FastEntry and in_place for e, in_place in found)
-    if len(ENTRIES) >= dispatch.MAX_CACHED_SHAPES:
-        ENTRIES.clear()
-    entries = iter(e for e, _ in found)
-    ENTRIES[key] = LinearGradsEntry(next(entries) if need_x else None, next(entries) if need_w else None) \
-        if fast else NOT_FAST
+    fast = in_place and all(type(e) is FastEntry for e in found)
+    _keep(key, LinearGradsEntry(grad_x, grad_w) if fast else NOT_FAST)

@@ -338,6 +338,23 @@ def test_register_linear_like_converts_a_users_class_both_ways():
     assert type(model[0]) is Proj
 
 
+class _InOutLayer(torch.nn.Module):
+    """x @ W (+ b) with W stored [in, out] (GPT-2's Conv1D form); ``bias_shape`` None: no bias."""
+
+    def __init__(self, k, n, bias_shape=None):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(k, n))
+        self.bias = None if bias_shape is None else torch.nn.Parameter(torch.randn(bias_shape))
+
+    def forward(self, x):
+        return x @ self.weight + (0 if self.bias is None else self.bias)
+
+
+def _in_out_layer(k, n, bias_shape=None):
+    fastmm.register_linear_like(_InOutLayer, layout="in_out")
+    return fastmm.patch(torch.nn.Sequential(_InOutLayer(k, n, bias_shape)), precision="ieee")[0]
+
+
 @pytest.mark.parametrize("frozen", ["none", "input", "weight"])
 def test_an_in_out_layer_takes_the_linear_path_with_its_weight_gradient_in_its_own_layout(emulated_gpu, frozen):
     """A registered [in, out] layer (GPT-2's Conv1D form): x @ W through F.linear's path on W^T's
@@ -348,19 +365,7 @@ def test_an_in_out_layer_takes_the_linear_path_with_its_weight_gradient_in_its_o
     bit-equal to the first's."""
     from fastmm import fast_path
 
-    class InOut(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.weight = torch.nn.Parameter(torch.randn(16, 12))  # [in, out]
-            self.bias = torch.nn.Parameter(torch.randn(12))
-
-        def forward(self, x):
-            return x @ self.weight + self.bias
-
-    fastmm.register_linear_like(InOut, layout="in_out")
-    model = torch.nn.Sequential(InOut())
-    fastmm.patch(model, precision="ieee")
-    layer = model[0]
+    layer = _in_out_layer(16, 12, (12,))
     if frozen == "weight":
         layer.requires_grad_(False)
     w, b = layer.weight.detach(), layer.bias.detach()
@@ -392,23 +397,6 @@ def test_an_in_out_layer_takes_the_linear_path_with_its_weight_gradient_in_its_o
         assert gw.stride() == (12, 1)
         assert relative_error(gw, x0.double().reshape(15, 16).t() @ g.double().reshape(15, 12)) <= 1e-6
         torch.testing.assert_close(gb, g.sum((0, 1)))
-
-
-class _InOutLayer(torch.nn.Module):
-    """x @ W (+ b) with W stored [in, out] (GPT-2's Conv1D form); ``bias_shape`` None: no bias."""
-
-    def __init__(self, k, n, bias_shape=None):
-        super().__init__()
-        self.weight = torch.nn.Parameter(torch.randn(k, n))
-        self.bias = None if bias_shape is None else torch.nn.Parameter(torch.randn(bias_shape))
-
-    def forward(self, x):
-        return x @ self.weight + (0 if self.bias is None else self.bias)
-
-
-def _in_out_layer(k, n, bias_shape=None):
-    fastmm.register_linear_like(_InOutLayer, layout="in_out")
-    return fastmm.patch(torch.nn.Sequential(_InOutLayer(k, n, bias_shape)), precision="ieee")[0]
 
 
 def test_an_in_out_layers_double_backward_after_a_remembered_one_records_its_products(emulated_gpu):
