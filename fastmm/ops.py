@@ -172,8 +172,11 @@ def _eager_linear_backward(ctx, g, formula, in_out: bool):
 def bias_grad(g: torch.Tensor, shape) -> torch.Tensor:
     """The gradient of a bias of ``shape`` added to every row of the output (gradient ``g``): g's
     rows summed (F.linear's bias, one value a column), or for a bias that broadcasts otherwise
-    (a (1, N) row, a scalar) g summed to its shape."""
-    grad = flat_rows(g).sum(0)
+    (a (1, N) row, a scalar) g summed to its shape. The rows are summed over g's leading dims as
+    they are, not over a flattened view: no view to make (~1.5 us a call on the host), and no
+    copy where those dims do not merge (a seq-first g)."""
+    # (a 1-D g is its own row sum: sum over dims () would sum it all)
+    grad = g.sum(0) if g.dim() == 2 else g.sum(tuple(range(g.dim() - 1))) if g.dim() > 2 else g
     return grad if grad.shape == shape else g.sum_to_size(shape)
 
 
@@ -309,26 +312,26 @@ def _addmm_into(out: torch.Tensor, c, a, b, beta, alpha, precision: str) -> torc
 
 
 def _check_addmm(c, a, b) -> None:
-    if a.dim() != 2 or b.dim() != 2:
-        raise RuntimeError(f"mat1 must be a matrix, got {a.dim()}-D tensor" if a.dim() != 2 else
-                           f"mat2 must be a matrix, got {b.dim()}-D tensor")
-    if a.shape[1] != b.shape[0]:
-        raise RuntimeError(f"mat1 and mat2 shapes cannot be multiplied ({a.shape[0]}x{a.shape[1]} and "
-                           f"{b.shape[0]}x{b.shape[1]})")
-    # torch.addmm's rule, C expanded to the product's shape (at most 2 dims, each equal or 1),
-    # written out: torch.broadcast_shapes cost ~8 us a call, a third of a decode-sized addmm's host
-    # time (NOTES run 28), and let a C through that expand refuses
-    target = (a.shape[0], b.shape[1])
-    if c.dim() > 2:
-        cls = {torch.float32: "FloatTensor", torch.float64: "DoubleTensor"}.get(c.dtype, "Tensor")
-        raise RuntimeError(f"expand(torch.{cls}{{{list(c.shape)}}}, size=[{target[0]}, {target[1]}]): the number of "
-                           f"sizes provided (2) must be greater or equal to the number of dimensions in the tensor "
-                           f"({c.dim()})")
-    for dim, x, y in zip((1, 0), reversed(c.shape), reversed(target)):
+    """torch.addmm's shape rules (mat1 and mat2 matrices of a common K; C expanded to the
+    product's shape: at most 2 dims, each equal or 1), written out: torch.broadcast_shapes cost
+    ~8 us a call, a third of a decode-sized addmm's host time (NOTES run 28), and let a C through
+    that expand refuses. Where a rule fails, torch.addmm itself words the error on the operands
+    (:func:`_raise_torch_addmm_error`)."""
+    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0] or c.dim() > 2:
+        _raise_torch_addmm_error(c, a, b)
+    for x, y in zip(reversed(c.shape), (b.shape[1], a.shape[0])):
         if not (x == y or x == 1):
-            raise RuntimeError(f"The expanded size of the tensor ({y}) must match the existing size ({x}) at "
-                               f"non-singleton dimension {dim}.  Target sizes: [{target[0]}, {target[1]}].  "
-                               f"Tensor sizes: {list(c.shape)}")
+            _raise_torch_addmm_error(c, a, b)
+
+
+def _raise_torch_addmm_error(c, a, b) -> None:
+    """torch.addmm's own error for operands that break its shape rules: its wording changes
+    between releases (2.15 prefixes "addmm: " and names a 3-D mat1 "self") and with the device
+    (a CUDA C of too many dims is a "torch.cuda.FloatTensor" in expand's message), so fastmm lets
+    torch say it. torch checks shapes before computing: nothing is computed."""
+    torch.addmm(c, a, b)
+    raise RuntimeError(f"addmm: shapes cannot be combined: self {tuple(c.shape)}, mat1 {tuple(a.shape)}, "
+                       f"mat2 {tuple(b.shape)}")  # (not reached: torch raised)
 
 
 # ---------------------------------------------------------------------------------------------

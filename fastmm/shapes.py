@@ -21,7 +21,9 @@ def _raise_torch_shape_error(a: torch.Tensor, b: torch.Tensor) -> None:
     """Let torch word the error on the operands themselves: which check fails first (mv, mm or
     bmm) depends on their strides, so stand-ins with other strides can get other messages
     (zero-stride views said "size mismatch" where torch says "Expected size for first two
-    dimensions of batch2 tensor" for (4,) @ (2, 5, 6)). torch checks shapes before computing."""
+    dimensions of batch2 tensor" for (4,) @ (2, 5, 6)), and the wording changes between torch
+    releases (2-D @ 2-D: "mat1 and mat2 shapes cannot be multiplied" up to 2.14, "mm: mat1 and
+    mat2 ..." in 2.15). torch checks shapes before computing."""
     torch.matmul(a, b)
     raise RuntimeError(f"matmul shapes are incompatible: {tuple(a.shape)} and {tuple(b.shape)}")  # not reached
 
@@ -103,9 +105,7 @@ def analyse(a: torch.Tensor, b: torch.Tensor) -> Shapes:
     b2 = b.unsqueeze(-1) if db == 1 else b
     M, K = a2.shape[-2], a2.shape[-1]
     K2, N = b2.shape[-2], b2.shape[-1]
-    if K != K2:
-        if da == 2 and db == 2:
-            raise RuntimeError(f"mat1 and mat2 shapes cannot be multiplied ({M}x{K} and {K2}x{N})")
+    if K != K2:  # (torch's wording changes between releases: 2.15 says "mm: mat1 and mat2 ...")
         _raise_torch_shape_error(a, b)
     if db <= 2:  # the common cases (2-D @ 2-D, N-D @ a matrix) need no broadcasting rule
         batch = tuple(a2.shape[:-2])

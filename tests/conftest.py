@@ -39,6 +39,16 @@ def tmp_cache(tmp_path, monkeypatch):
     return folder
 
 
+def outcome(fn):
+    """(exception type name, message) of ``fn()``, or None when it returns: for comparing fastmm's
+    errors with torch's own, word for word."""
+    try:
+        fn()
+    except Exception as exc:  # (the caller's comparison is the assertion)
+        return type(exc).__name__, str(exc)
+    return None
+
+
 def relative_error(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor | None = None, *,
                    scale: str = "product") -> float:
     """||c - ref||_F / ||ref||_F, in float64: ref = a @ b, or ``a`` itself where ``b`` is None (a

@@ -16,18 +16,10 @@ from fastmm.families import LOAD_ELEM_K, LOAD_VEC_FAST, Skinny, simt_core
 from fastmm.plan import select
 from fastmm.problem import DeviceFacts, Problem
 from fastmm.runtime import launcher, tensor_map
-from conftest import CudaLooking, relative_error
+from conftest import CudaLooking, outcome, relative_error
 
 NAN = float("nan")
 CPU_REASON = "operands are on cpu and cpu; fastmm kernels run on CUDA devices"
-
-
-def _outcome(fn):
-    try:
-        fn()
-    except Exception as exc:  # the comparison is the assertion
-        return type(exc).__name__, str(exc)
-    return None
 
 
 @pytest.fixture
@@ -172,8 +164,8 @@ def test_the_runtime_is_asked_only_after_the_operands_pass(monkeypatch):
 def test_an_out_of_another_dtype_or_with_overlapping_elements_gets_torchs_error(emulated_gpu):
     a, b = torch.randn(64, 48), torch.randn(48, 80)
     for out in (torch.empty(64, 80, dtype=torch.float64), torch.randn(1, 80).expand(64, 80)):
-        theirs = _outcome(lambda: torch.matmul(a, b, out=out))
-        assert theirs is not None and _outcome(lambda: fastmm.matmul(a, b, out=out)) == theirs
+        theirs = outcome(lambda: torch.matmul(a, b, out=out))
+        assert theirs is not None and outcome(lambda: fastmm.matmul(a, b, out=out)) == theirs
     assert emulated_gpu.launches == [] and emulated_gpu.slow_calls == 0
 
 

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 import fastmm
 from fastmm import ops
 from fastmm.shapes import analyse
-from conftest import relative_error
+from conftest import outcome, relative_error
 
 NAN = float("nan")
 
@@ -240,11 +240,19 @@ def test_addmm_backward_scales_the_input_gradient_only_for_beta_other_than_one(b
         torch.testing.assert_close(got.grad, ref.grad)
 
 
-def test_addmm_errors_are_worded_like_torch():
-    with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
-        fastmm.addmm(torch.randn(3), torch.randn(2, 3), torch.randn(4, 3))
-    with pytest.raises(RuntimeError, match="must be a matrix"):
-        fastmm.addmm(torch.randn(3), torch.randn(2, 3, 1), torch.randn(4, 3))
+@pytest.mark.parametrize("c,a,b", [((3,), (2, 3), (4, 3)), ((3,), (2, 3, 1), (4, 3)), ((3,), (2, 4), (4,)),
+                                   ((3,), (4,), (4, 3)), ((2, 2, 3), (2, 4), (4, 3)), ((5, 3), (2, 4), (4, 3)),
+                                   ((2, 4), (2, 4), (4, 3))],
+                         ids=["K", "3-D mat1", "1-D mat2", "1-D mat1", "3-D C", "C rows", "C columns"])
+def test_addmm_errors_are_torchs_own_words(c, a, b):
+    """fastmm.addmm and the registered op check shapes themselves (a fast test of torch's rules),
+    and where one fails torch.addmm words the error: the installed release's words (2.15 added
+    "addmm: " and calls a 3-D mat1 "self"), nothing computed, no launch."""
+    c, a, b = torch.randn(c), torch.randn(a), torch.randn(b)
+    theirs = outcome(lambda: torch.addmm(c, a, b))
+    assert theirs is not None and theirs[0] == "RuntimeError"
+    assert outcome(lambda: fastmm.addmm(c, a, b, precision="ieee")) == theirs
+    assert outcome(lambda: torch.ops.fastmm.addmm(c, a, b, 1.0, 1.0, "ieee")) == theirs
 
 
 # --- the op schemas ------------------------------------------------------------------------------
