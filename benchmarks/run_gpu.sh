@@ -10,7 +10,13 @@
 # 5. accuracy: accuracy against float64 as K grows
 # 6. models: real models on fastmm vs torch (benchmarks/models.py; needs transformers, else skipped)
 # 7. soak: SOAK_MINUTES of mixed calls (benchmarks/soak.py; only when SOAK_MINUTES is set)
-# STEPS (comma list, default all of 2-6, plus soak when SOAK_MINUTES is set) picks steps; the
+# 8. nvrtc: the benchmark again under another NVRTC 13.x (only when NVRTC_WHEEL names a carried
+#    nvidia-cuda-nvrtc wheel, e.g. torch 2.15's 13.2.86): the wheel is installed over the
+#    machine's NVRTC (a device machine is discarded after the session; run it last), fastmm's
+#    kernels recompile (its disk cache keys on the NVRTC version), both tables are printed.
+#    NVRTC_BENCH_ARGS (default "--section model --precisions ieee,tf32,tf32x3") picks the rows.
+# STEPS (comma list, default all of 2-6, plus soak when SOAK_MINUTES is set, plus nvrtc when
+# NVRTC_WHEEL is set) picks steps; the
 # tables of bench and models are printed last. Runs every step even when an earlier one fails;
 # exits non-zero if any step failed.
 set -u -o pipefail
@@ -24,7 +30,7 @@ mkdir -p "$OUT"
 PY=${PYTHON:-python3}
 failed=()
 start=$SECONDS
-STEPS=${STEPS:-tests,selfcheck,bench,accuracy,models${SOAK_MINUTES:+,soak}}
+STEPS=${STEPS:-tests,selfcheck,bench,accuracy,models${SOAK_MINUTES:+,soak}${NVRTC_WHEEL:+,nvrtc}}
 want() { [[ ",$STEPS," == *",$1,"* ]]; }
 
 step() { echo; echo "=================== $* ($((SECONDS - start)) s)"; }
@@ -109,12 +115,45 @@ if want models; then
     fi
 fi
 
+nvrtc_of() {
+    "$PY" -c "from cuda.bindings import nvrtc; e, a, b = nvrtc.nvrtcVersion(); print(f'{a}.{b}')"
+}
+if want nvrtc; then
+    if [ -z "${NVRTC_WHEEL:-}" ] || [ ! -f "${NVRTC_WHEEL:-}" ]; then
+        step "nvrtc: skipped (NVRTC_WHEEL must name a carried nvidia-cuda-nvrtc wheel)"
+        failed+=("nvrtc (no NVRTC_WHEEL)")
+    else
+        args=${NVRTC_BENCH_ARGS:---section model --precisions ieee,tf32,tf32x3}
+        before=$(nvrtc_of)
+        step "nvrtc: $PY benchmarks/bench.py $args under NVRTC $before, then under $NVRTC_WHEEL"
+        # shellcheck disable=SC2086
+        "$PY" benchmarks/bench.py --json "$OUT/bench_nvrtc_$before.json" $args > "$OUT/bench_nvrtc_$before.log" 2>&1
+        rc=$?; [ "$rc" -eq 0 ] || failed+=("bench.py under NVRTC $before (exit $rc)")
+        "$PY" -m pip install --quiet --no-deps --no-index --force-reinstall "$NVRTC_WHEEL"
+        after=$(nvrtc_of)
+        if [ "$after" = "$before" ]; then
+            failed+=("nvrtc (still $before after installing $NVRTC_WHEEL)")
+        else
+            # shellcheck disable=SC2086
+            "$PY" benchmarks/bench.py --json "$OUT/bench_nvrtc_$after.json" $args > "$OUT/bench_nvrtc_$after.log" 2>&1
+            rc=$?; [ "$rc" -eq 0 ] || failed+=("bench.py under NVRTC $after (exit $rc)")
+        fi
+    fi
+fi
+
 step "summary"
 grep -E "^(FAILED|ERROR)|[0-9]+ (passed|failed)" "$OUT/pytest.log" 2>/dev/null | tail -25 || true
 grep -E "^  FAIL|self-check (passed|FAILED)" "$OUT/selfcheck.log" 2>/dev/null || true
 if want bench && [ -f "$OUT/bench.json" ]; then
     echo
     "$PY" benchmarks/bench.py --table-from "$OUT/bench.json"
+fi
+if want nvrtc; then
+    for f in "$OUT"/bench_nvrtc_*.json; do
+        [ -f "$f" ] || continue
+        echo; echo "NVRTC ${f##*bench_nvrtc_}:" | sed 's/\.json:$/:/'
+        "$PY" benchmarks/bench.py --table-from "$f"
+    done
 fi
 if want models && [ -f "$OUT/models.log" ]; then
     echo

@@ -30,7 +30,7 @@ class CompileError(RuntimeError):
 
 
 #: NVRTC major versions fastmm supports: what pyproject.toml allows (nvidia-cuda-nvrtc>=13,<14).
-#: Tested: 13.0.88 (pinned by torch 2.11-2.14's CUDA wheels; the H200 image), 13.2.86 (torch
+#: Tested: 13.0.88 (pinned by torch 2.14's CUDA wheels; the H200 image's, torch 2.11), 13.2.86 (torch
 #: 2.15's) and the newest 13.x on PyPI (.ci/run). Another major version may compile the
 #: kernels differently or not at all (ptxas allocates registers its own way: spills, a stack
 #: frame) and is untested, so fastmm leaves such a process to torch.matmul (warned once).
