@@ -285,7 +285,7 @@ def matmul_fastmm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, pr
                   force: str | None = None, variants: tuple[Family, ...] = ()
                   ) -> tuple[torch.Tensor, Plan | None, str | None]:
     """Compute with fastmm kernels where possible. Returns (result, plan, fallback reason)."""
-    s = analyse(a, b)  # (torch's shape errors first; A's rows folded by a copy are copied below)
+    s = analyse(a, b, out)  # (torch's shape errors first; A's rows folded by a copy are copied below)
     reason = not_served_reason(a, b)
     if reason is None and out is not None and (out.dtype != FLOAT32 or out.device != a.device):
         reason = "out has another dtype or device"  # torch raises its own error below

@@ -21,7 +21,8 @@ from . import config, dispatch
 from .runtime import launcher, runners
 from .runtime.launcher import LaunchError
 from .runtime.tensor_map import TensorMapError
-from .shapes import analyse, build_problem, extent, flat_rows, fold_needs_copy, overlaps, result_matrix, rows_copy
+from .shapes import (analyse, build_problem, check_linear, extent, flat_rows, fold_needs_copy, overlaps, result_matrix,
+                     rows_copy)
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,6 +281,7 @@ def compute_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, 
     c = serve(key, px, pw, None, 0, bias)
     if c is not None:
         return c
+    check_linear(x, w, bias)  # (F.linear's words for its K rule, not matmul's: they differ)
     if x.dim() > 2 and (ENTRIES.get(key) is FOLD_BY_COPY or (w.dim() == 2 and (bias is None or bias.dim() <= 1)
                                                              and fold_needs_copy(x))):
         # rows that no view merges (a seq-first view of a batch-first activation): copied into

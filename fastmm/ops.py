@@ -35,7 +35,7 @@ from . import fast_path
 from .fast_path import compute, compute_fused, compute_linear
 from .precision import autocast_half_active, autocast_half_active_on, resolve_precision
 from .problem import PRECISIONS
-from .shapes import PLAIN_TYPES, analyse, flat_rows, resize_out
+from .shapes import PLAIN_TYPES, analyse, check_linear, flat_rows, raise_torch_error, resize_out
 
 def tracing_or_in_dispatch_mode() -> bool:
     """torch.compile is tracing, or a TorchDispatchMode is active: the registered op is what they
@@ -286,9 +286,9 @@ def addmm(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta=1, alpha=1,
     (resized if its shape differs, with torch's warning when it had elements; no autograd); the
     result is computed aside and copied in, so an ``out`` that overlaps an input is safe."""
     precision = resolve_precision(precision)
-    _check_addmm(c, a, b)
-    if out is not None:
+    if out is not None:  # (out='s own errors come first, as torch's; then the shapes, with out)
         return _addmm_into(out, c, a, b, beta, alpha, precision)
+    _check_addmm(c, a, b)
     if autocast_half_active_on(a):  # autocast owns the dtype: torch computes in half
         return torch.addmm(c, a, b, beta=beta, alpha=alpha)
     if use_registered_op(c, a, b):
@@ -306,32 +306,28 @@ def _addmm_into(out: torch.Tensor, c, a, b, beta, alpha, precision: str) -> torc
                            "but one of the arguments requires grad.")
     if out.dtype != a.dtype or out.device != a.device or autocast_half_active(a.device.type):
         return torch.addmm(c, a, b, beta=beta, alpha=alpha, out=out)  # torch's rules and errors
+    if not _addmm_shapes_ok(c, a, b):  # (torch's words for the call with out=: it resizes out first)
+        raise_torch_error(torch.addmm, c, a, b, beta=beta, alpha=alpha, out=out)
     result = addmm(c, a, b, beta=beta, alpha=alpha, precision=precision)
     resize_out(out, tuple(result.shape))
     return out.copy_(result)
 
 
-def _check_addmm(c, a, b) -> None:
+def _addmm_shapes_ok(c, a, b) -> bool:
     """torch.addmm's shape rules (mat1 and mat2 matrices of a common K; C expanded to the
     product's shape: at most 2 dims, each equal or 1), written out: torch.broadcast_shapes cost
     ~8 us a call, a third of a decode-sized addmm's host time (NOTES run 28), and let a C through
-    that expand refuses. Where a rule fails, torch.addmm itself words the error on the operands
-    (:func:`_raise_torch_addmm_error`)."""
+    that expand refuses."""
     if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0] or c.dim() > 2:
-        _raise_torch_addmm_error(c, a, b)
-    for x, y in zip(reversed(c.shape), (b.shape[1], a.shape[0])):
-        if not (x == y or x == 1):
-            _raise_torch_addmm_error(c, a, b)
+        return False
+    return all(x == y or x == 1 for x, y in zip(reversed(c.shape), (b.shape[1], a.shape[0])))
 
 
-def _raise_torch_addmm_error(c, a, b) -> None:
-    """torch.addmm's own error for operands that break its shape rules: its wording changes
-    between releases (2.15 prefixes "addmm: " and names a 3-D mat1 "self") and with the device
-    (a CUDA C of too many dims is a "torch.cuda.FloatTensor" in expand's message), so fastmm lets
-    torch say it. torch checks shapes before computing: nothing is computed."""
-    torch.addmm(c, a, b)
-    raise RuntimeError(f"addmm: shapes cannot be combined: self {tuple(c.shape)}, mat1 {tuple(a.shape)}, "
-                       f"mat2 {tuple(b.shape)}")  # (not reached: torch raised)
+def _check_addmm(c, a, b) -> None:
+    """:func:`_addmm_shapes_ok`, in torch.addmm's own words where a rule fails
+    (shapes.raise_torch_error: nothing is computed)."""
+    if not _addmm_shapes_ok(c, a, b):
+        raise_torch_error(torch.addmm, c, a, b)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -392,6 +388,7 @@ def _(x, weight, bias=None, precision=None):
     torch._check(x.dtype == weight.dtype, lambda: f"expected x and weight to have the same dtype, but got: "
                                                   f"{x.dtype} != {weight.dtype}")
     torch._check(weight.dim() == 2, lambda: "weight must be a matrix")
+    check_linear(x, weight, bias)  # (what the op itself checks: a traced graph fails where eager does)
     return x.new_empty(analyse(x, weight.t()).out_shape)
 
 
@@ -422,7 +419,7 @@ def addmm_op(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, beta: float = 1.
 
 @addmm_op.register_fake
 def _(c, a, b, beta=1.0, alpha=1.0, precision=None):
-    torch._check(a.dim() == 2 and b.dim() == 2, lambda: "mat1 and mat2 must be matrices")
+    _check_addmm(c, a, b)  # (what the op itself checks: a traced graph fails where eager does)
     return a.new_empty((a.shape[0], b.shape[1]))
 
 

@@ -7,6 +7,7 @@ import itertools
 import math
 import warnings
 from dataclasses import dataclass, replace
+from typing import NoReturn
 
 import torch
 
@@ -17,15 +18,36 @@ FLOAT32 = torch.float32
 PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
 
 
-def _raise_torch_shape_error(a: torch.Tensor, b: torch.Tensor) -> None:
-    """Let torch word the error on the operands themselves: which check fails first (mv, mm or
-    bmm) depends on their strides, so stand-ins with other strides can get other messages
+def raise_torch_error(op, *args, **kwargs) -> NoReturn:
+    """Let torch word the error of a call that fastmm's own (fast) shape rules refuse:
+    ``op(*args, **kwargs)`` on the operands themselves, so the words are the installed torch's
+    (they change between releases: a 2-D product's mismatch is "mat1 and mat2 shapes cannot be
+    multiplied" up to 2.14, "mm: mat1 and mat2 ..." in 2.15, addmm's "addmm: ...") and the
+    device's (a CUDA tensor is a "torch.cuda.FloatTensor" in expand's message); which check fails
+    first can depend on the strides, so stand-ins with other strides could get other messages
     (zero-stride views said "size mismatch" where torch says "Expected size for first two
-    dimensions of batch2 tensor" for (4,) @ (2, 5, 6)), and the wording changes between torch
-    releases (2-D @ 2-D: "mat1 and mat2 shapes cannot be multiplied" up to 2.14, "mm: mat1 and
-    mat2 ..." in 2.15). torch checks shapes before computing."""
-    torch.matmul(a, b)
-    raise RuntimeError(f"matmul shapes are incompatible: {tuple(a.shape)} and {tuple(b.shape)}")  # not reached
+    dimensions of batch2 tensor" for (4,) @ (2, 5, 6)). torch checks shapes before computing.
+    Where that call passes (meta and fake tensors follow looser rules in some releases: torch
+    2.13's meta addmm takes a C of 3 dims), CPU stand-ins of the same shapes (zero-stride views,
+    no memory) get the error real tensors get."""
+    op(*args, **kwargs)
+    stand_ins = [torch.zeros((), dtype=t.dtype).expand(t.shape) if isinstance(t, torch.Tensor) else t for t in args]
+    op(*stand_ins, **{k: v for k, v in kwargs.items() if k != "out"})
+    shapes = ", ".join(str(tuple(t.shape)) for t in args if isinstance(t, torch.Tensor))
+    raise RuntimeError(f"{getattr(op, '__name__', op)}: the operands' shapes do not combine: {shapes}")
+
+
+def _raise_matmul_error(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) -> NoReturn:
+    if out is None:
+        raise_torch_error(torch.matmul, a, b)
+    raise_torch_error(torch.matmul, a, b, out=out)
+
+
+def check_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> None:
+    """F.linear's K rule (x's last dim is the weight's), in F.linear's own words where it fails:
+    with a bias torch words it as addmm does, without one as matmul, per release."""
+    if x.dim() == 0 or w.dim() == 0 or x.shape[-1] != w.shape[-1]:
+        raise_torch_error(torch.nn.functional.linear, x, w, bias)
 
 
 @dataclass
@@ -94,19 +116,21 @@ def fold_needs_copy(a: torch.Tensor) -> bool:
     return _fold_rows(a, a.shape[-1]) is None
 
 
-def analyse(a: torch.Tensor, b: torch.Tensor) -> Shapes:
+def analyse(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> Shapes:
     """``a @ b`` (torch.matmul's rules and errors) in batched 3-operand form. Where A's rows are
     folded by a copy, a meta tensor of its layout stands in for it (planning, explain, shape
-    checks: nothing allocated); :meth:`Shapes.materialized` makes it for a call that launches."""
+    checks: nothing allocated); :meth:`Shapes.materialized` makes it for a call that launches.
+    ``out``: the call's out=, for torch's words of a shape error (they name out's size for a
+    matrix @ vector)."""
     da, db = a.dim(), b.dim()
     if da == 0 or db == 0:
-        _raise_torch_shape_error(a, b)
+        _raise_matmul_error(a, b, out)
     a2 = a.unsqueeze(0) if da == 1 else a
     b2 = b.unsqueeze(-1) if db == 1 else b
     M, K = a2.shape[-2], a2.shape[-1]
     K2, N = b2.shape[-2], b2.shape[-1]
-    if K != K2:  # (torch's wording changes between releases: 2.15 says "mm: mat1 and mat2 ...")
-        _raise_torch_shape_error(a, b)
+    if K != K2:
+        _raise_matmul_error(a, b, out)
     if db <= 2:  # the common cases (2-D @ 2-D, N-D @ a matrix) need no broadcasting rule
         batch = tuple(a2.shape[:-2])
         if batch:
@@ -121,7 +145,7 @@ def analyse(a: torch.Tensor, b: torch.Tensor) -> Shapes:
         try:
             batch = tuple(torch.broadcast_shapes(a2.shape[:-2], b2.shape[:-2]))
         except RuntimeError:
-            _raise_torch_shape_error(a, b)
+            _raise_matmul_error(a, b, out)
     out_shape = batch + ((M,) if da >= 2 else ()) + ((N,) if db >= 2 else ())
     return Shapes(a2.expand(batch + (M, K)), b2.expand(batch + (K, N)), batch, M, N, K,
                   out_shape, da == 1, db == 1)

@@ -69,6 +69,31 @@ def test_shape_errors_on_the_gpu_path_are_torchs_errors(emulated_gpu):
     assert emulated_gpu.launches == []
 
 
+def test_shape_errors_with_out_are_torchs_words_for_the_call_with_out():
+    """torch words some mismatches by out's size (a matrix @ vector: "size mismatch, got input
+    (1), ..." with out=, "input (3)" without): fastmm's error is torch's for the same call."""
+    for sa, sb, so in (((3, 4), (5,), (1,)), ((3, 4), (5, 6), (3, 6)), ((2, 3, 4), (5, 6), (2, 3, 6))):
+        a, b = torch.randn(sa), torch.randn(sb)
+        mine, ref = torch.zeros(so), torch.zeros(so)
+        theirs = outcome(lambda: torch.matmul(a, b, out=ref))
+        assert theirs is not None and outcome(lambda: fastmm.matmul(a, b, out=mine, precision="ieee")) == theirs
+
+
+def test_matmul_shape_errors_are_worded_by_the_installed_torch(monkeypatch):
+    """The error comes from torch.matmul itself (a stand-in here), not from fastmm's copy of some
+    release's words (2.15 changed a 2-D product's)."""
+    class TorchsWords(RuntimeError):
+        pass
+
+    def refuse(*args, **kwargs):
+        raise TorchsWords("torch.matmul")
+
+    monkeypatch.setattr(torch, "matmul", refuse)
+    for sa, sb in MISMATCHED:
+        with pytest.raises(TorchsWords):
+            fastmm.matmul(torch.randn(sa), torch.randn(sb), precision="ieee")
+
+
 def test_2d_shape_error_names_both_shapes():
     a, b = torch.randn(3, 4), torch.randn(5, 6)
     with pytest.raises(RuntimeError) as exc:

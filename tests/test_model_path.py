@@ -240,19 +240,97 @@ def test_addmm_backward_scales_the_input_gradient_only_for_beta_other_than_one(b
         torch.testing.assert_close(got.grad, ref.grad)
 
 
-@pytest.mark.parametrize("c,a,b", [((3,), (2, 3), (4, 3)), ((3,), (2, 3, 1), (4, 3)), ((3,), (2, 4), (4,)),
-                                   ((3,), (4,), (4, 3)), ((2, 2, 3), (2, 4), (4, 3)), ((5, 3), (2, 4), (4, 3)),
-                                   ((2, 4), (2, 4), (4, 3))],
-                         ids=["K", "3-D mat1", "1-D mat2", "1-D mat1", "3-D C", "C rows", "C columns"])
+ADDMM_MISFITS = [((3,), (2, 3), (4, 3)), ((3,), (2, 3, 1), (4, 3)), ((3,), (2, 4), (4,)), ((3,), (4,), (4, 3)),
+                 ((2, 2, 3), (2, 4), (4, 3)), ((5, 3), (2, 4), (4, 3)), ((2, 4), (2, 4), (4, 3)),
+                 ((1,), (2, 4, 4), (4, 3)), ((1,), (2, 4), (4, 4, 3))]
+ADDMM_MISFIT_IDS = ["K", "3-D mat1", "1-D mat2", "1-D mat1", "3-D C", "C rows", "C columns", "3-D mat1 of K",
+                    "3-D mat2 of K"]
+
+
+@pytest.mark.parametrize("c,a,b", ADDMM_MISFITS, ids=ADDMM_MISFIT_IDS)
 def test_addmm_errors_are_torchs_own_words(c, a, b):
     """fastmm.addmm and the registered op check shapes themselves (a fast test of torch's rules),
     and where one fails torch.addmm words the error: the installed release's words (2.15 added
-    "addmm: " and calls a 3-D mat1 "self"), nothing computed, no launch."""
+    "addmm: " and calls a 3-D mat1 "self"), nothing computed, no launch. With out=, torch's
+    errors for the call with out=, out's own (another dtype, autograd) before the shapes'."""
     c, a, b = torch.randn(c), torch.randn(a), torch.randn(b)
     theirs = outcome(lambda: torch.addmm(c, a, b))
     assert theirs is not None and theirs[0] == "RuntimeError"
     assert outcome(lambda: fastmm.addmm(c, a, b, precision="ieee")) == theirs
     assert outcome(lambda: torch.ops.fastmm.addmm(c, a, b, 1.0, 1.0, "ieee")) == theirs
+    for out, grad in ((torch.empty(0), False), (torch.empty(2, 3, dtype=torch.float64), False), (torch.empty(2, 3), True)):
+        a_ = a.clone().requires_grad_(grad)
+        mine, ref = out.clone(), out.clone()
+        assert outcome(lambda: fastmm.addmm(c, a_, b, out=mine, precision="ieee")) == \
+            outcome(lambda: torch.addmm(c, a_, b, out=ref)), (tuple(out.shape), out.dtype, grad)
+        assert mine.shape == ref.shape  # (out resized, or not, as torch's call left it)
+
+
+@pytest.mark.parametrize("c,a,b", ADDMM_MISFITS, ids=ADDMM_MISFIT_IDS)
+def test_addmm_shape_errors_are_worded_by_the_installed_torch(c, a, b, monkeypatch):
+    """Not fastmm's copy of some release's words: the error comes from torch.addmm itself (a
+    stand-in here), whichever words torch uses, on the eager route and the registered op."""
+    class TorchsWords(RuntimeError):
+        pass
+
+    def refuse(*args, **kwargs):
+        raise TorchsWords("torch.addmm")
+
+    c, a, b = torch.randn(c), torch.randn(a), torch.randn(b)
+    monkeypatch.setattr(torch, "addmm", refuse)
+    with pytest.raises(TorchsWords):
+        fastmm.addmm(c, a, b, precision="ieee")
+    with pytest.raises(TorchsWords):
+        torch.ops.fastmm.addmm(c, a, b, 1.0, 1.0, "ieee")
+
+
+@pytest.mark.parametrize("bias", [None, (6,), (1, 6), ()], ids=["no bias", "bias", "(1, N) bias", "scalar bias"])
+@pytest.mark.parametrize("x_shape", [(3, 4), (4,), (2, 3, 4)], ids=["2-D x", "1-D x", "3-D x"])
+def test_linear_shape_errors_are_f_linears_words(x_shape, bias, monkeypatch):
+    """A K mismatch in F.linear's form is worded as F.linear words it (with a bias torch 2.15
+    says "addmm: ...", without one "mm: ...", where matmul's words would be "mm: ..." both
+    times): fastmm.linear, fastmm.nn.Linear and the registered op, against F.linear itself; then
+    with F.linear replaced by a stand-in, that the words are F.linear's own."""
+    x, w = torch.randn(x_shape), torch.randn(6, 5)
+    b = None if bias is None else torch.randn(bias)
+    layer = fastmm.nn.Linear(5, 6, bias=b is not None, precision="ieee")
+    theirs = outcome(lambda: F.linear(x, w, b))
+    assert theirs is not None and theirs[0] == "RuntimeError"
+    assert outcome(lambda: fastmm.linear(x, w, b, precision="ieee")) == theirs
+    assert outcome(lambda: torch.ops.fastmm.linear(x, w, b, "ieee")) == theirs
+    with torch.no_grad():
+        layer.weight.copy_(w)
+        if b is not None:
+            layer.bias = torch.nn.Parameter(b)
+        assert outcome(lambda: layer(x)) == theirs
+
+    class TorchsWords(RuntimeError):
+        pass
+
+    def refuse(*args, **kwargs):
+        raise TorchsWords("F.linear")
+
+    monkeypatch.setattr(torch.nn.functional, "linear", refuse)
+    with pytest.raises(TorchsWords):
+        fastmm.linear(x, w, b, precision="ieee")
+
+
+def test_the_ops_fakes_refuse_the_shapes_their_ops_refuse():
+    """Under FakeTensorMode (torch.compile's tracing) fastmm::addmm and fastmm::linear refuse a K
+    mismatch and a C that does not expand, as the ops themselves do: a traced graph does not
+    carry a shape error to run time."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        c, a, b = torch.empty(3), torch.empty(2, 4), torch.empty(5, 3)
+        with pytest.raises(RuntimeError):
+            torch.ops.fastmm.addmm(c, a, b, 1.0, 1.0, "ieee")
+        with pytest.raises(RuntimeError):
+            torch.ops.fastmm.addmm(torch.empty(5, 3), a, torch.empty(4, 3), 1.0, 1.0, "ieee")
+        with pytest.raises(RuntimeError):
+            torch.ops.fastmm.linear(torch.empty(3, 4), torch.empty(6, 5), None, "ieee")
+        assert torch.ops.fastmm.addmm(c, a, torch.empty(4, 3), 1.0, 1.0, "ieee").shape == (2, 3)
+        assert torch.ops.fastmm.linear(torch.empty(3, 5), torch.empty(6, 5), None, "ieee").shape == (3, 6)
 
 
 # --- the op schemas ------------------------------------------------------------------------------
