@@ -140,22 +140,38 @@ def rel(x: torch.Tensor, ref: torch.Tensor) -> float:
     return ((x.double() - ref).norm() / ref.norm()).item()
 
 
-def errors(model, ref64, batch, loss_fn) -> tuple[float, float]:
+def errors(model, ref64, batch, loss_fn, by_param: dict | None = None) -> tuple[float, float]:
     """(logits error, gradient error) of ``model`` against the float64 model on the same batch;
     the gradient error is the norm of all gradients' differences over the norm of all float64
-    gradients."""
+    gradients. ``by_param``: filled with each parameter's (difference norm, float64 norm) by name,
+    to find which gradients carry the error."""
     model.zero_grad(set_to_none=True)
     out = model(**batch)
     loss_fn(out).backward()
     logits = _logits(out).detach()
     num = den = 0.0
-    for p, p64 in zip(model.parameters(), ref64.parameters()):
+    for (name, p), p64 in zip(model.named_parameters(), ref64.parameters()):
         if p.grad is None or p64.grad is None:
             continue
-        num += (p.grad.double() - p64.grad).norm().item() ** 2
-        den += p64.grad.norm().item() ** 2
+        diff, ref = (p.grad.double() - p64.grad).norm().item(), p64.grad.norm().item()
+        num += diff ** 2
+        den += ref ** 2
+        if by_param is not None:
+            by_param[name] = (diff, ref)
     model.zero_grad(set_to_none=True)
     return rel(logits, _logits(ref64._last_out).detach()), (num ** 0.5) / (den ** 0.5 or 1.0)
+
+
+def grad_error_table(torch_errs: dict, fastmm_errs: dict, total: float, top: int) -> str:
+    """The ``top`` parameters by the larger of their two squared gradient differences: each
+    one's difference norm over the float64 gradients' total norm (torch / fastmm; the squares
+    of a column add up to the square of the step's gradient error), and its own relative error."""
+    names = sorted(torch_errs, key=lambda n: -max(torch_errs[n][0], fastmm_errs.get(n, (0.0, 0.0))[0]))[:top]
+    lines = [f"  {'parameter':<48}{'share torch':>13}{'share fastmm':>14}{'own torch':>11}{'own fastmm':>12}"]
+    for n in names:
+        (dt, ref), (df, _) = torch_errs[n], fastmm_errs.get(n, (float("nan"), 0.0))
+        lines.append(f"  {n[:47]:<48}{dt / total:13.2e}{df / total:14.2e}{dt / (ref or 1):11.2e}{df / (ref or 1):12.2e}")
+    return "\n".join(lines)
 
 
 def generate_tps(models, prompt, new_tokens: int, rounds: int = 5) -> list[tuple[float, torch.Tensor]]:
@@ -209,8 +225,13 @@ def bench_model(name: str, precisions, opts, device) -> list[dict]:
         with torch_precision(precision):
             row["torch_ms"], row["fastmm_ms"] = step_ms([model, patched], batch, loss_fn, opts.steps)
             row["step_ratio"] = row["torch_ms"] / row["fastmm_ms"]
-            row["torch_logit_err"], row["torch_grad_err"] = errors(model, ref64, batch, loss_fn)
-            row["fastmm_logit_err"], row["fastmm_grad_err"] = errors(patched, ref64, batch, loss_fn)
+            by_t, by_f = {}, {}
+            row["torch_logit_err"], row["torch_grad_err"] = errors(model, ref64, batch, loss_fn, by_t)
+            row["fastmm_logit_err"], row["fastmm_grad_err"] = errors(patched, ref64, batch, loss_fn, by_f)
+            if opts.grad_errors:
+                total = sum(ref ** 2 for _, ref in by_t.values()) ** 0.5 or 1.0
+                print(f"{name} {precision}: the gradients with the largest errors against float64", flush=True)
+                print(grad_error_table(by_t, by_f, total, opts.grad_errors), flush=True)
             report = fastmm.coverage(patched, loss=loss_fn, **batch)
             patched.zero_grad(set_to_none=True)
             counts = report.counts()
@@ -305,6 +326,8 @@ def main(argv=None) -> int:
     parser.add_argument("--compile", default="", help="models to time under torch.compile as well (comma list)")
     parser.add_argument("--json", help="write the rows here")
     parser.add_argument("--no-host", action="store_true", help="skip the host-time table of one Linear layer")
+    parser.add_argument("--grad-errors", type=int, default=0, metavar="N",
+                        help="also print the N parameters whose gradients carry the most error against float64")
     parser.add_argument("--tokens", type=int, default=1024,
                         help="tokens a training step (default 1024: 4 x 256; beyond 1024, sequences of 1024; "
                              "ViT: an image per 256). Small steps are bound by the host's enqueue time on "

@@ -21,8 +21,8 @@ from . import config, dispatch
 from .runtime import launcher, runners
 from .runtime.launcher import LaunchError
 from .runtime.tensor_map import TensorMapError
-from .shapes import (analyse, build_problem, check_linear, extent, flat_rows, fold_needs_copy, overlaps, result_matrix,
-                     rows_copy)
+from .shapes import (analyse, build_problem, check_linear, extent, flat_rows, fold_needs_copy, linear_shape, overlaps,
+                     result_matrix, rows_copy)
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,6 +282,15 @@ def compute_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, 
     if c is not None:
         return c
     check_linear(x, w, bias)  # (F.linear's words for its K rule, not matmul's: they differ)
+    if bias is not None and bias.dim() > 1:
+        # A bias of more than one dim: F.linear's result depends on its path (x's rows folded
+        # and the bias added as addmm adds it, or the product then an in-place add), which
+        # torch picks by x's layout and the bias's shape, from release to release: a (1, N) bias
+        # on a 1-D x gives (N,) (2.13-2.15), a (1, 1, N) one on a contiguous 3-D x is refused.
+        # torch decides on meta tensors of the same layouts; fastmm follows (rare: biases are (N,)).
+        shape = linear_shape(x, w, bias)
+        if shape != torch.broadcast_shapes(x.shape[:-1] + (w.shape[0],), bias.shape):
+            return compute_linear(x.reshape(-1, x.shape[-1]), w, bias, precision).view(shape)
     if x.dim() > 2 and (ENTRIES.get(key) is FOLD_BY_COPY or (w.dim() == 2 and (bias is None or bias.dim() <= 1)
                                                              and fold_needs_copy(x))):
         # rows that no view merges (a seq-first view of a batch-first activation): copied into

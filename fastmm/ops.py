@@ -35,7 +35,7 @@ from . import fast_path
 from .fast_path import compute, compute_fused, compute_linear
 from .precision import autocast_half_active, autocast_half_active_on, resolve_precision
 from .problem import PRECISIONS
-from .shapes import PLAIN_TYPES, analyse, check_linear, flat_rows, raise_torch_error, resize_out
+from .shapes import PLAIN_TYPES, addmm_bias_fits, analyse, check_linear, flat_rows, raise_torch_error, resize_out
 
 def tracing_or_in_dispatch_mode() -> bool:
     """torch.compile is tracing, or a TorchDispatchMode is active: the registered op is what they
@@ -177,7 +177,11 @@ def bias_grad(g: torch.Tensor, shape) -> torch.Tensor:
     copy where those dims do not merge (a seq-first g)."""
     # (a 1-D g is its own row sum: sum over dims () would sum it all)
     grad = g.sum(0) if g.dim() == 2 else g.sum(tuple(range(g.dim() - 1))) if g.dim() > 2 else g
-    return grad if grad.shape == shape else g.sum_to_size(shape)
+    if grad.shape == shape:
+        return grad
+    if len(shape) > g.dim():  # (a (1, N) bias on a 1-D x: F.linear's output is (N,), g too)
+        g = g.reshape((1,) * (len(shape) - g.dim()) + tuple(g.shape))
+    return g.sum_to_size(shape)
 
 
 def in_out_grads(mm, x, w, g, need_x: bool, need_w: bool):
@@ -318,9 +322,7 @@ def _addmm_shapes_ok(c, a, b) -> bool:
     product's shape: at most 2 dims, each equal or 1), written out: torch.broadcast_shapes cost
     ~8 us a call, a third of a decode-sized addmm's host time (NOTES run 28), and let a C through
     that expand refuses."""
-    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0] or c.dim() > 2:
-        return False
-    return all(x == y or x == 1 for x, y in zip(reversed(c.shape), (b.shape[1], a.shape[0])))
+    return a.dim() == 2 and b.dim() == 2 and a.shape[1] == b.shape[0] and addmm_bias_fits(c, a.shape[0], b.shape[1])
 
 
 def _check_addmm(c, a, b) -> None:

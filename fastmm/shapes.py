@@ -43,10 +43,29 @@ def _raise_matmul_error(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | No
     raise_torch_error(torch.matmul, a, b, out=out)
 
 
+def addmm_bias_fits(c: torch.Tensor, m: int, n: int) -> bool:
+    """Whether torch.addmm expands ``c`` to the (m, n) product: at most 2 dims, each equal to the
+    product's or 1."""
+    return c.dim() <= 2 and all(x == y or x == 1 for x, y in zip(reversed(c.shape), (n, m)))
+
+
 def check_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> None:
     """F.linear's K rule (x's last dim is the weight's), in F.linear's own words where it fails:
     with a bias torch words it as addmm does, without one as matmul, per release."""
     if x.dim() == 0 or w.dim() == 0 or x.shape[-1] != w.shape[-1]:
+        raise_torch_error(torch.nn.functional.linear, x, w, bias)
+
+
+def linear_shape(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor) -> torch.Size:
+    """The shape of ``F.linear(x, w, bias)`` as the installed torch computes it, from meta tensors
+    of the same shapes and strides (its path depends on x's layout); where torch refuses the
+    call, its error for the real tensors."""
+    def meta(t):
+        return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+
+    try:
+        return torch.nn.functional.linear(meta(x), meta(w), meta(bias)).shape
+    except RuntimeError:
         raise_torch_error(torch.nn.functional.linear, x, w, bias)
 
 

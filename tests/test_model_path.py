@@ -315,6 +315,48 @@ def test_linear_shape_errors_are_f_linears_words(x_shape, bias, monkeypatch):
         fastmm.linear(x, w, b, precision="ieee")
 
 
+LINEAR_BIASES = [(6,), (1, 6), (1, 1, 6), (1,), (), (3, 6), (2, 3, 6), (2, 1, 6)]
+
+
+@pytest.mark.parametrize("bias_shape", LINEAR_BIASES, ids=[str(b) for b in LINEAR_BIASES])
+@pytest.mark.parametrize("x_shape,seq_first", [((5,), False), ((3, 5), False), ((2, 3, 5), False), ((2, 3, 5), True),
+                                               ((4, 2, 3, 5), False)],
+                         ids=["1-D x", "2-D x", "3-D x", "3-D seq-first x", "4-D x"])
+def test_linear_with_any_bias_gives_f_linears_result_and_gradients(emulated_gpu, x_shape, seq_first, bias_shape,
+                                                                   monkeypatch):
+    """F.linear's result for a bias of more than one dim depends on its path, which torch picks by
+    x's layout (a contiguous x's rows folded and the bias added as addmm adds it: a (1, N) bias on
+    a 1-D x gives (N,); else the product then an in-place add): fastmm gives torch's shape,
+    values and gradients, or torch's error. (torch 2.13's meta tensors accept a (1, 1, N) bias on
+    a folded 3-D x, which real tensors refuse: fastmm, deciding on meta tensors, computes it.)"""
+    # (tensors made by torch.randn / empty: the emulated GPU's memory)
+    x0 = torch.randn((x_shape[1], x_shape[0]) + x_shape[2:]).transpose(0, 1) if seq_first else torch.randn(x_shape)
+    if seq_first:  # (grad_W reads x's rows from a copy made by torch's reshape)
+        import emulation
+        monkeypatch.setattr(emulation, "CHECK_MEMORY", False)
+    w0, b0 = torch.randn(6, 5), torch.randn(bias_shape)
+    theirs = outcome(lambda: F.linear(x0, w0, b0))
+    if theirs is not None:
+        meta = [torch.empty_strided(t.shape, t.stride(), device="meta") for t in (x0, w0, b0)]
+        if outcome(lambda: F.linear(*meta)) is None:
+            pytest.skip("this torch's meta tensors accept what real ones refuse")
+        assert outcome(lambda: fastmm.linear(x0, w0, b0, precision="ieee")) == theirs
+        return
+    x, w, b = (t.detach().requires_grad_() for t in (x0, w0, b0))
+    xr, wr, br = (t.detach().requires_grad_() for t in (x0, w0, b0))
+    y, yr = fastmm.linear(x, w, b, precision="ieee"), F.linear(xr, wr, br)
+    assert y.shape == yr.shape
+    torch.testing.assert_close(y, yr, rtol=1e-5, atol=1e-5)
+    g = torch.randn(yr.shape)
+    y.backward(g)
+    yr.backward(g)
+    for got, ref in ((x, xr), (w, wr), (b, br)):
+        assert got.grad.shape == ref.grad.shape
+        torch.testing.assert_close(got.grad, ref.grad, rtol=1e-5, atol=1e-5)
+    with torch.no_grad():  # (the repeat: the entry a first call left, or the same path again)
+        torch.testing.assert_close(fastmm.linear(x0, w0, b0, precision="ieee"), yr, rtol=1e-5, atol=1e-5)
+
+
 def test_the_ops_fakes_refuse_the_shapes_their_ops_refuse():
     """Under FakeTensorMode (torch.compile's tracing) fastmm::addmm and fastmm::linear refuse a K
     mismatch and a C that does not expand, as the ops themselves do: a traced graph does not

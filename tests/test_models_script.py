@@ -1,0 +1,43 @@
+"""benchmarks/models.py runs as a CPU smoke run (``--tiny --device cpu``), in CI: its rows come out
+as JSON, and ``--grad-errors`` lists which parameters' gradients carry the step's error against
+the float64 model, each parameter's share such that the shares' squares add up to the step's
+gradient error squared (the row's own ``fastmm_grad_err``, computed separately). On the CPU every
+product goes to torch, so both sides' errors are torch's; the GPU run is the script itself."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPT = REPO / "benchmarks" / "models.py"
+
+
+def test_models_script_lists_the_gradients_that_carry_the_error(tmp_path):
+    out = tmp_path / "rows.json"
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--tiny", "--device", "cpu", "--models", "encoder",
+                           "--precisions", "ieee", "--steps", "1", "--no-generate", "--no-host",
+                           "--grad-errors", "1000", "--json", str(out)],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    rows = json.loads(out.read_text())
+    row = rows["models"][0]
+    assert row["model"] == "encoder" and row["precision"] == "ieee"
+    lines = proc.stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("encoder ieee: the gradients"))
+    table = []
+    for line in lines[start + 2:]:
+        parts = line.split()
+        if len(parts) != 5 or not parts[0].startswith("layers."):
+            break
+        table.append((parts[0], *map(float, parts[1:])))
+    names = {name for name, *_ in table}
+    assert {"layers.0.linear1.weight", "layers.1.self_attn.in_proj_weight"} <= names, names
+    shares = [share_fastmm for _, _, share_fastmm, _, _ in table]
+    assert max(shares) > 0
+    # (three significant digits printed a share: the sum agrees to ~1%)
+    assert math.isclose(math.sqrt(sum(s * s for s in shares)), row["fastmm_grad_err"], rel_tol=0.02)
