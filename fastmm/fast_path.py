@@ -288,8 +288,9 @@ def compute_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, 
         # torch picks by x's layout and the bias's shape, from release to release: a (1, N) bias
         # on a 1-D x gives (N,) (2.13-2.15), a (1, 1, N) one on a contiguous 3-D x is refused.
         # torch decides on meta tensors of the same layouts; fastmm follows (rare: biases are (N,)).
-        shape = linear_shape(x, w, bias)
-        if shape != torch.broadcast_shapes(x.shape[:-1] + (w.shape[0],), bias.shape):
+        shape = _f_linear_shape(x, w, bias)
+        if shape != _broadcast_or_none(x.shape[:-1] + (w.shape[0],), bias.shape):
+            # (torch folded x's rows: its bias was added to the (rows, N) product, as addmm adds it)
             return compute_linear(x.reshape(-1, x.shape[-1]), w, bias, precision).view(shape)
     if x.dim() > 2 and (ENTRIES.get(key) is FOLD_BY_COPY or (w.dim() == 2 and (bias is None or bias.dim() <= 1)
                                                              and fold_needs_copy(x))):
@@ -301,6 +302,31 @@ def compute_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, 
     if bias is None:
         return _compute_full(key, x, w.t(), None, precision)
     return _fused_full(key, x, w.t(), bias, 1, 1, precision)
+
+
+#: F.linear's result shape for a bias of more than one dim, by the layouts it depends on (asking
+#: torch on meta tensors costs ~0.6 ms; such a call may repeat every step). Bounded as ENTRIES.
+_F_LINEAR_SHAPES: dict = {}
+
+
+def _f_linear_shape(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor) -> torch.Size:
+    """:func:`fastmm.shapes.linear_shape`, remembered for these shapes and strides (an error is
+    not remembered: torch words it again on the real tensors)."""
+    key = (x.shape, x.stride(), w.shape, w.stride(), bias.shape, bias.stride())
+    shape = _F_LINEAR_SHAPES.get(key)
+    if shape is None:
+        shape = linear_shape(x, w, bias)
+        if len(_F_LINEAR_SHAPES) >= dispatch.MAX_CACHED_SHAPES:
+            _F_LINEAR_SHAPES.clear()
+        _F_LINEAR_SHAPES[key] = shape
+    return shape
+
+
+def _broadcast_or_none(*shapes) -> torch.Size | None:
+    try:
+        return torch.broadcast_shapes(*shapes)
+    except RuntimeError:  # (a bias that broadcasts only over x's folded rows: (rows, 1))
+        return None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -179,8 +179,10 @@ def bias_grad(g: torch.Tensor, shape) -> torch.Tensor:
     grad = g.sum(0) if g.dim() == 2 else g.sum(tuple(range(g.dim() - 1))) if g.dim() > 2 else g
     if grad.shape == shape:
         return grad
-    if len(shape) > g.dim():  # (a (1, N) bias on a 1-D x: F.linear's output is (N,), g too)
-        g = g.reshape((1,) * (len(shape) - g.dim()) + tuple(g.shape))
+    if len(shape) > g.dim() or not all(s in (1, d) for s, d in zip(reversed(shape), reversed(g.shape))):
+        # (F.linear's fold: the bias was added to the (rows, N) product, as addmm adds it: a
+        # (1, N) bias on a 1-D x, whose output is (N,), or a (rows, 1) one)
+        g = g.reshape(-1, g.shape[-1])
     return g.sum_to_size(shape)
 
 
@@ -390,8 +392,9 @@ def _(x, weight, bias=None, precision=None):
     torch._check(x.dtype == weight.dtype, lambda: f"expected x and weight to have the same dtype, but got: "
                                                   f"{x.dtype} != {weight.dtype}")
     torch._check(weight.dim() == 2, lambda: "weight must be a matrix")
-    check_linear(x, weight, bias)  # (what the op itself checks: a traced graph fails where eager does)
-    return x.new_empty(analyse(x, weight.t()).out_shape)
+    # (F.linear's own shape rules and errors on the fakes, what the op follows: a traced graph
+    # fails where eager does, and a bias of more than one dim gets F.linear's result shape)
+    return x.new_empty(torch.nn.functional.linear(x, weight, bias).shape)
 
 
 def _linear_setup(ctx, inputs, output):

@@ -107,11 +107,17 @@ def register_linear_like(cls: type, *, weight: str = "weight", bias: str | None 
         eager = not ops.tracing_or_in_dispatch_mode()
         if autocast_any_half_active(x) if eager else autocast_half_active(x.device.type):
             return cls.forward(self, x)
+        added = None
+        if b is not None and b.dim() > 1:
+            # (the forward's "+ b" broadcasts, which with a bias of more than one dim is not
+            # F.linear's fold (a (1, N) bias on a 1-D x gives (1, N)): the sum is torch's own)
+            added, b = b, None
         if eager:  # x @ W^T (+ b), or for [in, out] x @ W (+ b): F.linear's product on W^T's view
-            if layout == "out_in":
-                return ops.linear_eager(x, w, b, resolve_precision_eager(self.precision))
-            return ops.linear_in_out_eager(x, w, b, resolve_precision_eager(self.precision))
-        return ops.linear(x, w if layout == "out_in" else w.t(), b, self.precision)
+            precision = resolve_precision_eager(self.precision)
+            y = ops.linear_eager(x, w, b, precision) if layout == "out_in" else ops.linear_in_out_eager(x, w, b, precision)
+        else:
+            y = ops.linear(x, w if layout == "out_in" else w.t(), b, self.precision)
+        return y if added is None else y + added
 
     sub = type(f"Fastmm{cls.__name__}", (cls,), {"forward": forward, "precision": None,
                                                   "__doc__": f"{cls.__name__} computed by fastmm ({layout})."})

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 import fastmm
-from fastmm import ops
+from fastmm import fast_path, ops
 from fastmm.shapes import analyse
 from conftest import outcome, relative_error
 
@@ -315,7 +315,7 @@ def test_linear_shape_errors_are_f_linears_words(x_shape, bias, monkeypatch):
         fastmm.linear(x, w, b, precision="ieee")
 
 
-LINEAR_BIASES = [(6,), (1, 6), (1, 1, 6), (1,), (), (3, 6), (2, 3, 6), (2, 1, 6)]
+LINEAR_BIASES = [(6,), (1, 6), (1, 1, 6), (1,), (), (3, 6), (2, 3, 6), (2, 1, 6), (6, 1), (24, 1)]
 
 
 @pytest.mark.parametrize("bias_shape", LINEAR_BIASES, ids=[str(b) for b in LINEAR_BIASES])
@@ -355,6 +355,84 @@ def test_linear_with_any_bias_gives_f_linears_result_and_gradients(emulated_gpu,
         torch.testing.assert_close(got.grad, ref.grad, rtol=1e-5, atol=1e-5)
     with torch.no_grad():  # (the repeat: the entry a first call left, or the same path again)
         torch.testing.assert_close(fastmm.linear(x0, w0, b0, precision="ieee"), yr, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("bias_shape", [(6,), (), (1,)], ids=["(N,)", "()", "(1,)"])
+@pytest.mark.parametrize("x_shape,seq_first", [((5,), False), ((3, 5), False), ((2, 3, 5), False), ((2, 3, 5), True)],
+                         ids=["1-D x", "2-D x", "3-D x", "3-D seq-first x"])
+def test_a_row_bias_never_asks_torch_for_the_shape(emulated_gpu, monkeypatch, x_shape, seq_first, bias_shape):
+    """Biases of at most one dim (every model's) take fastmm's own path, first call and repeat:
+    asking torch for F.linear's shape on meta tensors (~0.6 ms) is for biases of more dims."""
+    import emulation
+    monkeypatch.setattr(emulation, "CHECK_MEMORY", False)  # (seq-first rows: a copy by torch's reshape)
+    monkeypatch.setattr(fast_path, "linear_shape", lambda *a: pytest.fail("linear_shape called"))
+    x = torch.randn((x_shape[1], x_shape[0]) + x_shape[2:]).transpose(0, 1) if seq_first else torch.randn(x_shape)
+    w, b = torch.randn(6, 5), torch.randn(bias_shape)
+    for _ in range(2):
+        torch.testing.assert_close(fastmm.linear(x, w, b, precision="ieee"), F.linear(x, w, b), rtol=1e-5, atol=1e-5)
+
+
+def test_f_linears_shape_for_a_rare_bias_is_asked_once_per_layout(emulated_gpu, monkeypatch):
+    """The meta-tensor answer is remembered by the shapes and strides it depends on."""
+    asked = []
+    real = fast_path.linear_shape
+    monkeypatch.setattr(fast_path, "linear_shape", lambda *a: asked.append(1) or real(*a))
+    monkeypatch.setattr(fast_path, "_F_LINEAR_SHAPES", {})
+    w, b = torch.randn(6, 5), torch.randn(1, 6)
+    for call in range(3):
+        x = torch.randn(5)
+        torch.testing.assert_close(fastmm.linear(x, w, b, precision="ieee"), F.linear(x, w, b), rtol=1e-5, atol=1e-5)
+        if call == 0:  # (x's layout, then its folded rows' (1, K): F.linear's shape for each)
+            first = len(asked)
+            assert first == 2
+    assert len(asked) == first
+    fastmm.linear(torch.randn(2, 3, 5), w, b, precision="ieee")  # (another layout: asked again)
+    assert len(asked) > first
+
+
+@pytest.mark.parametrize("layout", ["out_in", "in_out"])
+@pytest.mark.parametrize("x_shape,bias_shape", [((5,), (1, 6)), ((4, 2, 3, 5), (1, 1, 6)), ((2, 3, 5), (3, 1)),
+                                                ((2, 3, 5), (6,)), ((2, 3, 5), (2, 3, 7))],
+                         ids=["1-D x, (1, N)", "4-D x, (1, 1, N)", "3-D x, (R, 1)", "3-D x, (N,)", "no broadcast"])
+def test_a_registered_layer_adds_its_bias_as_its_forward_does(emulated_gpu, monkeypatch, layout, x_shape, bias_shape):
+    """A registered Linear-like layer's forward is x @ W^T + b ("out_in") or x @ W + b
+    ("in_out"), a broadcasting sum: with a bias of more than one dim that is not F.linear's fold
+    (a (1, N) bias on a 1-D x gives (1, N)), the patched layer gives the module's own result,
+    gradients or error."""
+    class OutIn(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight, self.bias = torch.nn.Parameter(torch.randn(6, 5)), torch.nn.Parameter(torch.randn(bias_shape))
+
+        def forward(self, x):
+            return x @ self.weight.t() + self.bias
+
+    import emulation
+    monkeypatch.setattr(emulation, "CHECK_MEMORY", False)  # (torch's autograd sums the bias's broadcast)
+
+    def make():  # (parameters made by torch.randn: the emulated GPU's memory)
+        return OutIn() if layout == "out_in" else _InOutLayer(5, 6, bias_shape)
+
+    module, twin = make(), make()
+    twin.load_state_dict(module.state_dict())
+    fastmm.register_linear_like(type(module), layout=layout)
+    patched = fastmm.patch(torch.nn.Sequential(twin), precision="ieee")[0]
+    assert type(patched) is not type(module)
+    x = torch.randn(x_shape)
+    theirs = outcome(lambda: module(x))
+    if theirs is not None:
+        assert outcome(lambda: patched(x)) == theirs
+        return
+    xr, xp = x.detach().requires_grad_(), torch.empty(x.shape).copy_(x).requires_grad_()
+    y, yr = patched(xp), module(xr)
+    assert y.shape == yr.shape
+    torch.testing.assert_close(y, yr, rtol=1e-5, atol=1e-5)
+    g = torch.randn(yr.shape)
+    y.backward(g)
+    yr.backward(g)
+    torch.testing.assert_close(xp.grad, xr.grad, rtol=1e-5, atol=1e-5)
+    for p, q in zip(patched.parameters(), module.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-5)
 
 
 def test_the_ops_fakes_refuse_the_shapes_their_ops_refuse():
