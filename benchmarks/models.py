@@ -170,7 +170,8 @@ def grad_error_table(torch_errs: dict, fastmm_errs: dict, total: float, top: int
     lines = [f"  {'parameter':<48}{'share torch':>13}{'share fastmm':>14}{'own torch':>11}{'own fastmm':>12}"]
     for n in names:
         (dt, ref), (df, _) = torch_errs[n], fastmm_errs.get(n, (float("nan"), 0.0))
-        lines.append(f"  {n[:47]:<48}{dt / total:13.2e}{df / total:14.2e}{dt / (ref or 1):11.2e}{df / (ref or 1):12.2e}")
+        own_t, own_f = dt / (ref or 1), df / (ref or 1)
+        lines.append(f"  {n[:47]:<48}{dt / total:13.2e}{df / total:14.2e}{own_t:11.2e}{own_f:12.2e}")
     return "\n".join(lines)
 
 

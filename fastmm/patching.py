@@ -114,7 +114,8 @@ def register_linear_like(cls: type, *, weight: str = "weight", bias: str | None 
             added, b = b, None
         if eager:  # x @ W^T (+ b), or for [in, out] x @ W (+ b): F.linear's product on W^T's view
             precision = resolve_precision_eager(self.precision)
-            y = ops.linear_eager(x, w, b, precision) if layout == "out_in" else ops.linear_in_out_eager(x, w, b, precision)
+            y = (ops.linear_eager(x, w, b, precision) if layout == "out_in"
+                 else ops.linear_in_out_eager(x, w, b, precision))
         else:
             y = ops.linear(x, w if layout == "out_in" else w.t(), b, self.precision)
         return y if added is None else y + added

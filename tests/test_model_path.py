@@ -258,7 +258,8 @@ def test_addmm_errors_are_torchs_own_words(c, a, b):
     assert theirs is not None and theirs[0] == "RuntimeError"
     assert outcome(lambda: fastmm.addmm(c, a, b, precision="ieee")) == theirs
     assert outcome(lambda: torch.ops.fastmm.addmm(c, a, b, 1.0, 1.0, "ieee")) == theirs
-    for out, grad in ((torch.empty(0), False), (torch.empty(2, 3, dtype=torch.float64), False), (torch.empty(2, 3), True)):
+    outs = ((torch.empty(0), False), (torch.empty(2, 3, dtype=torch.float64), False), (torch.empty(2, 3), True))
+    for out, grad in outs:
         a_ = a.clone().requires_grad_(grad)
         mine, ref = out.clone(), out.clone()
         assert outcome(lambda: fastmm.addmm(c, a_, b, out=mine, precision="ieee")) == \

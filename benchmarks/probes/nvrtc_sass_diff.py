@@ -56,7 +56,8 @@ def dump(out: Path, nvdisasm: str) -> None:
                 names = []
                 for cfg in select(problem, dev).kernels():
                     target = cfg.target(arch)
-                    name = cfg.family + "-" + hashlib.sha1(repr((cfg.family, cfg.macros, target)).encode()).hexdigest()[:12]
+                    digest = hashlib.sha1(repr((cfg.family, cfg.macros, target)).encode()).hexdigest()
+                    name = f"{cfg.family}-{digest[:12]}"
                     if (arch, name) not in built:
                         cubin = out / arch / (name + ".cubin")
                         cubin.write_bytes(compile_cubin(cfg.source, cfg.macros, target))
