@@ -304,21 +304,16 @@ def compute_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, 
     return _fused_full(key, x, w.t(), bias, 1, 1, precision)
 
 
-#: F.linear's result shape for a bias of more than one dim, by the layouts it depends on (asking
-#: torch on meta tensors costs ~0.6 ms; such a call may repeat every step). Bounded as ENTRIES.
-_F_LINEAR_SHAPES: dict = {}
-
-
 def _f_linear_shape(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor) -> torch.Size:
-    """:func:`fastmm.shapes.linear_shape`, remembered for these shapes and strides (an error is
-    not remembered: torch words it again on the real tensors)."""
-    key = (x.shape, x.stride(), w.shape, w.stride(), bias.shape, bias.stride())
-    shape = _F_LINEAR_SHAPES.get(key)
+    """:func:`fastmm.shapes.linear_shape` (asking torch on meta tensors costs ~0.6 ms, and such a
+    call may repeat every step), remembered among the entries (:func:`_keep`'s bound) by the
+    shapes and strides it depends on; an error is not remembered: torch words it again on the
+    real tensors."""
+    key = ("F.linear shape", x.shape, x.stride(), w.shape, w.stride(), bias.shape, bias.stride())
+    shape = ENTRIES.get(key)
     if shape is None:
         shape = linear_shape(x, w, bias)
-        if len(_F_LINEAR_SHAPES) >= dispatch.MAX_CACHED_SHAPES:
-            _F_LINEAR_SHAPES.clear()
-        _F_LINEAR_SHAPES[key] = shape
+        _keep(key, shape)
     return shape
 
 

@@ -378,7 +378,6 @@ def test_f_linears_shape_for_a_rare_bias_is_asked_once_per_layout(emulated_gpu, 
     asked = []
     real = fast_path.linear_shape
     monkeypatch.setattr(fast_path, "linear_shape", lambda *a: asked.append(1) or real(*a))
-    monkeypatch.setattr(fast_path, "_F_LINEAR_SHAPES", {})
     w, b = torch.randn(6, 5), torch.randn(1, 6)
     for call in range(3):
         x = torch.randn(5)
