@@ -492,6 +492,17 @@ def wgmma_cases(dev: DeviceFacts, precision: str, quick: bool) -> list[Case]:
     # there splits B in the kernel (the next slot while a step's wgmmas run, across tiles too)
     add("rows64", 17, 4096, 4100, b_t=True)
     add("rows64", 64, 40000, 100, b_t=True)
+    if precision == "tf32":
+        # mid-size products on 64-row tiles (ROWS64_MID_WIDTHS; NOTES run 40): M and K past the tile's
+        # edges, 64 and 128 wide, split from K = 3072, both operands staged (rows not 16-byte multiples);
+        # and 128-row tiles at their row edges where they fill a wave (the mid-size rule leaves them)
+        add("rows64", 300, 700, 1100, b_t=True)
+        add("rows64", 999, 1001, 1004, b_t=True)
+        add("rows64", 197, 768, 3100, b_t=True)
+        add("rows64", 77, 1531, 2053, b_t=True)
+        add("rows64", 129, 4289, 99, b_t=True)
+        if not quick:
+            add("rows64", 257, 4161, 257, b_t=True)
     if precision == "tf32x3":
         add("rows64", 40, 4100, 4100, b_t=True)
     # batches: in place where the layout allows (tf32), else copied per matrix (tf32x3 always)

@@ -364,7 +364,7 @@ def sm90(monkeypatch):
 
 
 def test_plan_for_consults_the_failed_kernels(sm90):
-    p = Problem.dense(200, 1000, 4096, "tf32", b_t=True)  # (32 tiles at K = 4096: tf32_mma splits K)
+    p = Problem.dense(100, 300, 8192, "tf32", b_t=True)  # (5 tiles at K = 8192: tf32_mma splits K)
     plan = dispatch.plan_for(p, 0)
     assert plan.kernel is not None and plan.kernel.family == "tf32_mma"
     dispatch.PLANS.failed[dispatch.PlanCache.failure_key(0, plan.kernel)] = "kernel tf32_mma failed to compile (boom)"

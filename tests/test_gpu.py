@@ -1080,6 +1080,10 @@ WGMMA_ROWS64_CASES = {
     "k-tail": lambda: (randn(33, 1000), randn(520, 1000).t()),  # K: a last k-step of 8 (zeros past K)
     "batched": lambda: (randn(6, 64, 96), randn(6, 300, 96).transpose(1, 2)),
     "folded-120-rows": lambda: (randn(3, 40, 200), randn(264, 200).t()),  # two tile rows, the last part-full
+    # the mid-size rule's products (ROWS64_MID_WIDTHS): 64 and 128 wide, split in 4 from K = 3072, last rows part-full
+    "mid-300-rows": lambda: (randn(300, 1100), randn(700, 1100).t()),
+    "mid-999-rows": lambda: (randn(999, 1024), randn(1001, 1024).t()),
+    "mid-197-rows-split": lambda: (randn(197, 3100), randn(768, 3100).t()),
 }
 
 

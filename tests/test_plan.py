@@ -1916,7 +1916,7 @@ def test_wgmma_consumers_take_turns_only_where_the_kernel_allows_and_each_block_
     # a long K where the 256-wide tile's rate outweighs the hidden epilogues: shared tiles
     assert dict(plan(Problem.dense(2048, 14336, 4096, "tf32", b_t=True), pp).kernel.macros)["BN"] == 256
     # "always": wherever the kernel allows it, even a block with one tile; a forced width keeps its turns
-    small = plan(Problem.dense(1000, 1000, 128, "tf32", b_t=True), WgmmaTf32(pingpong="always")).kernel
+    small = plan(Problem.dense(1000, 1000, 128, "tf32", b_t=True), WgmmaTf32(pingpong="always", rows64=False)).kernel
     assert dict(small.macros)["PINGPONG"] == 1 and small.grid[0] == small.work_items < 132
     forced = dict(plan(vit, WgmmaTf32(pingpong="always", force_bn=64)).kernel.macros)
     assert (forced["BN"], forced["PINGPONG"]) == (64, 1)
@@ -1966,9 +1966,11 @@ def test_small_tf32_products_run_on_wgmma_unless_k_is_long_enough_for_a_split_to
     over every SM. Measured on the H200 (probes/small_tf32_probe.py, NOTES run 23): wgmma 14.5 us
     against 27.0 at 300 x 700 x 1100 (33 tiles), 28.1 against 70.6 at 77 x 1531 x 2053 (with its
     copies: K % 4 != 0); tf32_mma 24.7 against 29.1 at 200 x 1000 x 4096 (32 tiles) and 22.8
-    against 53.9 at 100 x 300 x 8192 (5 tiles). wgmma's own split (SPLIT) is taken up to 64 rows
-    only: above, it was mixed against tf32_mma's (100 x 300 x 8192: 19.1 against 23.0 us; 256 x
-    256 x 65536: 94.1 against 59.4; probes/wgmma_split_probe.py, NOTES run 25).
+    against 53.9 at 100 x 300 x 8192 (5 tiles). wgmma's own split (SPLIT) on 128-row tiles is
+    taken up to 64 rows only: above, it was mixed against tf32_mma's (100 x 300 x 8192: 19.1
+    against 23.0 us; 256 x 256 x 65536: 94.1 against 59.4; probes/wgmma_split_probe.py, NOTES run
+    25). On 64-row tiles (the mid-size rule) 200 x 1000 x 4096 splits in 4: 19.3 us against
+    tf32_mma's 24.5 (NOTES run 40).
     77 x 1531 x 2053 (A and B^T copied K-major) is faster on wgmma's GPU time, but its two copies
     and three launches make the call host-bound (~42 us to enqueue, cost.HOST_US_*): the fp32
     SIMT plan (33.3 us GPU, one launch) is faster a call."""
@@ -1980,7 +1982,8 @@ def test_small_tf32_products_run_on_wgmma_unless_k_is_long_enough_for_a_split_to
     assert issue.kernel.family == "simt_cp_async" and issue.precision_used == "ieee"
     assert "cost model: ran full fp32" in issue.origin and "host" in dict(issue.rejected)["wgmma_tf32"]
     assert family(77, 1531, 2056) == "wgmma_tf32"  # (K % 4 == 0: B^T alone copied, one copy)
-    assert family(200, 1000, 4096, b_t=True) == "tf32_mma"
+    mid = select(Problem.dense(200, 1000, 4096, "tf32", b_t=True), dev).kernel
+    assert (mid.family, mid.tile[:2], mid.split_k) == ("wgmma_tf32", (64, 128), 4)
     plan = select(Problem.dense(100, 300, 8192, "tf32", b_t=True), dev)
     assert plan.kernel.family == "tf32_mma"
     assert "5 tiles of 128x64 for 132 SMs at K = 8192" in dict(plan.rejected)["wgmma_tf32"]
@@ -2345,3 +2348,51 @@ def test_a_simt_split_variant_sets_the_slices_of_plans_that_may_split():
         == -(-k_tiles // -(-k_tiles // 100))
     batched = Problem.dense(300, 700, 1100, "ieee", b_t=True, batch=3)
     assert select(batched, dev, force="simt_cp_async", variants=(SimtCpAsync(split=8),)).kernel.grid[1] == 1
+
+
+@pytest.mark.parametrize("M,N,K,want", [
+    # (rows, width, slices) measured faster on the H200 than the 128-row plan (NOTES run 40, GPU us)
+    (300, 700, 1100, (64, 64, 1)),  # 14.4 -> 10.4 (33 tiles of 128 x 64; 55 of 64 x 64)
+    (384, 768, 768, (64, 64, 1)),  # 8.8 -> 7.1
+    (128, 4096, 4096, (64, 64, 1)),  # 35.4 (128-row split) -> 26.5: full rows of tiles
+    (192, 4096, 4096, (64, 128, 1)),  # 52.3 -> 29.4
+    (1000, 1000, 1000, (64, 128, 1)),  # 13.7 -> 13.4: as many tiles, fewer rows past M
+    (197, 768, 3072, (64, 128, 4)),  # 24.0 (tf32_mma) -> 16.6: K >= 3072 and under half the SMs filled
+    (512, 512, 2048, (64, 64, 1)),  # 16.5 -> 13.0: K = 2048, every split slower
+    (145, 2560, 1536, (64, 64, 1)),  # 21.1 -> 11.8: a partial row of tiles, B of 15 MiB
+    # stays on 128-row tiles
+    (700, 2304, 768, (128, 128, 1)),  # 216 tiles of 128 x 64: a wave filled
+    (65, 4096, 4096, (128, 128, 4)),  # partial row, B of 64 MiB: 45.1 on 64 rows against 31.0
+    (80, 4096, 4096, (128, 128, 4)),  # 37.4 against 31.2
+    (200, 2048, 16384, (128, 128, 4)),  # K >= 8192
+    (128, 4096, 11008, (128, 128, 4)),  # full rows, K >= 8192: 63.1 either way
+])
+def test_mid_size_tf32_products_take_64_row_tiles_where_128_row_tiles_leave_a_wave_unfilled(M, N, K, want):
+    """Above 64 rows, a tf32 x @ W.t() whose 128 x 64 tiles fill under one wave of SMs runs on
+    64-row tiles where they load no more per SM ((BM + BN) x waves), K < 8192, and a partial last
+    row of tiles does not make B (beyond half of L2) come from memory once a row; split only from
+    K = 3072 where 64 x 64 tiles fill under half the SMs. Explain says why."""
+    plan = select(Problem.dense(M, N, K, "tf32", b_t=True), DEV["sm_90"])
+    k = plan.kernel
+    assert k.family == "wgmma_tf32" and (k.tile[0], k.tile[1], k.split_k) == want, plan.describe()
+    if want[0] == 64:
+        assert "fill under one wave of 132 SMs" in dict(k.details)["tile rows"]
+        assert k.block == 256  # (one consumer warpgroup and the producer)
+    check_geometry(plan)
+
+
+def test_the_mid_size_rule_leaves_batches_tf32x3_row_major_b_and_a_disabled_rows64_alone():
+    """The rule was measured on batch-1 tf32 products with A K-major: a batch, tf32x3 (B split by
+    the kernel on 64-row tiles only up to 64 rows), an m-contiguous A (C^T of a row-major B: A_MN
+    feeds A from registers, 128 rows) and ``rows64=False`` keep 128-row tiles."""
+    dev = DEV["sm_90"]
+    rows = lambda p, *v: select(p, dev, force="wgmma_tf32", variants=v).kernel.tile[0]  # noqa: E731
+    assert rows(Problem.dense(300, 700, 1100, "tf32", b_t=True)) == 64
+    assert rows(Problem.dense(300, 700, 1100, "tf32", b_t=True), WgmmaTf32(rows64=False)) == 128
+    assert rows(Problem.dense(300, 700, 1100, "tf32", batch=2, b_t=True)) == 128
+    assert rows(Problem.dense(300, 700, 1100, "tf32x3", b_t=True)) == 128
+    assert rows(Problem.dense(300, 700, 1100, "tf32")) == 128  # (row-major B: computed as C^T, A_MN)
+    # a forced width wins over the rule's
+    forced = select(Problem.dense(300, 700, 1100, "tf32", b_t=True), dev, force="wgmma_tf32",
+                    variants=(WgmmaTf32(force_bn=128),)).kernel
+    assert forced.tile[:2] == (64, 128)

@@ -4,7 +4,7 @@ against the 128-row one at each width and number of K slices, and against the ot
 that take such products.
 
     python benchmarks/probes/wgmma_rows_probe.py [--only NAME,...] [--rows 128,64] [--widths 128,256]
-        [--splits 1,2,4] [--families kmajor_mma,tf32_mma] [--precision tf32x3] [--rounds 3]
+        [--splits 1,2,4] [--families kmajor_mma,tf32_mma] [--precision tf32x3] [--rounds 3] [--rule128]
 
 For each product: GPU us per call (probe_util.time_us, the median of ``--rounds`` alternating
 rounds) of the planner's plan, of every forced (rows, width, slices), of each forced family that
@@ -48,7 +48,18 @@ PRODUCTS = (("dec64_up", 1, 64, 14336, 4096, "wt"), ("dec48_down", 1, 48, 4096, 
             ("mid256_4k", 1, 256, 1024, 4096, "wt"), ("mid128_4k", 1, 128, 4096, 4096, "wt"),
             ("mid1000", 1, 1000, 1000, 1000, "wt"), ("mid96_3k", 1, 96, 3072, 768, "wt"),
             ("mid77", 1, 77, 1531, 2053, "wt"), ("mid700", 1, 700, 2304, 768, "wt"),
-            ("mid128_11k", 1, 128, 4096, 11008, "wt"), ("mid200_1k", 1, 200, 1024, 1024, "wt"))
+            ("mid128_11k", 1, 128, 4096, 11008, "wt"), ("mid200_1k", 1, 200, 1024, 1024, "wt"),
+            # products of the other row files whose tf32 plan the mid-size rule (ROWS64_MID_WIDTHS) moved to
+            # 64-row tiles, none of them measured when the rule was written (NOTES run 40), and one it left
+            ("decode80_qo", 1, 80, 4096, 4096, "wt"), ("decode96", 1, 96, 4096, 4096, "wt"),
+            ("qwen15_qkv_511", 1, 511, 2048, 1536, "wt"), ("odd_999", 1, 999, 1001, 1003, "wt"),
+            ("tok1000_kv", 1, 1000, 256, 1024, "wt"), ("q1k", 1, 1024, 1024, 1024, "wt"),
+            ("gemm_n64", 1, 8192, 64, 1024, "wt"), ("tok448_down", 1, 448, 2048, 8192, "wt"),
+            ("tok192_qo", 1, 192, 4096, 4096, "wt"), ("r145", 1, 145, 2560, 1536, "wt"),
+            ("r1171", 1, 1171, 384, 768, "wt"), ("r90", 1, 90, 1024, 2048, "wt"), ("r124", 1, 124, 4096, 768, "wt"),
+            ("r948", 1, 948, 384, 1024, "wt"), ("r66", 1, 66, 2048, 5120, "wt"), ("r337", 1, 337, 2048, 768, "wt"),
+            ("r65", 1, 65, 2560, 512, "wt"), ("r65_4k", 1, 65, 4096, 4096, "wt"), ("r200_4k", 1, 200, 1000, 4096, "wt"),
+            ("mid200_16k", 1, 200, 2048, 16384, "wt"))
 
 BOUND = {"tf32": 2e-3, "tf32x3": 1e-5}  # relative error: TF32 ~3e-4 at these K, tf32x3 ~1e-7
 
@@ -62,6 +73,8 @@ def main() -> int:
     ap.add_argument("--families", default="kmajor_mma,tf32_mma")
     ap.add_argument("--precision", default="tf32", choices=("tf32", "tf32x3"))
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rule128", action="store_true",
+                    help="also time the planner with 64-row tiles off (WgmmaTf32(rows64=False)): the mid-size rule's A/B")
     o = ap.parse_args()
     if not need_gpu("wgmma_rows_probe.py"):
         return 2
@@ -90,6 +103,8 @@ def main() -> int:
         sh = analyse(a, b).materialized(a)
         p, _ = build_problem(sh, sh.matrix_view(out), prec)
         plans.append(select(p, dev))
+        if o.rule128:
+            plans.append(select(p, dev, variants=(WgmmaTf32(rows64=False),)))
         for kw in [{"force": "wgmma_tf32", "variants": (v,)} for v in variants.values()] + [{"force": f} for f in families]:
             try:
                 plans.append(select(p, dev, **kw))
@@ -122,6 +137,8 @@ def main() -> int:
             runs[label] = lambda: dispatch.matmul_fastmm(a, b, out, prec, **kw)
 
         add("planner")
+        if o.rule128:  # the planner without 64-row tiles: its plan before the mid-size rule, for M > 64
+            add("rule128", variants=(WgmmaTf32(rows64=False),))
         for label, v in variants.items():
             add(label, force="wgmma_tf32", variants=(v,))
         for f in families:
@@ -132,15 +149,19 @@ def main() -> int:
             for label, fn in runs.items():
                 rounds[label].append(time_us(fn))
         t = {label: statistics.median(r) for label, r in rounds.items()}
-        forced = [lab for lab in t if lab not in ("planner", "torch")]
-        if not forced:
-            continue
-        best = min(forced, key=t.get)
-        w_bytes = 4.0 * N * K * (batch if layout == "bt" else 1)  # B's bytes (TB/s = bytes / us / 1e6)
-        print(f"\n{name} {batch}x{M}x{N}x{K} {layout}: planner {descs.get('planner')} {t.get('planner', float('nan')):.1f} us, "
-              f"torch {t['torch']:.1f}, best {best} {t[best]:.1f} ({w_bytes / t[best] / 1e6:.2f} TB/s of B; "
-              f"torch {w_bytes / t['torch'] / 1e6:.2f})")
-        print("  " + "  ".join(f"{lab} {t[lab]:.1f}" for lab in forced), flush=True)
+        forced = [lab for lab in t if lab not in ("planner", "torch", "rule128")]
+        if forced:
+            best = min(forced, key=t.get)
+            w_bytes = 4.0 * N * K * (batch if layout == "bt" else 1)  # B's bytes (TB/s = bytes / us / 1e6)
+            print(f"\n{name} {batch}x{M}x{N}x{K} {layout}: planner {descs.get('planner')} "
+                  f"{t.get('planner', float('nan')):.1f} us, "
+                  f"torch {t['torch']:.1f}, best {best} {t[best]:.1f} ({w_bytes / t[best] / 1e6:.2f} TB/s of B; "
+                  f"torch {w_bytes / t['torch'] / 1e6:.2f})")
+            print("  " + "  ".join(f"{lab} {t[lab]:.1f}" for lab in forced), flush=True)
+        if "rule128" in t:
+            print(f"  A/B {name}: planner {t['planner']:.1f} us ({descs['planner']}) against {t['rule128']:.1f} "
+                  "without "
+                  f"64-row tiles ({descs['rule128']}): {t['rule128'] / t['planner']:.2f}x; torch {t['torch']:.1f}")
     return 0
 
 

@@ -149,6 +149,37 @@ ROWS64_MIN_FILL = 5
 #: N = 2048 was not measured: from 4096, where it won.
 ROWS64_X3_MIN_M = 33
 ROWS64_X3_MIN_N = 4096
+#: Mid-size tf32 products (more than ROWS64_MAX_M rows, a batch of 1) whose 128-row tiles fill
+#: under one wave of SMs even at their narrowest width (64): 64-row tiles there, where they load
+#: no more per SM than the 128-row plan (:func:`mid_rows64_width`). A block of a few tiles an SM is
+#: not compute-bound: its time follows the operand bytes it loads a k-step, BM + BN, and the waves
+#: (H200, one wave, 300 x 700 x 1100 W^T: 64 x 64 10.3 us, 64 x 128 14.2, 128 x 64 14.3, 128 x
+#: 128 18.7). Measured (`probes/wgmma_rows_probe.py`, NOTES run 40, GPU us, the 128-row plan ->
+#: 64 rows; torch tf32): 300 x 700 x 1100 14.3 -> 10.3 (torch 10.3), 384 x 768 x 768 8.9 -> 7.1
+#: (7.5), 512 x 512 x 2048 16.5 -> 13.0 (10.4), 128 x 4096 x 4096 35.7 -> 26.6 (24.7), 1000^3
+#: 13.9 -> 12.9 (64 x 128; 14.5), 96 x 3072 x 768 8.9 -> 7.5 (8.6), 77 x 1531 x 2053 36.5 (fp32
+#: SIMT) -> 23.3 (23.7), 200 x 1024 x 1024 10.5 -> 8.3 (9.8), 128 x 4096 x 11008 63.4 -> 62.2
+#: (68.4); 700 x 2304 x 768 (216 tiles of 128 x 64) stays on 128-row tiles: 13.6 against 13.7.
+ROWS64_MID_WIDTHS = (128, 64)
+#: ... and K split on them (ROWS64_SPLIT_*'s rule) only from this K on: at 2048-2053 every split
+#: was slower than one block a tile (512 x 512 x 2048 13.0 unsplit, 14.5-16.6 split; 77 x 1531 x
+#: 2053 23.3, 26.6-31.1), from 3072 it paid where the 64-wide tiles fill under half the SMs (197 x
+#: 768 x 3072 17.6 -> 16.4 at 128 wide in 4 slices, 256 x 1024 x 4096 22.5 -> 18.3), and where
+#: they fill more it did not (128 x 4096 x 4096: 26.6 unsplit, 29.6-43.1 split).
+ROWS64_MID_SPLIT_MIN_K = 3072
+#: ... and only below this K: at K = 4096 64-row tiles unsplit beat the 128-row split (128 x 4096
+#: x 4096 26.6 against 35.7 us), at 11008 they tied (62.2 against 63.4), and the longer K the more
+#: a 64-row block loads per SM than a split's blocks do: over few tiles and a long K the 128-row
+#: split or tf32_mma's deeper one (over every SM; 256 x 256 x 65536 59.4 us against 94.1 for
+#: wgmma's split, NOTES run 25) stay.
+ROWS64_MID_MAX_K = 8192
+#: ... and, where the last 64-row tile is partial (M % 64 != 0), only while B fits in this share
+#: of L2: every row of tiles reads all of B, and a partial row's blocks drift off the full rows'
+#: pace, so B is fetched from memory once for each row instead of once from L2 (H200, B = 64 MiB,
+#: W^T at 4096 x 4096, 64-row tiles against the 128-row split: M = 65 45.1 against 31.0 us, 80
+#: 37.4 / 31.2, 96 33.7 / 32.5, where M = 128 and 192 (full rows) ran 26.5 / 35.4 and 29.4 /
+#: 52.3; with B of 2-16 MiB partial rows ran 1.1-1.8x faster: 145 x 2560 x 1536, 197 x 768 x 3072).
+ROWS64_MID_PARTIAL_L2_SHARE = 0.5
 #: tf32x3 on 64-row tiles: how explain words its loads.
 X3_SPLIT_B_LOADS = ("A: TMA tiles of its staged big and small TF32 halves; B: fp32 TMA tiles (of B where the copy "
                     "engine reads it, else of its fp32 K-major copy), split into big and small TF32 halves in shared "
@@ -241,9 +272,29 @@ def wgmma_ahead(p: Problem, dev: DeviceFacts, fam: "WgmmaTf32 | None" = None) ->
     fam = fam or WgmmaTf32()
     launch_p, staged, swap = fam.staging(p, dev)
     if (not staged and not swap and p.batch_total == 1 and p.N >= AHEAD_ROWS64_MIN_N and p.K >= AHEAD_ROWS64_MIN_K
-            and fam.tile_rows(launch_p, False, fam.reads_a_mn(launch_p)) == 64):
+            and fam.tile_rows(launch_p, False, fam.reads_a_mn(launch_p), dev) == 64):
         return True
     return p.K >= SPLIT_AHEAD_MIN_K and fam.split_choice(launch_p, dev, fam.tile_options(False)) is not None
+
+
+def mid_rows64_width(p: Problem, dev: DeviceFacts) -> int | None:
+    """The width of 64-row tiles for a mid-size tf32 product (ROWS64_MID_WIDTHS), or None where
+    128-row tiles serve it (they fill a wave of SMs at width 64, K is long, or they load less per
+    SM, or B outgrows L2 under a partial row of tiles). Per SM, a
+    plan of a few tiles an SM loads (waves) x (BM + BN) floats a k-step; ties go to 64 rows
+    (1000^3: 64 x 128 12.9 us against 128 x 64 13.8)."""
+    if p.batch_total != 1 or p.M <= ROWS64_MAX_M or p.K >= ROWS64_MID_MAX_K or tiles_of(p, 128, 64) >= dev.sm_count:
+        return None
+    if p.M % 64 and 4 * p.N * p.K > ROWS64_MID_PARTIAL_L2_SHARE * dev.l2_bytes:
+        return None
+    sms = max(dev.sm_count, 1)
+
+    def loads(bm: int, bn: int) -> int:
+        return -(-tiles_of(p, bm, bn) // sms) * (bm + bn)
+
+    best_128 = min(loads(128, bn) for bn in (256, 192, 128, 96, 64))
+    width = min(ROWS64_MID_WIDTHS, key=lambda bn: (loads(64, bn), -bn))
+    return width if loads(64, width) <= best_128 else None
 
 
 def slice_k_tiles(p: Problem, split: int) -> int:
@@ -410,15 +461,17 @@ class WgmmaTf32(Family):
         """tf32 feeds an m-contiguous A from registers (A_MN) where it cannot read it K-major."""
         return p.precision == "tf32" and not self.a_ready(p) and self.a_mn_ready(p)
 
-    def tile_rows(self, p: Problem, x3: bool, a_mn: bool) -> int:
-        """The tile's rows for ``p``: 64 where ROWS64_MAX_M's rule (or ``rows64="always"``) says
-        and the kernel allows it (tf32 with A K-major, the consumers sharing tiles; tf32x3 where
-        it splits B itself), else 128."""
+    def tile_rows(self, p: Problem, x3: bool, a_mn: bool, dev: DeviceFacts) -> int:
+        """The tile's rows for ``p`` on ``dev``: 64 where ROWS64_MAX_M's rule, the mid-size rule
+        (:func:`mid_rows64_width`) or ``rows64="always"`` says and the kernel allows it (tf32 with
+        A K-major, the consumers sharing tiles; tf32x3 where it splits B itself), else 128."""
         if x3:
             return 64 if self.x3_splits_b(p) else 128
         if a_mn or self.rows64 is False:
             return 128
-        return 64 if self.rows64 == "always" or p.M <= ROWS64_MAX_M else 128
+        if self.rows64 == "always" or p.M <= ROWS64_MAX_M:
+            return 64
+        return 64 if mid_rows64_width(p, dev) is not None else 128
 
     def x3_splits_b(self, p: Problem) -> bool:
         """tf32x3 on 64-row tiles, B read as fp32 and split into its TF32 halves by the kernel
@@ -449,7 +502,9 @@ class WgmmaTf32(Family):
         x3 = p.precision == "tf32x3"
         options = self.tile_options(x3)
         a_mn = self.reads_a_mn(p)
-        bm = self.tile_rows(p, x3, a_mn)
+        bm = self.tile_rows(p, x3, a_mn, dev)
+        mid_width = (mid_rows64_width(p, dev) if bm == 64 and not x3 and p.M > ROWS64_MAX_M  # (the mid-size rule)
+                     and self.rows64 is True and not self.force_bn else None)
         vector = EPILOGUE_VECTOR.get(p.epilogue, 0)  # a bias: applied as C is stored, PINGPONG allowed
         may_pingpong = bool(self.pingpong) and not x3 and not a_mn and bm == 128 and (not p.epilogue or vector)
 
@@ -470,6 +525,9 @@ class WgmmaTf32(Family):
         if self.force_bn:
             bn, stages = next(o for o in options if o[0] == self.force_bn)
             pingpong = takes_turns(bn)
+        elif mid_width is not None:  # (the mid-size rule's width: see ROWS64_MID_WIDTHS)
+            bn, stages = next(o for o in options if o[0] == mid_width)
+            pingpong = False
         elif self.tile_rule == "fill":
             if p.N <= 128:
                 options = tuple(o for o in options if o[0] == 128)
@@ -534,7 +592,7 @@ class WgmmaTf32(Family):
             details += (("bias", "added to the accumulators as they are stored (D is one "
                                  + ("row: a value a column" if vector == 1 else "column: a value a row") + ")"),)
         if bm == 64:
-            details += (self.rows64_detail(p),)
+            details += (self.rows64_detail(p, dev),)
         if short_k:
             details += (("width rule", f"at most {SHORT_K_NARROW_MAX_BN} wide at K = {SHORT_K_NARROW_MIN_K + 1}-"
                                        f"{SHORT_K_NARROW_MAX_K} with both operands K-major: measured faster than the "
@@ -563,10 +621,15 @@ class WgmmaTf32(Family):
         """BM where it is not the kernel's default (128); on 64-row tiles tf32x3 splits B itself."""
         return () if bm == 128 else (("BM", bm),) + ((("X3_SPLIT_B", 1),) if x3 else ())
 
-    @staticmethod
-    def rows64_detail(p: Problem) -> tuple[str, str]:
-        why = (f"M = {p.M} <= {ROWS64_MAX_M}, where a 128-row tile runs half its wgmmas or more on rows past M"
-               if p.M <= ROWS64_MAX_M else "asked for (rows64='always')")
+    def rows64_detail(self, p: Problem, dev: DeviceFacts) -> tuple[str, str]:
+        if p.M <= ROWS64_MAX_M:
+            why = f"M = {p.M} <= {ROWS64_MAX_M}, where a 128-row tile runs half its wgmmas or more on rows past M"
+        elif self.rows64 is True and mid_rows64_width(p, dev) is not None:
+            why = (f"{tiles_of(p, 128, 64)} tiles of 128x64 fill under one wave of {dev.sm_count} SMs; 64-row "
+                   "tiles load no more a k-step per SM ((BM + BN) x waves), and a block of so few tiles an SM "
+                   "runs at the rate it loads")
+        else:
+            why = "asked for (rows64='always')"
         return ("tile rows", f"64 (one consumer warpgroup): {why}")
 
     def split_choice(self, p: Problem, dev: DeviceFacts, options, bm: int | None = None
@@ -576,7 +639,7 @@ class WgmmaTf32(Family):
         number of slices (``split``, with ``force_bn``'s width or the widest) wherever the batch is
         1. ``bm``: the tile's rows (default: :meth:`tile_rows`'s)."""
         if bm is None:
-            bm = self.tile_rows(p, p.precision == "tf32x3", self.reads_a_mn(p))
+            bm = self.tile_rows(p, p.precision == "tf32x3", self.reads_a_mn(p), dev)
         if self.split is False or p.batch_total != 1 or (self.split is not True and int(self.split) <= 1):
             return None
         if self.force_bn:
@@ -589,6 +652,9 @@ class WgmmaTf32(Family):
         if p.K < SPLIT_MIN_K or (p.precision != "tf32" and bm != 64):  # (tf32x3: on 64-row tiles only)
             return None
         if bm == 64:
+            if self.rows64 is True and p.M > ROWS64_MAX_M and (
+                    p.K < ROWS64_MID_SPLIT_MIN_K or tiles_of(p, 64, 64) >= dev.sm_count // 2):
+                return None  # (see ROWS64_MID_SPLIT_MIN_K)
             return self._rows64_split(p, dev, options)
         tall = p.M > SPLIT_MAX_M
         if tall and (p.N < SPLIT_TALL_WIDTH or p.N < p.M):  # (see SPLIT_TALL_WIDTH)
@@ -656,7 +722,7 @@ class WgmmaTf32(Family):
                     else f"TF32 wgmma m64n{bn}k8, fp32 accumulate"),
                    ("schedule", f"{tiles * split} blocks: {tiles} tiles x {split} slices"))
         if bm == 64:
-            details += (self.rows64_detail(p),)
+            details += (self.rows64_detail(p, dev),)
         threads = self.threads_for(bm)
         return KernelConfig(self.name, self.source, self.entry, macros, threads, (threads, 1, 1),
                             (tiles, split, 1), self.smem_bytes(bn, stages, x3, 0, bm), (bm, bn, self.bk),
@@ -745,11 +811,13 @@ class WgmmaTf32(Family):
         x3 = p.precision == "tf32x3"
         splits = self.split_choice(launch_p, dev, self.tile_options(x3)) is not None  # (then tiles are no reason)
         if not splits and p.precision == "tf32":
-            blocks = tiles_of(p, 128, 64) * p.batch_total  # (the narrowest tile the wave rule takes)
+            # (the narrowest tile the wave rule takes, of the rows it would take)
+            bm = self.tile_rows(launch_p, False, self.reads_a_mn(launch_p), dev)
+            blocks = tiles_of(p, bm, 64) * p.batch_total
             solo = WGMMA_SOLO_US_PER_K * p.K
             split = MMA_SPLIT_US + MMA_SPLIT_US_PER_K * p.K * blocks / dev.sm_count
             if blocks < dev.sm_count and solo > split:
-                return (f"{blocks} tiles of 128x64 for {dev.sm_count} SMs at K = {p.K}: walking all of K a tile "
+                return (f"{blocks} tiles of {bm}x64 for {dev.sm_count} SMs at K = {p.K}: walking all of K a tile "
                         f"(~{solo:.0f} us) takes longer than tf32_mma's K split over the SMs (~{split:.0f} us)")
         elif not splits:  # tf32x3
             blocks = -(-p.M // 128) * -(-p.N // 128) * p.batch_total
