@@ -2396,3 +2396,17 @@ def test_the_mid_size_rule_leaves_batches_tf32x3_row_major_b_and_a_disabled_rows
     forced = select(Problem.dense(300, 700, 1100, "tf32", b_t=True), dev, force="wgmma_tf32",
                     variants=(WgmmaTf32(force_bn=128),)).kernel
     assert forced.tile[:2] == (64, 128)
+
+
+def test_tf32x3_on_wgmma_promotes_every_k_step_up_to_x3_short_k_unless_a_variant_says_how_often():
+    """The tensor core truncates as it accumulates, so the big products leave it every k-step up
+    to K = X3_SHORT_K (1.3e-7 relative error on the H200) and every 2 beyond (2.0e-7, ~15% faster);
+    ``WgmmaTf32(promote_every=n)`` fixes the interval (probes: x3_bias_probe.py); explain says it."""
+    dev = DEV["sm_90"]
+    kernel = lambda K, *v: select(Problem.dense(4096, 4096, K, "tf32x3", b_t=True), dev,  # noqa: E731
+                                  force="wgmma_tf32", variants=v).kernel
+    assert dict(kernel(2048).macros)["PROMOTE_EVERY"] == 1 and "every k-step" in dict(kernel(2048).details)["math"]
+    assert dict(kernel(2080).macros)["PROMOTE_EVERY"] == 2 and "every 2 k-steps" in dict(kernel(2080).details)["math"]
+    forced = kernel(8192, WgmmaTf32(promote_every=1))
+    assert dict(forced.macros)["PROMOTE_EVERY"] == 1 and "every k-step" in dict(forced.details)["math"]
+    assert dict(kernel(1024, WgmmaTf32(promote_every=2)).macros)["PROMOTE_EVERY"] == 2

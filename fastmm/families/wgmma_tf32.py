@@ -397,6 +397,9 @@ class WgmmaTf32(Family):
     #: 64-row tiles where the rule of ROWS64_MAX_M says; False: 128 rows always, "always": 64 rows
     #: wherever the kernel allows them (tf32, a K-major A, the cooperative form): for probes.
     rows64: bool | str = True
+    #: tf32x3: k-steps between promotions of the big products (PROMOTE_EVERY); None: X3_SHORT_K's
+    #: rule (for probes: the accuracy and speed of each)
+    promote_every: int | None = None
 
     name, source, entry = "wgmma_tf32", "wgmma_tf32.cu", "fastmm_wgmma_tf32"
     min_cc = (9, 0)
@@ -571,7 +574,7 @@ class WgmmaTf32(Family):
         if vector:
             macros += (("EPILOGUE_VECTOR", vector),)
         if x3:  # see X3_SHORT_K
-            macros += (("PROMOTE_EVERY", 1 if p.K <= X3_SHORT_K else 2), ("COMPENSATE", 1))
+            macros += (("PROMOTE_EVERY", self.promote_every_for(p)), ("COMPENSATE", 1))
         loads = (X3_SPLIT_B_LOADS if x3 and bm == 64 else
                  "TMA tiles of the big and small halves (K-major, 128-byte swizzle)" if x3 else
                  "TMA tiles (128-byte swizzle), rounded to TF32 by the copy engine; "
@@ -586,7 +589,7 @@ class WgmmaTf32(Family):
                                 "engine (TMA) while the next tile's main loop runs" if tma else
                     ("single floats", "float2 along n", "float2 along m")[c_vec]),
                    ("math", f"3xTF32 wgmma m64n{bn}k8: big*big promoted to fp32 (compensated) every "
-                            f"{'k-step' if p.K <= X3_SHORT_K else '2 k-steps'}, small cross terms in their own "
+                            f"{'k-step' if self.promote_every_for(p) == 1 else f'{self.promote_every_for(p)} k-steps'}, small cross terms in their own "
                             "accumulator" if x3 else f"TF32 wgmma m64n{bn}k8, fp32 accumulate"))
         if vector:
             details += (("bias", "added to the accumulators as they are stored (D is one "
@@ -605,6 +608,10 @@ class WgmmaTf32(Family):
                             (max(1, min(work, dev.sm_count if persistent else MAX_GRID_X)), 1, 1),
                             self.smem_bytes(bn, stages, x3, c_boxes, bm), (bm, bn, self.bk), details,
                             arch_suffix="a", work_items=work)
+
+    def promote_every_for(self, p: Problem) -> int:
+        """tf32x3's k-steps between promotions (see X3_SHORT_K), or ``promote_every`` where set."""
+        return self.promote_every or (1 if p.K <= X3_SHORT_K else 2)
 
     def fit_stages(self, dev: DeviceFacts, bn: int, stages: int, x3: bool, c_boxes: int, bm: int) -> int:
         """``stages`` slots of the width's ring where they fit in a block's shared memory; fewer
@@ -708,7 +715,7 @@ class WgmmaTf32(Family):
         macros = (("BN", bn), ("STAGES", stages), ("C_VEC", c_vec), ("PRECISION_X3", int(x3)), ("A_MN", int(a_mn)),
                   ("SPLIT", 1)) + self.row_macros(bm, x3)
         if x3:
-            macros += (("PROMOTE_EVERY", 1 if p.K <= X3_SHORT_K else 2), ("COMPENSATE", 1))
+            macros += (("PROMOTE_EVERY", self.promote_every_for(p)), ("COMPENSATE", 1))
         per = slice_k_tiles(p, split) * self.bk
         consumers = "1 consumer warpgroup" if bm == 64 else "2 consumer warpgroups sharing each tile"
         details = (("A, B loads", X3_SPLIT_B_LOADS if x3 and bm == 64 else
