@@ -994,7 +994,7 @@ def test_wgmma_every_tile_width_computes_every_tile(case, bn, precision, rel_err
         if variant.force_bn:
             assert plan.kernel.tile[1] == bn
             p = plan.launch_problem or plan.problem
-            work = -(-p.M // 128) * -(-p.N // bn) * p.batch_total
+            work = -(-p.M // plan.kernel.tile[0]) * -(-p.N // bn) * p.batch_total  # (64 rows: the mid-size rule)
             assert plan.kernel.work_items == work
             persistent = variant.persistent == "always" or (variant.persistent and persistent_pays(p, plan.device, work))
             assert plan.kernel.grid[0] == (min(work, plan.device.sm_count) if persistent else work)
@@ -1042,7 +1042,8 @@ WGMMA_SPLIT_CASES = {
     "swap-row-major-b": lambda: (randn(130, 6000), randn(6000, 300), "tf32", 4),
     "copied-a": lambda: (randn(64, 8191), randn(8191, 1024), "tf32", 4),  # A's rows copied K-major
     "tf32x3-forced": lambda: (randn(64, 4096), randn(4096, 256), "tf32x3", 3),
-    "tall-linear-rule": lambda: (randn(130, 4100), randn(1536, 4100).t(), "tf32", None),  # > 64 rows, few tiles
+    # > 64 rows, few tiles, W^T of 64 MiB under a partial 64-row tile: the 128-row split (ROWS64_MID_PARTIAL_L2_SHARE)
+    "tall-linear-rule": lambda: (randn(80, 4100), randn(4096, 4100).t(), "tf32", None),
     "tall-swapped-rule": lambda: (randn(700, 6000), randn(6000, 300), "tf32", None),
 }
 
@@ -1081,8 +1082,8 @@ WGMMA_ROWS64_CASES = {
     "batched": lambda: (randn(6, 64, 96), randn(6, 300, 96).transpose(1, 2)),
     "folded-120-rows": lambda: (randn(3, 40, 200), randn(264, 200).t()),  # two tile rows, the last part-full
     # the mid-size rule's products (ROWS64_MID_WIDTHS): 64 and 128 wide, split in 4 from K = 3072, last rows part-full
-    "mid-300-rows": lambda: (randn(300, 1100), randn(700, 1100).t()),
-    "mid-999-rows": lambda: (randn(999, 1024), randn(1001, 1024).t()),
+    "mid-300-rows": lambda: (randn(300, 1600), randn(700, 1600).t()),  # (K >= 1536: the test's 3 forced slices)
+    "mid-999-rows": lambda: (randn(999, 1536), randn(1001, 1536).t()),
     "mid-197-rows-split": lambda: (randn(197, 3100), randn(768, 3100).t()),
 }
 
