@@ -2366,6 +2366,11 @@ def test_a_simt_split_variant_sets_the_slices_of_plans_that_may_split():
     (80, 4096, 4096, (128, 128, 4)),  # 37.4 against 31.2
     (200, 2048, 16384, (128, 128, 4)),  # K >= 8192
     (128, 4096, 11008, (128, 128, 4)),  # full rows, K >= 8192: 63.1 either way
+    # the rule's edges (plans, not measurements)
+    (135, 4171, 1024, (128, 64, 1)),  # exactly 132 tiles of 128 x 64: a wave filled
+    (1157, 804, 1024, (128, 64, 1)),  # 130 tiles of 128 x 64, but 64-row tiles fit no width in one wave
+    (80, 4096, 2560, (128, 64, 1)),  # a partial row of tiles, B of 40 MiB: over half of L2
+    (128, 4096, 2560, (64, 64, 1)),  # the same B under full rows
 ])
 def test_mid_size_tf32_products_take_64_row_tiles_where_128_row_tiles_leave_a_wave_unfilled(M, N, K, want):
     """Above 64 rows, a tf32 x @ W.t() whose 128 x 64 tiles fill under one wave of SMs runs on
@@ -2392,10 +2397,20 @@ def test_the_mid_size_rule_leaves_batches_tf32x3_row_major_b_and_a_disabled_rows
     assert rows(Problem.dense(300, 700, 1100, "tf32", batch=2, b_t=True)) == 128
     assert rows(Problem.dense(300, 700, 1100, "tf32x3", b_t=True)) == 128
     assert rows(Problem.dense(300, 700, 1100, "tf32")) == 128  # (row-major B: computed as C^T, A_MN)
-    # a forced width wins over the rule's
+    # a forced width wins over the rule's, and explain says it was forced
     forced = select(Problem.dense(300, 700, 1100, "tf32", b_t=True), dev, force="wgmma_tf32",
                     variants=(WgmmaTf32(force_bn=128),)).kernel
-    assert forced.tile[:2] == (64, 128)
+    assert forced.tile[:2] == (64, 128) and "(the width forced)" in dict(forced.details)["tile rows"]
+    # rows64="always" is not the rule: its width is the wave rule's, and explain says it was asked for
+    mid = Problem.dense(512, 512, 2048, "tf32", b_t=True)
+    always = select(mid, dev, force="wgmma_tf32", variants=(WgmmaTf32(rows64="always"),)).kernel
+    assert always.tile[:2] == (64, 128) and select(mid, dev).kernel.tile[:2] == (64, 64)  # (13.0 us, 64 wide: measured)
+    assert "asked for (rows64='always')" in dict(always.details)["tile rows"]
+    wide = select(Problem.dense(700, 2304, 768, "tf32", b_t=True), dev, force="wgmma_tf32",
+                  variants=(WgmmaTf32(rows64="always"),)).kernel
+    assert wide.tile[0] == 64 and "asked for (rows64='always')" in dict(wide.details)["tile rows"]
+    # the rule does not change which family takes a product: tf32_mma's split estimate counts 128 x 64 tiles
+    assert select(Problem.dense(200, 512, 3000, "tf32", b_t=True), dev).kernel.family == "tf32_mma"
 
 
 def test_tf32x3_on_wgmma_promotes_every_k_step_up_to_x3_short_k_unless_a_variant_says_how_often():
@@ -2410,3 +2425,9 @@ def test_tf32x3_on_wgmma_promotes_every_k_step_up_to_x3_short_k_unless_a_variant
     forced = kernel(8192, WgmmaTf32(promote_every=1))
     assert dict(forced.macros)["PROMOTE_EVERY"] == 1 and "every k-step" in dict(forced.details)["math"]
     assert dict(kernel(1024, WgmmaTf32(promote_every=2)).macros)["PROMOTE_EVERY"] == 2
+    # the split form too (tf32x3 on 64-row tiles, B split by the kernel, K in 4 slices)
+    split = select(Problem.dense(48, 4096, 4096, "tf32x3", b_t=True), dev, force="wgmma_tf32",
+                   variants=(WgmmaTf32(promote_every=1),)).kernel
+    assert split.split_k == 4 and dict(split.macros)["PROMOTE_EVERY"] == 1
+    with pytest.raises(ValueError, match="promote_every must be at least 1"):
+        kernel(8192, WgmmaTf32(promote_every=0))

@@ -279,22 +279,17 @@ def wgmma_ahead(p: Problem, dev: DeviceFacts, fam: "WgmmaTf32 | None" = None) ->
 
 def mid_rows64_width(p: Problem, dev: DeviceFacts) -> int | None:
     """The width of 64-row tiles for a mid-size tf32 product (ROWS64_MID_WIDTHS), or None where
-    128-row tiles serve it (they fill a wave of SMs at width 64, K is long, or they load less per
-    SM, or B outgrows L2 under a partial row of tiles). Per SM, a
-    plan of a few tiles an SM loads (waves) x (BM + BN) floats a k-step; ties go to 64 rows
-    (1000^3: 64 x 128 12.9 us against 128 x 64 13.8)."""
+    128-row tiles serve it: they fill a wave of SMs at width 64, K is long, B outgrows L2 under a
+    partial row of tiles, or no 64-row width fits in one wave. A block of so few tiles an SM loads
+    (waves) x (BM + BN) floats a k-step: the 128-row plan's least is one wave of 128 x 64 (192),
+    so 64-row tiles go as wide as keeps them to one wave, 64 (128 a k-step) where that fits,
+    else 128 (192, a tie that goes to 64 rows: 1000^3 ran 12.9 us on 64 x 128 against 13.8 on 128
+    x 64); beyond one wave they would load more than the 128-row plan."""
     if p.batch_total != 1 or p.M <= ROWS64_MAX_M or p.K >= ROWS64_MID_MAX_K or tiles_of(p, 128, 64) >= dev.sm_count:
         return None
     if p.M % 64 and 4 * p.N * p.K > ROWS64_MID_PARTIAL_L2_SHARE * dev.l2_bytes:
         return None
-    sms = max(dev.sm_count, 1)
-
-    def loads(bm: int, bn: int) -> int:
-        return -(-tiles_of(p, bm, bn) // sms) * (bm + bn)
-
-    best_128 = min(loads(128, bn) for bn in (256, 192, 128, 96, 64))
-    width = min(ROWS64_MID_WIDTHS, key=lambda bn: (loads(64, bn), -bn))
-    return width if loads(64, width) <= best_128 else None
+    return next((bn for bn in sorted(ROWS64_MID_WIDTHS) if tiles_of(p, 64, bn) <= dev.sm_count), None)
 
 
 def slice_k_tiles(p: Problem, split: int) -> int:
@@ -611,7 +606,11 @@ class WgmmaTf32(Family):
 
     def promote_every_for(self, p: Problem) -> int:
         """tf32x3's k-steps between promotions (see X3_SHORT_K), or ``promote_every`` where set."""
-        return self.promote_every or (1 if p.K <= X3_SHORT_K else 2)
+        if self.promote_every is None:
+            return 1 if p.K <= X3_SHORT_K else 2
+        if self.promote_every < 1:
+            raise ValueError(f"promote_every must be at least 1 k-step, got {self.promote_every}")
+        return self.promote_every
 
     def fit_stages(self, dev: DeviceFacts, bn: int, stages: int, x3: bool, c_boxes: int, bm: int) -> int:
         """``stages`` slots of the width's ring where they fit in a block's shared memory; fewer
@@ -634,7 +633,7 @@ class WgmmaTf32(Family):
         elif self.rows64 is True and mid_rows64_width(p, dev) is not None:
             why = (f"{tiles_of(p, 128, 64)} tiles of 128x64 fill under one wave of {dev.sm_count} SMs; 64-row "
                    "tiles load no more a k-step per SM ((BM + BN) x waves), and a block of so few tiles an SM "
-                   "runs at the rate it loads")
+                   "runs at the rate it loads" + (" (the width forced)" if self.force_bn else ""))
         else:
             why = "asked for (rows64='always')"
         return ("tile rows", f"64 (one consumer warpgroup): {why}")
@@ -818,13 +817,11 @@ class WgmmaTf32(Family):
         x3 = p.precision == "tf32x3"
         splits = self.split_choice(launch_p, dev, self.tile_options(x3)) is not None  # (then tiles are no reason)
         if not splits and p.precision == "tf32":
-            # (the narrowest tile the wave rule takes, of the rows it would take)
-            bm = self.tile_rows(launch_p, False, self.reads_a_mn(launch_p), dev)
-            blocks = tiles_of(p, bm, 64) * p.batch_total
+            blocks = tiles_of(p, 128, 64) * p.batch_total  # (the narrowest tile the wave rule takes)
             solo = WGMMA_SOLO_US_PER_K * p.K
             split = MMA_SPLIT_US + MMA_SPLIT_US_PER_K * p.K * blocks / dev.sm_count
             if blocks < dev.sm_count and solo > split:
-                return (f"{blocks} tiles of {bm}x64 for {dev.sm_count} SMs at K = {p.K}: walking all of K a tile "
+                return (f"{blocks} tiles of 128x64 for {dev.sm_count} SMs at K = {p.K}: walking all of K a tile "
                         f"(~{solo:.0f} us) takes longer than tf32_mma's K split over the SMs (~{split:.0f} us)")
         elif not splits:  # tf32x3
             blocks = -(-p.M // 128) * -(-p.N // 128) * p.batch_total
