@@ -570,6 +570,7 @@ class WgmmaTf32(Family):
             macros += (("EPILOGUE_VECTOR", vector),)
         if x3:  # see X3_SHORT_K
             macros += (("PROMOTE_EVERY", self.promote_every_for(p)), ("COMPENSATE", 1))
+        every = self.promote_every_for(p) if x3 else 1
         loads = (X3_SPLIT_B_LOADS if x3 and bm == 64 else
                  "TMA tiles of the big and small halves (K-major, 128-byte swizzle)" if x3 else
                  "TMA tiles (128-byte swizzle), rounded to TF32 by the copy engine; "
@@ -584,7 +585,7 @@ class WgmmaTf32(Family):
                                 "engine (TMA) while the next tile's main loop runs" if tma else
                     ("single floats", "float2 along n", "float2 along m")[c_vec]),
                    ("math", f"3xTF32 wgmma m64n{bn}k8: big*big promoted to fp32 (compensated) every "
-                            f"{'k-step' if self.promote_every_for(p) == 1 else f'{self.promote_every_for(p)} k-steps'}, small cross terms in their own "
+                            f"{'k-step' if every == 1 else f'{every} k-steps'}, small cross terms in their own "
                             "accumulator" if x3 else f"TF32 wgmma m64n{bn}k8, fp32 accumulate"))
         if vector:
             details += (("bias", "added to the accumulators as they are stored (D is one "
