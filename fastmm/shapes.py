@@ -37,12 +37,6 @@ def raise_torch_error(op, *args, **kwargs) -> NoReturn:
     raise RuntimeError(f"{getattr(op, '__name__', op)}: the operands' shapes do not combine: {shapes}")
 
 
-def _raise_matmul_error(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) -> NoReturn:
-    if out is None:
-        raise_torch_error(torch.matmul, a, b)
-    raise_torch_error(torch.matmul, a, b, out=out)
-
-
 def addmm_bias_fits(c: torch.Tensor, m: int, n: int) -> bool:
     """Whether torch.addmm expands ``c`` to the (m, n) product: at most 2 dims, each equal to the
     product's or 1."""
@@ -143,13 +137,13 @@ def analyse(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -
     matrix @ vector)."""
     da, db = a.dim(), b.dim()
     if da == 0 or db == 0:
-        _raise_matmul_error(a, b, out)
+        raise_torch_error(torch.matmul, a, b, out=out)
     a2 = a.unsqueeze(0) if da == 1 else a
     b2 = b.unsqueeze(-1) if db == 1 else b
     M, K = a2.shape[-2], a2.shape[-1]
     K2, N = b2.shape[-2], b2.shape[-1]
     if K != K2:
-        _raise_matmul_error(a, b, out)
+        raise_torch_error(torch.matmul, a, b, out=out)
     if db <= 2:  # the common cases (2-D @ 2-D, N-D @ a matrix) need no broadcasting rule
         batch = tuple(a2.shape[:-2])
         if batch:
@@ -164,7 +158,7 @@ def analyse(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -
         try:
             batch = tuple(torch.broadcast_shapes(a2.shape[:-2], b2.shape[:-2]))
         except RuntimeError:
-            _raise_matmul_error(a, b, out)
+            raise_torch_error(torch.matmul, a, b, out=out)
     out_shape = batch + ((M,) if da >= 2 else ()) + ((N,) if db >= 2 else ())
     return Shapes(a2.expand(batch + (M, K)), b2.expand(batch + (K, N)), batch, M, N, K,
                   out_shape, da == 1, db == 1)
