@@ -46,7 +46,7 @@ import math
 import sys
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import torch
@@ -54,7 +54,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # a source checkout without install
 
 from fastmm import dispatch  # noqa: E402
-from fastmm.families import FAMILIES  # noqa: E402
+from fastmm.families import FAMILIES, WgmmaTf32  # noqa: E402
 from fastmm.plan import select  # noqa: E402
 from fastmm.problem import DeviceFacts, Problem  # noqa: E402
 from fastmm.shapes import analyse, build_problem  # noqa: E402
@@ -86,6 +86,7 @@ class Case:
     pad: int = 0  # extra floats per row (leading dimension) of A, B and C
     alloc: bool = False  # no out=: fastmm allocates the result
     values: str = "int"  # "int": small integers (exact); "randn": within the tolerance
+    variants: tuple = ()  # family instances in place of the registry's (dispatch's ``variants``)
 
     def label(self) -> str:
         bits = [f"{self.M}x{self.N}x{self.K}"]
@@ -102,6 +103,9 @@ class Case:
             bits.append("alloc")
         if self.values != "int":
             bits.append(self.values)
+        for v in self.variants:  # a variant by the fields it sets
+            bits.append(f"{v.name}(" + ",".join(f"{f.name}={getattr(v, f.name)!r}" for f in fields(v)
+                                                 if getattr(v, f.name) != f.default) + ")")
         return f"{self.group}:{self.family or 'dispatch'}@{self.precision}:" + "-".join(bits)
 
     @property
@@ -183,7 +187,7 @@ def plan_of(case: Case, dev_facts: DeviceFacts, a: torch.Tensor, b: torch.Tensor
     if c is None:
         c = torch.empty(s.batch + (s.M, s.N))
     problem, _ = build_problem(s, c, case.precision)
-    return select(problem, dev_facts, case.family)
+    return select(problem, dev_facts, case.family, variants=case.variants)
 
 
 def empty_splits(K: int, bk: int, split: int) -> int:
@@ -503,8 +507,27 @@ def wgmma_cases(dev: DeviceFacts, precision: str, quick: bool) -> list[Case]:
         add("rows64", 129, 4289, 99, b_t=True)
         if not quick:
             add("rows64", 257, 4161, 257, b_t=True)
+        # A fed from registers on 64-row tiles (rows64_a_mn: fragments loaded a k-step ahead; NOTES
+        # run 41): row-major B (C^T) at the mid-size rule's sizes, unsplit and split, odd k-steps; an
+        # m-contiguous A; persistent blocks walking many tiles (C^T of 40000 rows)
+        a_mn = (WgmmaTf32(rows64_a_mn=True),)
+        add("rows64", 300, 700, 1100, variants=a_mn)
+        add("rows64", 197, 768, 3100, variants=a_mn)
+        add("rows64", 130, 452, 970, variants=a_mn)
+        add("rows64", 1000, 700, 1100, a_t=True, b_t=True, variants=a_mn)
+        add("rows64", 40, 40000, 100, variants=(WgmmaTf32(rows64="always"),))
     if precision == "tf32x3":
         add("rows64", 40, 4100, 4100, b_t=True)
+        # A split in registers on 128-row tiles (x3_a_regs: X3_A_REGS; NOTES run 41): A in place at
+        # the tile's edges, copied K-major in fp32 (m-contiguous; rows not 16-byte multiples), a
+        # batch, persistent blocks walking several tiles
+        regs = (WgmmaTf32(x3_a_regs=True),)
+        add("x3regs", bm + 1, bn - 1, deep + 4, b_t=True, variants=regs)
+        add("x3regs", bm - 1, bn + 1, deep + 4, a_t=True, b_t=True, variants=regs)
+        add("x3regs", bm + 4, bn + 4, deep + 3, variants=regs)
+        add("x3regs", bm + 1, bn + 1, bk + 4, batch=3, b_t=True, variants=regs)
+        if not quick:
+            add("x3regs", 2049, 1153, 40, b_t=True, variants=regs)
     # batches: in place where the layout allows (tf32), else copied per matrix (tf32x3 always)
     add("batch", bm - 1, bn + 1, bk + 3, batch=3, b_broadcast=True)  # K % 4 != 0: copies of both
     if precision == "tf32":
@@ -575,7 +598,7 @@ def check(case: Case, got: torch.Tensor, ref: torch.Tensor, a: torch.Tensor, b: 
     return None if err <= TOL[case.precision] else f"error {err:.2e} > {TOL[case.precision]:.0e}"
 
 
-def torch_stand_in(a, b, out, precision, force):
+def torch_stand_in(a, b, out, precision, force, variants=()):
     """torch.matmul in fastmm's place: checks the driver itself on a CPU (--harness-check)."""
     return (torch.matmul(a, b, out=out) if out is not None else torch.matmul(a, b)), None, None
 
@@ -605,7 +628,8 @@ def run_epilogue_case(case: Case, device: torch.device, seed: int, form: str = "
     bases = [op.base.to(device, copy=True) for op in (a_op, b_op, d_op)]
     a, b, d = (op.view(base) for op, base in zip((a_op, b_op, d_op), bases))
     with torch.no_grad():
-        result, plan, reason = dispatch.matmul_fused(a, b, d, 2.0, 1.0, case.precision, case.family)
+        result, plan, reason = dispatch.matmul_fused(a, b, d, 2.0, 1.0, case.precision, case.family,
+                                                     variants=case.variants)
     torch.cuda.synchronize(device)
     if reason is not None:
         res.error = f"not fused: {reason}"
@@ -651,7 +675,8 @@ def run_case(case: Case, device: torch.device | None, dev_facts: DeviceFacts, se
     a, b = a_op.view(a_base), b_op.view(b_base)
     out = c_op.view(c_base) if c_op else None
     with torch.no_grad():
-        result, used, reason = (mm or dispatch.matmul_fastmm)(a, b, out, case.precision, case.family)
+        result, used, reason = (mm or dispatch.matmul_fastmm)(a, b, out, case.precision, case.family,
+                                                             variants=case.variants)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     if reason is not None:

@@ -68,6 +68,14 @@
 // the k-steps left in it (measured, benchmarks/NOTES.md run 8); the small terms are 2^-11
 // smaller, so their drift does not show. C = acc + small_acc, except where acc is not finite.
 //
+// X3_A_REGS = 1 (tf32x3 on 128-row tiles): A is not staged. Its fp32 tile arrives K-major (a plain
+// fp32 map; a slot then holds [A][B big][B small]), and each consumer thread loads its own wgmma
+// fragments of it with 4-byte shared loads (the 128-byte swizzle puts a warp's 32 loads in 32
+// banks), splits them into big = tf32(x) and small = tf32(x - big) in registers (the values the
+// staging pass makes) and feeds both to wgmma from registers. The staging pass read A and wrote
+// both halves, and the kernel read them back: 5 passes over A's bytes for the 1 here; and the
+// products read A from shared memory once a k-step, not three times.
+//
 // X3_SPLIT_B = 1 (tf32x3 on 64-row tiles): B is not staged. Its fp32 tile arrives in the slot's
 // B-big place (a plain fp32 map) and the consumer threads split it there, big = tf32(x) in place
 // and small = tf32(x - big) beside it (0 for +-Inf / NaN: the same values as stage_kmajor's
@@ -152,8 +160,14 @@
 #ifndef X3_SPLIT_B
 #define X3_SPLIT_B 0
 #endif
-#if BM == 64 && (PINGPONG || A_MN || (PRECISION_X3 && !X3_SPLIT_B))
-#error "BM = 64 is the cooperative form with a K-major A, tf32 (tf32x3 with X3_SPLIT_B)"
+#ifndef X3_A_REGS
+#define X3_A_REGS 0
+#endif
+#if X3_A_REGS && !(PRECISION_X3 && BM == 128 && !X3_SPLIT_B)
+#error "X3_A_REGS splits A into tf32x3's halves in registers on 128-row tiles"
+#endif
+#if BM == 64 && (PINGPONG || (PRECISION_X3 && !X3_SPLIT_B))
+#error "BM = 64 is the cooperative form, tf32 (tf32x3 with X3_SPLIT_B)"
 #endif
 #if X3_SPLIT_B && !(PRECISION_X3 && BM == 64)
 #error "X3_SPLIT_B splits B into tf32x3's halves on 64-row tiles"
@@ -166,7 +180,9 @@
 #define A_BYTES (BM * BK * 4)
 #define B_BYTES (BN * BK * 4)
 #define PARTS (PRECISION_X3 ? 2 : 1)  // tiles per operand in a slot: big (and small)
-#define STAGE_BYTES (PARTS * (A_BYTES + B_BYTES))  // [A big][A small][B big][B small]
+#define A_PARTS (PRECISION_X3 && !X3_A_REGS ? 2 : 1)  // A tiles in a slot (X3_A_REGS: A in fp32)
+#define B_OFFSET (A_PARTS * A_BYTES)  // B's tile (big) in a slot
+#define STAGE_BYTES (A_PARTS * A_BYTES + PARTS * B_BYTES)  // [A big][A small][B big][B small]
 #define LOAD_BYTES (STAGE_BYTES - X3_SPLIT_B * B_BYTES)  // what the copy engine writes a slot
 #define ACC (BN / 2)  // fp32 accumulators per consumer thread
 #define C_BOX_BYTES (BM * 32 * 4)
@@ -187,6 +203,13 @@ __device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sy
 // reusing an A fragment's registers while a wgmma may still read them).
 __device__ __forceinline__ void reg_fence(float& r) { asm volatile("" : "+f"(r) :: "memory"); }
 __device__ __forceinline__ void reg_fence(unsigned& r) { asm volatile("" : "+r"(r) :: "memory"); }
+// (every register of a k-step's wgmma A fragments, fed from registers: A_MN, X3_A_REGS)
+__device__ __forceinline__ void reg_fence(unsigned (&fa)[BK / 8][4]) {
+#pragma unroll
+    for (int kk = 0; kk < BK / 8; ++kk)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) reg_fence(fa[kk][i]);
+}
 __device__ __forceinline__ void lds_v2(unsigned addr, unsigned& x, unsigned& y) {
     asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n" : "=r"(x), "=r"(y) : "r"(addr));
 }
@@ -304,7 +327,7 @@ __device__ __forceinline__ void wgmma_rs(float* d, const unsigned* a, unsigned l
 __device__ __forceinline__ void split_b_slot(unsigned base, unsigned bars, int it) {
     const int s = it % STAGES;
     mbar_wait(bars + 8 * s, (it / STAGES) & 1);
-    const unsigned b_tile = base + s * STAGE_BYTES + 2 * A_BYTES, b_small = b_tile + B_BYTES;
+    const unsigned b_tile = base + s * STAGE_BYTES + B_OFFSET, b_small = b_tile + B_BYTES;
 #pragma unroll 1  // (few registers: it runs beside the three accumulator sets of the step's wgmmas)
     for (unsigned c = threadIdx.x - 128; c < B_BYTES / 16; c += CONSUMER_THREADS) {
         float x[4];
@@ -333,14 +356,38 @@ __device__ __forceinline__ void x3_step(float* step, float* small, unsigned base
     mbar_wait(bars + 8 * s, (it / STAGES) & 1);
 #endif
     const unsigned slot = base + s * STAGE_BYTES;
-    const unsigned a_tile = slot + cw * 64 * 128, b_tile = slot + 2 * A_BYTES;
-    const unsigned a_small = a_tile + A_BYTES, b_small = b_tile + B_BYTES;
+    const unsigned a_tile = slot + cw * 64 * 128, b_tile = slot + B_OFFSET;
+    const unsigned b_small = b_tile + B_BYTES;
+#if X3_A_REGS
+    // This thread's fragments (rows g and g + 8 of its warp's 16, at k = t and t + 4 of each k8),
+    // fp32 from the slot, split into TF32 halves here
+    unsigned ab[BK / 8][4], as[BK / 8][4];
+    {
+        const int g = lane / 4, t = lane % 4, warp = (threadIdx.x / 32) % 4;
+        const unsigned row = a_tile + (warp * 16 + g) * 128 + 4 * t;  // (row & 7 == g: the swizzle's XOR)
+#pragma unroll
+        for (int kk = 0; kk < BK / 8; ++kk)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {  // (g, t), (g + 8, t), (g, t + 4), (g + 8, t + 4)
+                float big, lo;
+                tf32_halves(lds_f32(row + (i & 1) * (8 * 128) + (((2 * kk + (i >> 1)) ^ g) << 4)), big, lo);
+                ab[kk][i] = __float_as_uint(big);
+                as[kk][i] = __float_as_uint(lo);
+            }
+    }
+#else
+    const unsigned a_small = a_tile + A_BYTES;
+#endif
 #pragma unroll
     for (int i = 0; i < ACC; ++i) { reg_fence(step[i]); reg_fence(small[i]); }
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < BK / 8; ++kk) {
-#if X3_SPLIT_B
+#if X3_A_REGS
+        wgmma_rs(small, ab[kk], smem_desc(b_small + kk * 32), kt > 0 || kk > 0);
+        wgmma_rs(small, as[kk], smem_desc(b_tile + kk * 32), 1);
+        wgmma_rs(step, ab[kk], smem_desc(b_tile + kk * 32), !first || kk > 0);
+#elif X3_SPLIT_B
         wgmma_ss(small, smem_desc(a_tile + kk * 32), smem_desc(b_small + kk * 32), kt > 0 || kk > 0);
         wgmma_ss(step, smem_desc(a_tile + kk * 32), smem_desc(b_tile + kk * 32), !first || kk > 0);
         wgmma_ss(small, smem_desc(a_small + kk * 32), smem_desc(b_tile + kk * 32), 1);
@@ -357,6 +404,10 @@ __device__ __forceinline__ void x3_step(float* step, float* small, unsigned base
     wgmma_wait<0>();  // (BM = 128: the other consumer warpgroup keeps the tensor core busy meanwhile)
 #pragma unroll
     for (int i = 0; i < ACC; ++i) { reg_fence(step[i]); reg_fence(small[i]); }
+#if X3_A_REGS
+    reg_fence(ab);  // (read by the wgmmas until the wait)
+    reg_fence(as);
+#endif
     if (lane == 0) mbar_arrive(bars + 8 * (STAGES + s));
 }
 #endif
@@ -412,6 +463,52 @@ struct DColumns {
     __device__ __forceinline__ float at(int, int, int) const { return 0.f; }
 #endif
 };
+
+#if A_MN
+// A_MN: this thread's A fragments of one k-step from the A tile at ``slot`` (k rows 8 kk + t and
+// 8 kk + t + 4 of its pair of tile rows: ``a_frag``, ``a_chunk``; see A_MN above), 8 bytes a load.
+__device__ __forceinline__ void load_a_frags(unsigned slot, unsigned a_frag, unsigned a_chunk, int t,
+                                             unsigned (&fa)[BK / 8][4]) {
+#pragma unroll
+    for (int kk = 0; kk < BK / 8; ++kk)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const unsigned kr = 8 * kk + t + 4 * half;  // 128-byte row; swizzle: chunk ^ (kr % 8)
+            lds_v2(slot + a_frag + kr * 128 + ((a_chunk ^ (kr & 7)) << 4), fa[kk][2 * half], fa[kk][2 * half + 1]);
+        }
+}
+
+#if BM == 64
+// A_MN on a 64-row tile, k-step ``kt`` (ring position ``it``) of the block's one consumer
+// warpgroup. With two, the other warpgroup's queued wgmmas keep the tensor core busy while one
+// waits for its step and loads its next fragments; alone, it would idle the tensor core for
+// that. So the step's wgmmas read ``cur`` (loaded by the step before) and, once the step before's
+// wgmmas are done (wait_group 1: their fragments, now ``nxt``, and their slot are free), the next
+// step's fragments are loaded into ``nxt`` while this step's run. The caller alternates the two
+// sets, so each has its own registers.
+__device__ __forceinline__ void a_mn_step(float* d, unsigned (&cur)[BK / 8][4], unsigned (&nxt)[BK / 8][4],
+                                          unsigned base, unsigned bars, unsigned a_frag, unsigned a_chunk, int t,
+                                          int lane, int it, int kt, int k_tiles) {
+    const unsigned b_tile = base + (it % STAGES) * STAGE_BYTES + A_BYTES;
+#pragma unroll
+    for (int i = 0; i < ACC; ++i) reg_fence(d[i]);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BK / 8; ++kk) wgmma_rs(d, cur[kk], smem_desc(b_tile + kk * 32), kt > 0 || kk > 0);
+    wgmma_commit();
+    wgmma_wait<1>();
+#pragma unroll
+    for (int i = 0; i < ACC; ++i) reg_fence(d[i]);
+    reg_fence(nxt);  // (read by the step before's wgmmas: live until they are done)
+    if (kt > 0 && lane == 0) mbar_arrive(bars + 8 * (STAGES + (it - 1) % STAGES));
+    if (kt + 1 < k_tiles) {
+        const int s = (it + 1) % STAGES;
+        mbar_wait(bars + 8 * s, ((it + 1) / STAGES) & 1);
+        load_a_frags(base + s * STAGE_BYTES, a_frag, a_chunk, t, nxt);
+    }
+}
+#endif
+#endif
 
 #if PINGPONG
 // Wait until the slot of ring position ``it`` is full; its shared-memory address.
@@ -538,6 +635,9 @@ __device__ __forceinline__ void split_finish(const float* W, i64 sWm, i64 sWn, i
 #if PRECISION_X3 && X3_SPLIT_B
 #define MAP_PARAMS const __grid_constant__ TensorMap mapA, const __grid_constant__ TensorMap mapA2, \
                    const __grid_constant__ TensorMap mapB MAP_C
+#elif PRECISION_X3 && X3_A_REGS
+#define MAP_PARAMS const __grid_constant__ TensorMap mapA, const __grid_constant__ TensorMap mapB, \
+                   const __grid_constant__ TensorMap mapB2 MAP_C
 #elif PRECISION_X3
 #define MAP_PARAMS const __grid_constant__ TensorMap mapA, const __grid_constant__ TensorMap mapA2, \
                    const __grid_constant__ TensorMap mapB, const __grid_constant__ TensorMap mapB2 MAP_C
@@ -613,10 +713,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fastmm_wgmma_tf32(
                     tma_load_4d(dst, &mapA, full, kc, tm * BM, a2, a3);
 #endif
 #if PRECISION_X3
+#if !X3_A_REGS
                     tma_load_4d(dst + A_BYTES, &mapA2, full, kc, tm * BM, a2, a3);
-                    tma_load_4d(dst + 2 * A_BYTES, &mapB, full, kc, tn * BN, b2, b3);
+#endif
+                    tma_load_4d(dst + B_OFFSET, &mapB, full, kc, tn * BN, b2, b3);
 #if !X3_SPLIT_B
-                    tma_load_4d(dst + 2 * A_BYTES + B_BYTES, &mapB2, full, kc, tn * BN, b2, b3);
+                    tma_load_4d(dst + B_OFFSET + B_BYTES, &mapB2, full, kc, tn * BN, b2, b3);
 #endif
 #else
                     tma_load_4d(dst + A_BYTES, &mapB, full, kc, tn * BN, b2, b3);
@@ -718,6 +820,23 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fastmm_wgmma_tf32(
 #pragma unroll
                 for (int i = 0; i < ACC; ++i) PROMOTE(d[i], step[i], small[i]);
             }
+#elif A_MN && BM == 64
+            {
+                unsigned fa0[BK / 8][4], fa1[BK / 8][4];  // the two fragment sets (a_mn_step)
+                mbar_wait(bars + 8 * (it % STAGES), (it / STAGES) & 1);
+                load_a_frags(base + (it % STAGES) * STAGE_BYTES, a_frag, a_chunk, t, fa0);
+                for (int kt = 0; kt < k_tiles; kt += 2) {  // (k_tiles >= 1: K > 0, no empty slice)
+                    a_mn_step(d, fa0, fa1, base, bars, a_frag, a_chunk, t, lane, it++, kt, k_tiles);
+                    if (kt + 1 < k_tiles)
+                        a_mn_step(d, fa1, fa0, base, bars, a_frag, a_chunk, t, lane, it++, kt + 1, k_tiles);
+                }
+                wgmma_wait<0>();
+#pragma unroll
+                for (int i = 0; i < ACC; ++i) reg_fence(d[i]);
+                reg_fence(fa0);
+                reg_fence(fa1);
+                if (lane == 0) mbar_arrive(bars + 8 * (STAGES + (it - 1) % STAGES));
+            }
 #else
             for (int kt = 0; kt < k_tiles; ++kt, ++it) {
                 const int s = it % STAGES;
@@ -726,13 +845,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fastmm_wgmma_tf32(
                 const unsigned b_tile = slot + A_BYTES;
 #if A_MN
                 unsigned fa[BK / 8][4];
-#pragma unroll
-                for (int kk = 0; kk < BK / 8; ++kk)
-#pragma unroll
-                    for (int half = 0; half < 2; ++half) {
-                        const unsigned kr = 8 * kk + t + 4 * half;  // 128-byte row; swizzle: chunk ^ (kr % 8)
-                        lds_v2(slot + a_frag + kr * 128 + ((a_chunk ^ (kr & 7)) << 4), fa[kk][2 * half], fa[kk][2 * half + 1]);
-                    }
+                load_a_frags(slot, a_frag, a_chunk, t, fa);
 #pragma unroll
                 for (int i = 0; i < ACC; ++i) reg_fence(d[i]);
                 wgmma_fence();
@@ -745,10 +858,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fastmm_wgmma_tf32(
                 wgmma_wait<0>();
 #pragma unroll
                 for (int i = 0; i < ACC; ++i) reg_fence(d[i]);
-#pragma unroll
-                for (int kk = 0; kk < BK / 8; ++kk)
-#pragma unroll
-                    for (int i = 0; i < 4; ++i) reg_fence(fa[kk][i]);
+                reg_fence(fa);
                 if (lane == 0) mbar_arrive(bars + 8 * (STAGES + s));
             }
 #else

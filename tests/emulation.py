@@ -275,16 +275,27 @@ def emulate_stage(cfg, args) -> None:
             d[:, K:] = 0
 
 
+def _halves_sum(x: torch.Tensor) -> torch.Tensor:
+    """What the kernel's split of an fp32 tile feeds the tensor core, summed: big = tf32(x) and
+    small = tf32(x - big) (0 where x is not finite), as float64."""
+    big = tf32_round(x.float())
+    small = tf32_round(x.float() - big)
+    small[~torch.isfinite(x)] = 0
+    return big.double() + small.double()
+
+
 def emulate_wgmma(cfg, maps, args) -> None:
     """cuda_src/wgmma_tf32.cu on (maps, args): C_z[m, n] = sum_k A(m, k) * B^T(n, k)."""
     assert cfg.family == "wgmma_tf32"
     macros = dict(cfg.macros)
     x3, a_mn, bn, c_vec = macros["PRECISION_X3"], macros["A_MN"], macros["BN"], macros["C_VEC"]
-    bm = macros.get("BM", 128)  # 64: one consumer warpgroup, the cooperative form with a K-major A
+    bm = macros.get("BM", 128)  # 64: one consumer warpgroup, the cooperative form
     assert bm in (64, 128) and cfg.tile[0] == bm and cfg.block == 128 * (1 + bm // 64), cfg
-    assert bm == 128 or not (a_mn or macros.get("PINGPONG")), cfg.macros
+    assert bm == 128 or not macros.get("PINGPONG"), cfg.macros
     split_b = macros.get("X3_SPLIT_B", 0)  # tf32x3 on 64-row tiles: B's fp32 tile split by the kernel
     assert split_b == int(bool(x3) and bm == 64), cfg.macros
+    a_regs = macros.get("X3_A_REGS", 0)  # tf32x3 on 128-row tiles: A's fp32 tile split in registers
+    assert not a_regs or (x3 and bm == 128 and not a_mn), cfg.macros
     args, epilogue = split_epilogue(cfg, tuple(args))
     split = cfg.split_k if cfg.split_fused else 1
     fused = args[11:]  # SPLIT: (C itself, its strides, the arrival counters) after the workspace's
@@ -300,10 +311,11 @@ def emulate_wgmma(cfg, maps, args) -> None:
     else:  # a 1-D grid walking (tile, batch entry) pairs: one block each, or fewer (persistent) taking turns
         assert cfg.work_items == work and 1 <= cfg.grid[0] <= work and cfg.grid[1:] == (1, 1), (cfg.grid, args)
     parts = 2 if x3 else 1
+    a_parts = 1 if a_regs else parts
     b_parts = 1 if split_b else parts
     tma_store = macros.get("TMA_STORE", 0)
-    assert len(maps) == parts + b_parts + tma_store
-    a_maps, b_maps = maps[:parts], maps[parts:parts + b_parts]
+    assert len(maps) == a_parts + b_parts + tma_store
+    a_maps, b_maps = maps[:a_parts], maps[a_parts:a_parts + b_parts]
     if tma_store:  # C written by the copy engine: fp32 boxes of 32 columns by the tile's rows
         c_map = maps[-1]
         assert c_map.spec.box == (32, bm, 1, 1) and not c_map.tf32 and c_map.ptr == pc, c_map
@@ -314,7 +326,7 @@ def emulate_wgmma(cfg, maps, args) -> None:
         assert m.tf32 == (not x3)
     for m in b_maps:
         assert m.spec.box == (32, bn, 1, 1), m.spec
-        assert m.tf32 == (not x3)  # (X3_SPLIT_B: B itself in fp32)
+        assert m.tf32 == (not x3)  # (X3_SPLIT_B: B itself in fp32; X3_A_REGS: A)
     assert all(m.spec == a_maps[0].spec for m in a_maps) and all(m.spec == b_maps[0].spec for m in b_maps)
     if c_vec == 1:  # float2 stores along n
         assert N % 2 == 0 and scm % 2 == 0 and pc % 8 == 0 and sc0 % 2 == 0 and sc1 % 2 == 0, args
@@ -327,10 +339,9 @@ def emulate_wgmma(cfg, maps, args) -> None:
         a = sum(_read_map(m, M, K, a2, a3, bool(a_mn)) for m in a_maps)
         bt = sum(_read_map(m, N, K, b2, b3, False) for m in b_maps)
         if split_b:  # the kernel's halves: big = tf32(x), small = tf32(x - big) (0 where x is not finite)
-            big = tf32_round(bt.float())
-            small = tf32_round(bt.float() - big)
-            small[~torch.isfinite(bt)] = 0
-            bt = big.double() + small.double()
+            bt = _halves_sum(bt)
+        if a_regs:
+            a = _halves_sum(a)
         if tma_store:  # the batch coordinates (z1, z0) through the map's 3rd and 4th dims
             d0, d1, d2, d3 = c_map.spec.dims
             s1, s2, s3 = (s // 4 for s in c_map.spec.strides)

@@ -686,12 +686,50 @@ def test_wgmma_split_builds_every_width_and_form_without_spills():
             compile_cubin("wgmma_tf32.cu", tuple({**base, **bad}.items()), "sm_90a")
 
 
+def test_wgmma_tf32x3_splitting_a_in_registers_builds_every_form_it_takes_without_spills():
+    """tf32x3 with A split in registers (X3_A_REGS, ``WgmmaTf32(x3_a_regs=True)``) at every tf32x3
+    width, with C through the copy engine and from registers (float2 and single floats), a bias
+    over columns or rows, A in place and copied: no spills, no stack frame; where it does not
+    go (a D of any strides, a forced split: 128 wide they spilled beside the fragments) A is
+    staged in halves as before; and a build outside 128-row tf32x3 stops at the source's check."""
+    from fastmm.runtime.compiler import nvrtc_unavailable_reason
+
+    if nvrtc_unavailable_reason():
+        pytest.skip(nvrtc_unavailable_reason())
+    dev = DeviceFacts.simulated_device("sm_90")
+    macros, forms = set(), set()
+    for bn in (64, 96, 128):
+        for p in (Problem.dense(1000, 1000, 600, "tf32x3", b_t=True),
+                  Problem.dense(1000, 1001, 600, "tf32x3", b_t=True),
+                  Problem.dense(1000, 1002, 600, "tf32x3", a_t=True, b_t=True)):
+            for epi in (EPILOGUE_NONE, EPILOGUE_BIAS_N, EPILOGUE_BIAS_M, EPILOGUE_D):
+                for tma in (True, False):
+                    fam = WgmmaTf32(force_bn=bn, tma_store=tma, x3_a_regs=True)
+                    plan = select(dataclasses.replace(p, epilogue=epi), dev, force="wgmma_tf32", variants=(fam,))
+                    m = dict(plan.kernel.macros)
+                    assert m.get("X3_A_REGS", 0) == int(epi != EPILOGUE_D) and m["BN"] == bn, m
+                    assert [dict(s.macros)["SPLIT"] for s in plan.stagers] == (
+                        [1, 1] if epi == EPILOGUE_D else [0, 1] if p.a_strides[0] == 1 else [1]), plan.describe()
+                    macros.add(plan.kernel.macros)
+                    forms.add((m.get("TMA_STORE", 0), m["C_VEC"], m.get("EPILOGUE_VECTOR", 0)))
+    forced = select(Problem.dense(1000, 1000, 4096, "tf32x3", b_t=True), dev, force="wgmma_tf32",
+                    variants=(WgmmaTf32(split=3, x3_a_regs=True),))
+    assert "X3_A_REGS" not in dict(forced.kernel.macros) and forced.kernel.split_k == 3
+    assert forms >= {(1, 0, 0), (1, 0, 1), (1, 0, 2), (0, 1, 0), (0, 0, 0), (0, 1, 1), (0, 0, 2)}, forms
+    _assert_no_spills("wgmma_tf32.cu", "sm_90a", sorted(m for m in macros if dict(m).get("X3_A_REGS")))
+    base = {"BN": 128, "STAGES": 3, "C_VEC": 0, "PRECISION_X3": 1, "A_MN": 0, "X3_A_REGS": 1}
+    for bad in ({"PRECISION_X3": 0}, {"BM": 64, "X3_SPLIT_B": 1}):
+        with pytest.raises(CompileError, match="X3_A_REGS"):
+            compile_cubin("wgmma_tf32.cu", tuple({**base, **bad}.items()), "sm_90a")
+
+
 def test_wgmma_64_row_tile_builds_every_width_and_form_without_spills():
-    """The 64-row tile (BM = 64: one consumer warpgroup, 256 threads) at every tf32 width and
-    every tf32x3 width (B split by the kernel: X3_SPLIT_B), with C through the copy engine and
-    from registers (float2 and single floats), K split over blocks, a fused D and a bias: no
-    spills, no stack frame; and the forms it does not serve (taking turns, A fed from registers,
-    tf32x3 with B staged, X3_SPLIT_B elsewhere) stop at the source's own check."""
+    """The 64-row tile (BM = 64: one consumer warpgroup, 256 threads) at every tf32 width, with A
+    K-major and fed from registers (A_MN, its two fragment sets: a row-major B as C^T, and an
+    m-contiguous A), and every tf32x3 width (B split by the kernel: X3_SPLIT_B), with C through
+    the copy engine and from registers (float2 along n and along m, single floats), K split over
+    blocks, a fused D and a bias: no spills, no stack frame; and the forms it does not serve
+    (taking turns, tf32x3 with B staged, X3_SPLIT_B elsewhere) stop at the source's own check."""
     from fastmm.runtime.compiler import nvrtc_unavailable_reason
 
     if nvrtc_unavailable_reason():
@@ -710,6 +748,20 @@ def test_wgmma_64_row_tile_builds_every_width_and_form_without_spills():
                     # (the 256-wide tile keeps its ring's slots at K > 1024: C from registers)
                     assert m.get("TMA_STORE", 0) == int(tma and not split and n % 4 == 0 and bn < 256)
                     macros.add(plan.kernel.macros)
+    a_mn = set()  # A fed from registers: B row-major (C^T: float2 along m), an m-contiguous A (single floats, TMA)
+    for bn in (64, 128, 256):
+        for p, split in ((Problem.dense(300, 1000, 1100, "tf32"), False),
+                         (Problem.dense(1000, 1001, 700, "tf32", a_t=True, b_t=True), False),
+                         (Problem.dense(300, 1000, 3000, "tf32"), 3),
+                         (Problem.dense(1000, 1000, 700, "tf32", a_t=True, b_t=True), False)):
+            for epi in (EPILOGUE_NONE, EPILOGUE_BIAS_N, EPILOGUE_D):
+                plan = select(dataclasses.replace(p, epilogue=epi), dev, force="wgmma_tf32",
+                              variants=(WgmmaTf32(force_bn=bn, split=split, rows64_a_mn=True),))
+                m = dict(plan.kernel.macros)
+                assert m["BM"] == 64 and m["A_MN"] == 1 and m["BN"] == bn, m
+                a_mn.add((m["C_VEC"], m.get("TMA_STORE", 0), m.get("SPLIT", 0), m.get("EPILOGUE_VECTOR", 0)))
+                macros.add(plan.kernel.macros)
+    assert a_mn >= {(2, 0, 0, 0), (0, 0, 0, 0), (2, 0, 0, 2), (1, 0, 1, 0), (0, 1, 0, 0), (0, 1, 0, 1)}, a_mn
     for bn in (64, 96, 128):  # tf32x3 on 64-row tiles: B split into its halves by the kernel
         for n, split in ((4096, False), (4095, False), (4096, 3), (4095, 3)):
             p = Problem.dense(48, n, 4096, "tf32x3", b_t=True)
@@ -724,7 +776,7 @@ def test_wgmma_64_row_tile_builds_every_width_and_form_without_spills():
     assert forms >= {(1, 0, 0, 0), (1, 0, 1, 0), (0, 0, 0, 1), (0, 0, 1, 1), (0, 0, 0, 0), (0, 1, 0, 1), (0, 1, 0, 0)}
     _assert_no_spills("wgmma_tf32.cu", "sm_90a", sorted(macros))
     base = {"BN": 128, "STAGES": 4, "C_VEC": 0, "PRECISION_X3": 0, "A_MN": 0, "BM": 64}
-    for bad in ({"PINGPONG": 1}, {"A_MN": 1}, {"PRECISION_X3": 1}, {"BM": 96}):
+    for bad in ({"PINGPONG": 1}, {"PINGPONG": 1, "A_MN": 1}, {"PRECISION_X3": 1}, {"BM": 96}):
         with pytest.raises(CompileError, match="BM"):
             compile_cubin("wgmma_tf32.cu", tuple({**base, **bad}.items()), "sm_90a")
     for bad in ({"X3_SPLIT_B": 1}, {"X3_SPLIT_B": 1, "PRECISION_X3": 1, "BM": 128}):  # (tf32x3 on 64-row tiles only)

@@ -49,9 +49,13 @@ def test_fsdp2_check_on_cpu_processes(tmp_path):
     assert report["ok"] and report["problems"] == [] and report["device"] == "cpu (gloo)", proc.stdout
     assert set(report["precisions"]) == {"ieee", "tf32x3"}
     for precision, r in report["precisions"].items():
+        # The first pass's gradients first: a difference there names its parameter (worst_param),
+        # where a later step's loss only says that something differed (the H200 host's CPU
+        # processes, torch 2.11: step 2's loss off by 3.9e-8 in ieee, not reproduced here; NOTES run 41).
+        assert r["grad0"]["worst"] == 0.0 and r["grad0"]["missing"] == [], (precision, r["grad0"], report["torch"])
         assert len(r["rel_diff"]) == 2 and r["max_rel_diff"] <= r["tolerance"], (precision, r)
-        assert r["max_rel_diff"] == 0.0, (precision, r)  # on the CPU fastmm hands the products to torch
-        assert r["grad0"]["worst"] == 0.0 and r["grad0"]["missing"] == [], (precision, r["grad0"])
+        # (on the CPU fastmm hands the products to torch)
+        assert r["max_rel_diff"] == 0.0, (precision, r, report["torch"])
         for rank, probes in report["probes"][precision].items():
             n = probes["layers"]
             assert n == 2 * 7 + 1, probes  # 2 decoder layers of 7 projections, and lm_head

@@ -1143,6 +1143,79 @@ def test_wgmma_64_row_tiles_compute_every_output(case, rel_err):
                 assert ((result.double() - want).norm() / want.norm()).item() <= TOL["tf32"], plan.describe()
 
 
+#: A fed from registers (A_MN) on 64-row tiles: a row-major B (computed as C^T: its rows are the
+#: kernel's m) and an m-contiguous A; k-step counts odd and even, a last k-step of 8, one k-step,
+#: persistent blocks walking many tiles, a batch
+WGMMA_A_MN_ROWS64_CASES = {
+    "row-major-b": lambda: (randn(300, 1000), randn(1000, 700)),
+    "row-major-b-odd-k-steps": lambda: (randn(130, 970), randn(970, 452)),  # 31 k-steps, the last of 10
+    "row-major-b-one-k-step": lambda: (randn(77, 32), randn(32, 1024)),
+    "row-major-b-k-tail": lambda: (randn(50, 8), randn(8, 260)),
+    "row-major-b-many-tiles": lambda: (randn(40, 100), randn(100, 40000)),
+    "row-major-b-batched": lambda: (randn(6, 96, 200), randn(6, 200, 264)),
+    "m-contiguous-a": lambda: (randn(1100, 1000).t(), randn(700, 1100).t()),
+    "m-contiguous-a-odd-n": lambda: (randn(996, 1000).t(), randn(1001, 996).t()),  # C by single floats
+}
+
+
+@pytest.mark.parametrize("case", sorted(WGMMA_A_MN_ROWS64_CASES))
+def test_wgmma_a_mn_on_64_row_tiles_compute_every_output(case, rel_err):
+    """A fed from registers on 64-row tiles (one consumer warpgroup loading each k-step's
+    fragments during the step before: a_mn_step): right into NaN-poisoned outputs, C from
+    registers and through the copy engine, persistent and one block a tile, every width; the same
+    bits as the 128-row tile (each output sums its k-steps in the same order), a split the same
+    bits on both heights; nothing written outside C; a bias and an addmm input fused in the
+    store match float64; the planner's own plan under ``rows64_a_mn`` takes 64 rows where its
+    rule says."""
+    needs_sm90()
+    a, b = WGMMA_A_MN_ROWS64_CASES[case]()
+    shape = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1])
+
+    def run(variant, out=None):
+        out = torch.full(shape, NAN, device="cuda") if out is None else out
+        result, plan, reason = dispatch.matmul_fastmm(a, b, out, "tf32", force="wgmma_tf32", variants=(variant,))
+        assert reason is None and result is out and plan.kernel.family == "wgmma_tf32", reason
+        assert dict(plan.kernel.macros)["A_MN"] == 1 and not plan.staging, plan.describe()
+        check(out, a, b, "tf32", rel_err)
+        return out, plan
+
+    ref, plan = run(WgmmaTf32(rows64=False, split=False))
+    assert plan.kernel.tile[0] == 128
+    for variant in (WgmmaTf32(rows64="always", split=False), WgmmaTf32(rows64="always", split=False, tma_store=False),
+                    WgmmaTf32(rows64="always", split=False, persistent=False),
+                    *(WgmmaTf32(rows64="always", split=False, force_bn=bn) for bn in (64, 96, 192, 256))):
+        out, plan = run(variant)
+        assert dict(plan.kernel.macros)["BM"] == plan.kernel.tile[0] == 64 and plan.kernel.block == 256
+        assert torch.equal(out, ref), plan.describe()
+    if len(shape) == 2:
+        for variant in (WgmmaTf32(rows64="always", split=False), WgmmaTf32(rows64="always", split=2)):
+            out, out2, untouched = guarded_outputs(*shape)
+            for o in (out, out2):
+                run(variant, o)
+            assert untouched(), variant
+        if a.shape[-1] >= 96:  # K split over blocks: the same slices on both tile heights, the same bits
+            outs = []
+            for variant in (WgmmaTf32(rows64=False, split=3), WgmmaTf32(rows64="always", split=3)):
+                out, plan = run(variant)
+                assert plan.kernel.split_fused and plan.kernel.grid[1] == 3, plan.describe()
+                outs.append(out)
+            assert torch.equal(outs[0], outs[1])
+        for d, alpha, beta in ((randn(shape[-1]), 1.0, 1.0), (randn(shape[-2], 1), 1.0, 1.0),
+                               (randn(*shape), -0.5, 2.0)):
+            for variant in (WgmmaTf32(rows64="always", split=False),
+                            WgmmaTf32(rows64="always", split=False, tma_store=False),
+                            WgmmaTf32(rows64="always", split=False, force_bn=256)):
+                result, plan, reason = dispatch.matmul_fused(a, b, d, alpha, beta, "tf32", force="wgmma_tf32",
+                                                             variants=(variant,))
+                assert reason is None and plan.kernel.tile[0] == 64 and ("EPILOGUE", 1) in plan.kernel.macros
+                want = alpha * (a.double() @ b.double()) + beta * d.double()
+                assert not torch.isnan(result).any()
+                assert ((result.double() - want).norm() / want.norm()).item() <= TOL["tf32"], plan.describe()
+    if case in ("row-major-b", "m-contiguous-a"):  # the mid-size rule: 64 rows with rows64_a_mn, else 128
+        assert run(WgmmaTf32(rows64_a_mn=True))[1].kernel.tile[0] == 64
+        assert run(WgmmaTf32())[1].kernel.tile[0] == 128
+
+
 #: tf32x3 on 64-row tiles: B read as fp32 and split into its TF32 halves by the kernel
 WGMMA_X3_SPLIT_B_CASES = dict(WGMMA_ROWS64_CASES, **{
     "row-major-b": lambda: (randn(40, 700), randn(700, 300)),  # B copied K-major in fp32, split by the kernel
@@ -1160,6 +1233,23 @@ def _with_specials(w):
     return w
 
 
+def run_x3_on_wgmma(a, b, shape, variant, specials: bool, rel_err):
+    """tf32x3 forced onto wgmma with ``variant`` into a NaN-poisoned C, checked against float64;
+    with ``specials`` (Inf / NaN in an operand) fp32's answer: the outputs that met them are
+    non-finite as in float64, the rest right. Returns (C, plan)."""
+    out = torch.full(shape, NAN, device="cuda")
+    result, plan, reason = dispatch.matmul_fastmm(a, b, out, "tf32x3", force="wgmma_tf32", variants=(variant,))
+    assert reason is None and result is out and plan.kernel.family == "wgmma_tf32", reason
+    if specials:
+        want = torch.matmul(a.double(), b.double())
+        finite = torch.isfinite(want)
+        assert torch.equal(torch.isfinite(out), finite) and torch.equal(torch.isnan(out), torch.isnan(want))
+        assert ((out.double() - want)[finite].norm() / want[finite].norm()).item() <= TOL["tf32x3"]
+    else:
+        check(out, a, b, "tf32x3", rel_err)
+    return out, plan
+
+
 @pytest.mark.parametrize("case", sorted(WGMMA_X3_SPLIT_B_CASES))
 def test_wgmma_tf32x3_on_64_row_tiles_splits_b_in_the_kernel(case, rel_err):
     """tf32x3 on 64-row tiles (X3_SPLIT_B: only A staged in halves, B split in shared memory),
@@ -1173,17 +1263,7 @@ def test_wgmma_tf32x3_on_64_row_tiles_splits_b_in_the_kernel(case, rel_err):
     specials = case == "inf-and-nan"
 
     def run(variant):
-        out = torch.full(shape, NAN, device="cuda")
-        result, plan, reason = dispatch.matmul_fastmm(a, b, out, "tf32x3", force="wgmma_tf32", variants=(variant,))
-        assert reason is None and result is out and plan.kernel.family == "wgmma_tf32", reason
-        if specials:  # fp32's answer: the columns that met Inf / NaN are non-finite, the rest right
-            want = torch.matmul(a.double(), b.double())
-            finite = torch.isfinite(want)
-            assert torch.equal(torch.isfinite(out), finite) and torch.equal(torch.isnan(out), torch.isnan(want))
-            assert ((out.double() - want)[finite].norm() / want[finite].norm()).item() <= TOL["tf32x3"]
-        else:
-            check(out, a, b, "tf32x3", rel_err)
-        return out, plan
+        return run_x3_on_wgmma(a, b, shape, variant, specials, rel_err)
 
     ref, plan = run(WgmmaTf32(rows64=False, split=False))
     assert plan.kernel.tile[0] == 128 and len(plan.staging) == 2
@@ -1205,6 +1285,56 @@ def test_wgmma_tf32x3_on_64_row_tiles_splits_b_in_the_kernel(case, rel_err):
         assert reason is None and dict(plan.kernel.macros)["X3_SPLIT_B"] == 1
         want = a.double() @ b.double() + d.double()
         assert ((result.double() - want).norm() / want.norm()).item() <= TOL["tf32x3"], plan.describe()
+
+
+#: tf32x3 on 128-row tiles with A split into its halves in registers (X3_A_REGS)
+WGMMA_X3_A_REGS_CASES = {
+    "row-major-a": lambda: (randn(1000, 1000), randn(700, 1000).t()),
+    "k-tail": lambda: (randn(300, 1004), randn(520, 1004).t()),  # a last k-step of 12 (zeros past K)
+    "one-k-step": lambda: (randn(260, 32), randn(390, 32).t()),
+    "m-contiguous-a": lambda: (randn(1000, 700).t(), randn(600, 1000).t()),  # A copied K-major in fp32
+    "unaligned-a-rows": lambda: (randn(500, 1001), randn(1001, 300)),  # both copied (A in fp32)
+    "row-major-b": lambda: (randn(700, 512), randn(512, 900)),  # B^T staged in halves
+    "inf-and-nan": lambda: (_with_specials(randn(384, 512)), randn(300, 512).t()),
+    "many-tiles": lambda: (randn(4100, 256), randn(2100, 256).t()),  # persistent blocks, several tiles each
+    "batched": lambda: (randn(4, 300, 260), randn(4, 200, 260).transpose(1, 2)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(WGMMA_X3_A_REGS_CASES))
+def test_wgmma_tf32x3_splitting_a_in_registers_gives_the_staged_bits(case, rel_err):
+    """X3_A_REGS: A read in fp32 (in place, or its K-major fp32 copy) and split into its TF32
+    halves in each thread's registers: right into NaN-poisoned outputs at fp32-level error, at
+    every tf32x3 width, C through the copy engine and from registers; the same bits as the plan
+    that stages A's halves (the same halves, summed in the same order); Inf and NaN in A as fp32
+    gives them; a fused bias matches float64."""
+    needs_sm90()
+    a, b = WGMMA_X3_A_REGS_CASES[case]()
+    shape = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1])
+    specials = case == "inf-and-nan"
+
+    def run(variant):
+        out, plan = run_x3_on_wgmma(a, b, shape, variant, specials, rel_err)
+        assert plan.kernel.tile[0] == 128, plan.describe()
+        return out, plan
+
+    for bn in (128, 96, 64):
+        for tma in (True, False):
+            ref, plan = run(WgmmaTf32(force_bn=bn, tma_store=tma))
+            assert "X3_A_REGS" not in dict(plan.kernel.macros)
+            out, plan = run(WgmmaTf32(force_bn=bn, tma_store=tma, x3_a_regs=True))
+            assert dict(plan.kernel.macros)["X3_A_REGS"] == 1, plan.describe()
+            in_place = a.stride(-1) == 1 and a.stride(-2) % 4 == 0
+            staged = {w: dict(s.macros)["SPLIT"] for (w, _, _), s in zip(plan.staging, plan.stagers)}
+            assert staged == ({"bt": 1} if in_place else {"a": 0, "bt": 1}), plan.describe()
+            assert torch.equal(out, ref) or specials and torch.equal(out.isnan(), ref.isnan()), plan.describe()
+    if len(shape) == 2 and not specials:
+        for d in (randn(shape[-1]), randn(shape[-2], 1)):
+            result, plan, reason = dispatch.matmul_fused(a, b, d, 1.0, 1.0, "tf32x3", force="wgmma_tf32",
+                                                         variants=(WgmmaTf32(x3_a_regs=True),))
+            assert reason is None and dict(plan.kernel.macros)["X3_A_REGS"] == 1
+            want = a.double() @ b.double() + d.double()
+            assert ((result.double() - want).norm() / want.norm()).item() <= TOL["tf32x3"], plan.describe()
 
 
 @pytest.mark.parametrize("beta", [1.0, 0.0])

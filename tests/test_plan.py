@@ -128,9 +128,10 @@ def dynamic_smem_from_macros(family: str, m: dict) -> int:
         red = kw * m["MT"] * (m["KR_WARPS"] // kw) * 4 * m["KR_R"] if kw > 1 else 0
         return (m["MT"] * m["KR_KS"] + red) * 4
     if family == "wgmma_tf32":  # wgmma_tf32.cu: STAGES x (A + B tiles of 32 floats a row, twice for
-        parts = 2 if m["PRECISION_X3"] else 1  # tf32x3's halves), the mbarriers, 1 KiB to align the ring,
-        c_stage = m.get("TMA_STORE", 0) * m.get("C_BOXES", 4) * bm * 32 * 4  # and C_STAGE_BYTES
-        return m["STAGES"] * (parts * (bm + bn) * 32 * 4 + 16) + 1024 + c_stage
+        parts = 2 if m["PRECISION_X3"] else 1  # tf32x3's halves, A in fp32 under X3_A_REGS), the mbarriers,
+        a_parts = 1 if m.get("X3_A_REGS") else parts  # 1 KiB to align the ring, and C_STAGE_BYTES
+        c_stage = m.get("TMA_STORE", 0) * m.get("C_BOXES", 4) * bm * 32 * 4
+        return m["STAGES"] * ((a_parts * bm + parts * bn) * 32 * 4 + 16) + 1024 + c_stage
     return 0  # scalar, simt_float4, skinny and kmajor_mma use static shared memory only
 
 
@@ -182,7 +183,7 @@ def check_geometry(plan) -> None:
         assert cfg.block_dims == (threads, 1, 1) and cfg.block == threads
         assert cfg.arch_suffix == "a" and plan.device.cc == (9, 0)
         if m.get("BM", 128) == 64:  # (the kernel's #error lines; tf32x3 splits B itself there)
-            assert not (m["A_MN"] or m.get("PINGPONG")) and m.get("X3_SPLIT_B", 0) == m["PRECISION_X3"], m
+            assert not m.get("PINGPONG") and m.get("X3_SPLIT_B", 0) == m["PRECISION_X3"], m
         else:
             assert "X3_SPLIT_B" not in m, m
         assert cfg.tile[2] == 32
@@ -2411,6 +2412,74 @@ def test_the_mid_size_rule_leaves_batches_tf32x3_row_major_b_and_a_disabled_rows
     assert wide.tile[0] == 64 and "asked for (rows64='always')" in dict(wide.details)["tile rows"]
     # the rule does not change which family takes a product: tf32_mma's split estimate counts 128 x 64 tiles
     assert select(Problem.dense(200, 512, 3000, "tf32", b_t=True), dev).kernel.family == "tf32_mma"
+
+
+def test_a_fed_from_registers_takes_64_row_tiles_only_under_rows64_a_mn():
+    """A_MN (an m-contiguous A, and every row-major B as C^T) keeps 128-row tiles by default: its
+    64-row tile (fragments loaded a k-step ahead, a_mn_step) is not measured yet. Under
+    ``rows64_a_mn`` it follows the K-major A's rules (ROWS64_MAX_M, the mid-size rule and its
+    split, K < ROWS64_MID_MAX_K, 128 rows where the tiles fill the SMs); ``rows64="always"``
+    takes 64 rows there too; explain says how the fragments are loaded."""
+    dev = DEV["sm_90"]
+    on = WgmmaTf32(rows64_a_mn=True)
+
+    def plan_of(p, *variants, force="wgmma_tf32"):
+        return select(p, dev, force=force, variants=variants)
+
+    for (M, N, K), width in (((1024, 768, 3072), 128), ((1024, 1024, 2816), 128), ((300, 700, 1100), 64),
+                             ((4096, 48, 4096), 128)):  # (C^T: the kernel's M is N, so the last is 48 rows)
+        p = Problem.dense(M, N, K, "tf32")
+        default, rule = plan_of(p).kernel, plan_of(p, on).kernel
+        assert dict(default.macros)["A_MN"] == dict(rule.macros)["A_MN"] == 1
+        assert default.tile[0] == 128 and "during the step before" not in dict(default.details)["A, B loads"]
+        assert rule.tile[:2] == (64, width) and dict(rule.macros)["BM"] == 64, rule.details
+        assert "during the step before" in dict(rule.details)["A, B loads"]
+    # the rule's exclusions hold for A_MN too: K >= ROWS64_MID_MAX_K, tiles that fill the SMs
+    for M, N, K in ((511, 1536, 8960), (4096, 4096, 4096)):
+        assert plan_of(Problem.dense(M, N, K, "tf32"), on).kernel.tile[0] == 128
+        assert plan_of(Problem.dense(M, N, K, "tf32"), WgmmaTf32(rows64="always")).kernel.tile[0] == 64
+    # the mid-size rule's split, and an m-contiguous A read in place (no swap)
+    split = plan_of(Problem.dense(197, 768, 3100, "tf32"), on, force=None)
+    assert split.kernel.family == "wgmma_tf32" and split.kernel.tile[0] == 64 and split.kernel.grid[1] > 1
+    a_regs = plan_of(Problem.dense(1000, 700, 1100, "tf32", a_t=True, b_t=True), on)
+    assert not a_regs.swap_ab and a_regs.kernel.tile[0] == 64 and dict(a_regs.kernel.macros)["A_MN"] == 1
+    # 256 wide, a D of any strides is applied to C from registers there (staged for the copy engine it spilled)
+    p = Problem.dense(1000, 1000, 700, "tf32", a_t=True, b_t=True)
+    for epilogue, staged in ((EPILOGUE_D, False), ("bias_n", True)):
+        for rows64, want in (("always", staged), (False, True)):
+            k = plan_of(dataclasses.replace(p, epilogue=epilogue), WgmmaTf32(rows64=rows64, force_bn=256)).kernel
+            assert dict(k.macros)["A_MN"] == 1 and bool(dict(k.macros).get("TMA_STORE")) == want, (epilogue, rows64)
+
+
+def test_tf32x3_splits_a_in_registers_only_under_x3_a_regs_and_then_stages_b_alone():
+    """tf32x3 on 128-row tiles stages both operands' halves by default; under ``x3_a_regs`` the
+    kernel splits A in registers (X3_A_REGS): A read in place, or copied K-major in fp32 (not
+    split) where a map cannot read it; not with a D of any strides nor a forced split (their
+    128-wide builds spilled), nor on 64-row tiles (B split by the kernel there). The slot holds A
+    once, so the ring takes less shared memory; explain says where A is split."""
+    dev = DEV["sm_90"]
+    on = WgmmaTf32(x3_a_regs=True)
+
+    def staged(plan):
+        return {w: dict(s.macros)["SPLIT"] for (w, _, _), s in zip(plan.staging, plan.stagers)}
+
+    p = Problem.dense(8192, 1024, 1024, "tf32x3", b_t=True)
+    default, regs = select(p, dev), select(p, dev, variants=(on,))
+    assert staged(default) == {"a": 1, "bt": 1} and "X3_A_REGS" not in dict(default.kernel.macros)
+    assert staged(regs) == {"bt": 1} and dict(regs.kernel.macros)["X3_A_REGS"] == 1
+    assert regs.kernel.tile == default.kernel.tile and regs.kernel.smem < default.kernel.smem
+    assert "split into big and small TF32 halves in registers" in dict(regs.kernel.details)["A, B loads"]
+    copied = select(Problem.dense(1024, 1024, 8192, "tf32x3", a_t=True), dev, variants=(on,))
+    assert staged(copied) == {"a": 0, "bt": 1} and dict(copied.kernel.macros)["X3_A_REGS"] == 1
+    assert "copied K-major in fp32" in copied.describe()
+    for q, variant in ((dataclasses.replace(p, epilogue=EPILOGUE_D), on),
+                       (Problem.dense(1000, 1000, 4096, "tf32x3", b_t=True), WgmmaTf32(x3_a_regs=True, split=3))):
+        plan = select(q, dev, force="wgmma_tf32", variants=(variant,))
+        assert staged(plan) == {"a": 1, "bt": 1} and "X3_A_REGS" not in dict(plan.kernel.macros)
+    decode = select(Problem.dense(40, 4096, 4096, "tf32x3", b_t=True), dev, force="wgmma_tf32", variants=(on,))
+    m = dict(decode.kernel.macros)
+    assert m["BM"] == 64 and m["X3_SPLIT_B"] == 1 and "X3_A_REGS" not in m and staged(decode) == {"a": 1}
+    assert "X3_A_REGS" not in dict(select(with_precision(p, "tf32"), dev, variants=(on,)).kernel.macros)
 
 
 def test_tf32x3_on_wgmma_promotes_every_k_step_up_to_x3_short_k_unless_a_variant_says_how_often():

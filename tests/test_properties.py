@@ -29,16 +29,17 @@ import os
 import random
 import warnings
 from collections import Counter
+import dataclasses
 from dataclasses import dataclass
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import fastmm
 from fastmm import dispatch
-from fastmm.families import FAMILIES, MAX_GRID_Z
+from fastmm.families import FAMILIES, MAX_GRID_Z, WgmmaTf32
 from fastmm.plan import INT32_MAX, select
 from fastmm.problem import PRECISIONS, DeviceFacts
 from fastmm.shapes import analyse, build_problem
@@ -427,6 +428,30 @@ def test_cpu_random_matmuls_on_the_emulated_gpu_match_float64_and_plans_are_vali
         assert exp.kernel is not None and emulated_gpu.launches, str(exp)
     check_dispatch(spec, a, b)
     COUNTS["cpu"] += 1
+
+
+@settings(max_examples=CPU_EXAMPLES, deadline=None, derandomize=False,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(spec=specs(), x3=st.booleans())
+def test_cpu_random_matmuls_with_wgmma_forms_not_yet_measured_on_the_emulated_gpu(emulated_gpu, monkeypatch, spec,
+                                                                                   x3):
+    """The same forced onto the wgmma family with its forms that are off until measured switched
+    on: tf32 on 64-row tiles wherever the kernel allows them, A fed from registers included
+    (``rows64="always"``), and tf32x3 splitting A in registers (``x3_a_regs``): their plans, maps
+    and staging compute every output right."""
+    variant = WgmmaTf32(x3_a_regs=True) if x3 else WgmmaTf32(rows64="always")
+    monkeypatch.setitem(FAMILIES, "wgmma_tf32", variant)
+    spec = dataclasses.replace(spec, force="wgmma_tf32", precision="tf32x3" if x3 else "tf32")
+    emulated_gpu.clear()
+    check_against_float64(spec, torch.device("cpu"))
+    for launch in emulated_gpu.launches:  # (which forms ran: --hypothesis-show-statistics)
+        m = dict(launch.cfg.macros)
+        if m.get("A_MN") and m.get("BM") == 64:
+            event("A_MN on 64-row tiles")
+        if m.get("X3_A_REGS"):
+            event("X3_A_REGS")
+    a, b, _, _ = operands(spec, "cpu")
+    check_dispatch(spec, a, b)
 
 
 def test_generator_covers_what_the_issue_asks_for():

@@ -711,23 +711,23 @@ def test_sanitize_driver_lists_its_cases_and_its_checks_catch_wrong_kernels(caps
     case = san.Case("edge", "scalar", "ieee", 17, 15, 33, offsets=(1, 2, 3), c_t=True)
     assert san.run_case(case, cpu, dev, 0, mm=san.torch_stand_in).error is None
 
-    def writes_past_the_end(a, b, out, precision, force):
+    def writes_past_the_end(a, b, out, precision, force, variants=()):
         torch.matmul(a, b, out=out)
         out.as_strided((1,), (1,), out.storage_offset() + out.stride(1) * out.shape[1] + 7).fill_(0.0)
         return out, None, None
 
-    def off_by_one(a, b, out, precision, force):
+    def off_by_one(a, b, out, precision, force, variants=()):
         torch.matmul(a, b, out=out)
         out[-1, -1] += 1.0
         return out, None, None
 
-    def leaves_one_unwritten(a, b, out, precision, force):
+    def leaves_one_unwritten(a, b, out, precision, force, variants=()):
         keep = out[0, 0].clone()
         torch.matmul(a, b, out=out)
         out[0, 0] = keep  # still NaN
         return out, None, None
 
-    def rounds_an_input(a, b, out, precision, force):
+    def rounds_an_input(a, b, out, precision, force, variants=()):
         a.mul_(1.0 + 2.0**-12)
         return torch.matmul(a, b, out=out), None, None
 

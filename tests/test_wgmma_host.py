@@ -226,6 +226,30 @@ def test_three_batch_dims_launch_once_per_outer_index(emulated_gpu, monkeypatch)
     assert len(emulated_gpu.launches) == 2
 
 
+@pytest.mark.parametrize("form", ["row-major-b", "m-contiguous-a", "row-major-b-split", "batched"])
+def test_a_fed_from_registers_on_64_row_tiles_maps_a_in_32_row_boxes(emulated_gpu, form):
+    """A_MN on 64-row tiles (WgmmaTf32(rows64_a_mn=True): the mid-size rule for an m-contiguous A,
+    and a row-major B as C^T): two 32-row boxes of A a k-step, a 256-thread block, the same
+    maps as the 128-row tile's, C written through its strides (float2 along m, the copy engine,
+    a split's workspace); every output right into NaN-filled C."""
+    from fastmm.families import WgmmaTf32
+
+    a, b = {"row-major-b": lambda: (torch.randn(300, 1000), torch.randn(1000, 700)),
+            "m-contiguous-a": lambda: (torch.randn(1100, 1000).t(), torch.randn(700, 1100).t()),
+            "row-major-b-split": lambda: (torch.randn(197, 3100), torch.randn(3100, 768)),
+            "batched": lambda: (torch.randn(3, 96, 200), torch.randn(3, 200, 264))}[form]()
+    out = torch.full(torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1]), NAN)
+    variant = WgmmaTf32(rows64="always") if form == "batched" else WgmmaTf32(rows64_a_mn=True)
+    result, plan, reason = dispatch.matmul_fastmm(a, b, out, "tf32", force="wgmma_tf32", variants=(variant,))
+    assert reason is None and result is out and not plan.staging, reason
+    m = dict(plan.kernel.macros)
+    assert m["A_MN"] == 1 and m["BM"] == 64 and plan.kernel.block == 256 and plan.swap_ab == (form != "m-contiguous-a")
+    assert m.get("SPLIT", 0) == int(form == "row-major-b-split"), plan.describe()
+    launch = emulated_gpu.launches[-1]
+    assert launch.maps[0].spec.box == (32, 32, 1, 1)
+    _check(out, a, b)
+
+
 def test_forced_small_row_major_product_through_matmul_fastmm(emulated_gpu):
     """dispatch.matmul_fastmm with force= (the full path only), C given NaN-filled."""
     a, b, out = torch.randn(256, 64), torch.randn(64, 384), torch.full((256, 384), NAN)
@@ -296,6 +320,27 @@ def test_tf32x3_splits_both_operands_into_halves(emulated_gpu, monkeypatch):
     plan = _calls(emulated_gpu, lambda: (torch.randn(200, 130), torch.randn(130, 260)), precision="tf32x3")
     assert [w for w, _, _ in plan.staging] == ["a", "bt"] and plan.precision_used == "tf32x3"
     assert all(dict(s.macros)["SPLIT"] == 1 for s in plan.stagers)
+
+
+@pytest.mark.parametrize("a_layout", ["row-major", "m-contiguous", "unaligned-rows"])
+def test_tf32x3_splitting_a_in_registers_stages_b_only(emulated_gpu, monkeypatch, a_layout):
+    """X3_A_REGS (``WgmmaTf32(x3_a_regs=True)``): A reaches the kernel as fp32 through one plain
+    map, in place where a map can read it, else through a K-major fp32 copy (an m-contiguous A,
+    rows not 16-byte multiples), and the kernel splits it; B is staged in its halves. The full
+    path, then the fast path's runner; every output right."""
+    from fastmm.families import WgmmaTf32
+
+    monkeypatch.setitem(FAMILIES, "wgmma_tf32", WgmmaTf32(x3_a_regs=True))
+    monkeypatch.setenv("FASTMM_KERNEL", "wgmma_tf32")
+    make = {"row-major": lambda: (torch.randn(200, 132), torch.randn(132, 260)),
+            "m-contiguous": lambda: (torch.randn(132, 200).t(), torch.randn(132, 260)),
+            "unaligned-rows": lambda: (torch.randn(200, 130), torch.randn(130, 260))}[a_layout]
+    plan = _calls(emulated_gpu, make, precision="tf32x3")
+    assert dict(plan.kernel.macros)["X3_A_REGS"] == 1 and plan.kernel.tile[0] == 128
+    staged = {w: dict(s.macros)["SPLIT"] for (w, _, _), s in zip(plan.staging, plan.stagers)}
+    assert staged == ({"bt": 1} if a_layout == "row-major" else {"a": 0, "bt": 1}), plan.describe()
+    launch = emulated_gpu.launches[-1]
+    assert len(launch.maps) == 3 + dict(plan.kernel.macros).get("TMA_STORE", 0) and not launch.maps[0].tf32
 
 
 def test_encoded_maps_are_remembered_by_pointer_geometry_and_element_type(monkeypatch):

@@ -4,13 +4,15 @@ against the 128-row one at each width and number of K slices, and against the ot
 that take such products.
 
     python benchmarks/probes/wgmma_rows_probe.py [--only NAME,...] [--rows 128,64] [--widths 128,256]
-        [--splits 1,2,4] [--families kmajor_mma,tf32_mma] [--precision tf32x3] [--rounds 3] [--rule128]
+        [--splits 1,2,4] [--families kmajor_mma,tf32_mma] [--precision tf32x3] [--rounds 3] [--rule128] [--a-mn]
 
 For each product: GPU us per call (probe_util.time_us, the median of ``--rounds`` alternating
 rounds) of the planner's plan, of every forced (rows, width, slices), of each forced family that
 takes the product and of torch with TF32 allowed (``--precision tf32x3``: tf32x3 requests, B
 split by the kernel on 64-row tiles, against torch in fp32); each result's error against float64
 must be TF32-level, or fp32-level for tf32x3 (checked: the probe stops on one that is not). Decode's W is larger than L2 (but 64 x 4096 x 4096's 64 MiB, about L2's size).
+``--a-mn``: also the planner with A fed from registers on 64-row tiles (``rows64_a_mn``, off by
+default until this A/B), for the "rm" products (grad_x with a row-major W) above all.
 """
 from __future__ import annotations
 
@@ -62,7 +64,16 @@ PRODUCTS = (("dec64_up", 1, 64, 14336, 4096, "wt"), ("dec48_down", 1, 48, 4096, 
             ("mid200_16k", 1, 200, 2048, 16384, "wt"),
             # partial last rows with B of 24-25 MiB, near the L2 condition's bound (ROWS64_MID_PARTIAL_L2_SHARE)
             ("tall130", 1, 130, 1536, 4100, "wt"), ("p100_3k", 1, 100, 2048, 3072, "wt"),
-            ("p200_1536_4k", 1, 200, 1536, 4096, "wt"))
+            ("p200_1536_4k", 1, 200, 1536, 4096, "wt"),
+            # A fed from registers (A_MN): grad_x = g @ W with W row-major ("rm": computed as C^T, W^T the
+            # kernel's m-contiguous A), 128-row tiles only before rows64_a_mn; and one m-contiguous A ("mn")
+            ("gx_qwen15_up_511", 1, 511, 1536, 8960, "rm"), ("gx_t5base_ff_1024", 1, 1024, 768, 3072, "rm"),
+            ("gx_whisper_1500", 1, 1500, 384, 1536, "rm"), ("gx_llama1k_up", 1, 1024, 1024, 2816, "rm"),
+            ("gx_llama1k_qo", 1, 1024, 1024, 1024, "rm"), ("gx_llama1k_kv", 1, 1024, 1024, 256, "rm"),
+            ("gx_odd_small", 1, 300, 1100, 700, "rm"), ("gx_bert512_up", 1, 512, 1024, 4096, "rm"),
+            ("gx_vit_up", 1, 197, 768, 3072, "rm"), ("gx_vit_down", 1, 197, 3072, 768, "rm"),
+            ("gx_gpt2_2k_qkv", 1, 2048, 768, 2304, "rm"), ("gx_tok4k_kv", 1, 4096, 4096, 1024, "rm"),
+            ("mn_1000", 1, 1000, 700, 1100, "mn"))
 
 BOUND = {"tf32": 2e-3, "tf32x3": 1e-5}  # relative error: TF32 ~3e-4 at these K, tf32x3 ~1e-7
 
@@ -78,6 +89,9 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--rule128", action="store_true",
                     help="also time the planner with 64-row tiles off (WgmmaTf32(rows64=False)): the mid-size rule's A/B")
+    ap.add_argument("--a-mn", action="store_true",
+                    help="also time the planner with 64-row tiles for A fed from registers "
+                    "(WgmmaTf32(rows64_a_mn=True))")
     o = ap.parse_args()
     if not need_gpu("wgmma_rows_probe.py"):
         return 2
@@ -96,6 +110,10 @@ def main() -> int:
     def operands(batch, M, N, K, layout):
         if layout == "wt":
             return torch.randn(M, K, device="cuda"), torch.randn(N, K, device="cuda").t()
+        if layout == "rm":
+            return torch.randn(M, K, device="cuda"), torch.randn(K, N, device="cuda")
+        if layout == "mn":
+            return torch.randn(K, M, device="cuda").t(), torch.randn(N, K, device="cuda").t()
         return torch.randn(batch, M, K, device="cuda"), torch.randn(batch, N, K, device="cuda").transpose(1, 2)
 
     # every kernel compiled first, on all cores
@@ -108,6 +126,8 @@ def main() -> int:
         plans.append(select(p, dev))
         if o.rule128:
             plans.append(select(p, dev, variants=(WgmmaTf32(rows64=False),)))
+        if o.a_mn:
+            plans.append(select(p, dev, variants=(WgmmaTf32(rows64_a_mn=True),)))
         for kw in [{"force": "wgmma_tf32", "variants": (v,)} for v in variants.values()] + [{"force": f} for f in families]:
             try:
                 plans.append(select(p, dev, **kw))
@@ -142,6 +162,8 @@ def main() -> int:
         add("planner")
         if o.rule128:  # the planner without 64-row tiles: its plan before the mid-size rule, for M > 64
             add("rule128", variants=(WgmmaTf32(rows64=False),))
+        if o.a_mn:  # the planner with A_MN on 64-row tiles (a_mn_step's fragments a step ahead)
+            add("a_mn64", variants=(WgmmaTf32(rows64_a_mn=True),))
         for label, v in variants.items():
             add(label, force="wgmma_tf32", variants=(v,))
         for f in families:
@@ -152,7 +174,7 @@ def main() -> int:
             for label, fn in runs.items():
                 rounds[label].append(time_us(fn))
         t = {label: statistics.median(r) for label, r in rounds.items()}
-        forced = [lab for lab in t if lab not in ("planner", "torch", "rule128")]
+        forced = [lab for lab in t if lab not in ("planner", "torch", "rule128", "a_mn64")]
         if forced:
             best = min(forced, key=t.get)
             w_bytes = 4.0 * N * K * (batch if layout == "bt" else 1)  # B's bytes (TB/s = bytes / us / 1e6)
@@ -165,6 +187,10 @@ def main() -> int:
             print(f"  A/B {name}: planner {t['planner']:.1f} us ({descs['planner']}) against {t['rule128']:.1f} "
                   "without "
                   f"64-row tiles ({descs['rule128']}): {t['rule128'] / t['planner']:.2f}x; torch {t['torch']:.1f}")
+        if "a_mn64" in t:
+            print(f"  A/B {name}: planner {t['planner']:.1f} us ({descs['planner']}) against {t['a_mn64']:.1f} "
+                  f"with A_MN on 64-row tiles ({descs['a_mn64']}): {t['planner'] / t['a_mn64']:.2f}x; "
+                  f"torch {t['torch']:.1f}")
     return 0
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ..problem import EPILOGUE_BIAS_M, EPILOGUE_BIAS_N, DeviceFacts, Problem, transposed
+from ..problem import EPILOGUE_BIAS_M, EPILOGUE_BIAS_N, EPILOGUE_D, DeviceFacts, Problem, transposed
 from .base import Family, KernelConfig, pick_tile, tiles_of
 from .stage_kmajor import kmajor_batch, stage_kmajor_config
 
@@ -390,11 +390,20 @@ class WgmmaTf32(Family):
     #: 64-row tiles, B split by the kernel, the 64-row rule splits it as it does tf32.)
     split: bool | int = True
     #: 64-row tiles where the rule of ROWS64_MAX_M says; False: 128 rows always, "always": 64 rows
-    #: wherever the kernel allows them (tf32, a K-major A, the cooperative form): for probes.
+    #: wherever the kernel allows them (tf32 with either A form, the cooperative form): for probes.
     rows64: bool | str = True
+    #: The same rule for an m-contiguous A fed from registers (A_MN: also every row-major B, as
+    #: C^T), on the 64-row tile that loads each k-step's fragments during the step before
+    #: (a_mn_step in the kernel). Off until measured on the H200 (NOTES run 41): with it off, A_MN
+    #: takes 128-row tiles, whose two consumer warpgroups cover each other's fragment loads.
+    rows64_a_mn: bool = False
     #: tf32x3: k-steps between promotions of the big products (PROMOTE_EVERY); None: X3_SHORT_K's
     #: rule (for probes: the accuracy and speed of each)
     promote_every: int | None = None
+    #: tf32x3 on 128-row tiles with A read in fp32 and split into its TF32 halves in registers by
+    #: the kernel (X3_A_REGS: :meth:`x3_splits_a`), so A is not staged. Off until measured on the
+    #: H200 (NOTES run 41): with it off, the staging pass writes both halves of A.
+    x3_a_regs: bool = False
 
     name, source, entry = "wgmma_tf32", "wgmma_tf32.cu", "fastmm_wgmma_tf32"
     min_cc = (9, 0)
@@ -444,10 +453,13 @@ class WgmmaTf32(Family):
     def b_mn_ready(p: Problem) -> bool:
         return _tma_ready(p.b_strides[0], p.b_strides[1], p.b_batch_strides, p.b_align)
 
-    def smem_bytes(self, bn: int, stages: int, x3: bool = False, c_boxes: int = 0, bm: int = 128) -> int:
+    def smem_bytes(self, bn: int, stages: int, x3: bool = False, c_boxes: int = 0, bm: int = 128,
+                   a_regs: bool = False) -> int:
         # ring + C's staging boxes (TMA_STORE) + mbarriers, plus 1 KiB so the kernel can align the
-        # ring to 1024 bytes (swizzle)
-        return (stages * (2 if x3 else 1) * (bm + bn) * self.bk * 4 + c_boxes * bm * 32 * 4
+        # ring to 1024 bytes (swizzle); a slot holds A and B, both in halves for tf32x3 but A
+        # under X3_A_REGS (``a_regs``: A in fp32)
+        a_parts = 1 if a_regs or not x3 else 2
+        return (stages * (a_parts * bm + (2 if x3 else 1) * bn) * self.bk * 4 + c_boxes * bm * 32 * 4
                 + 16 * stages + 1024)
 
     @staticmethod
@@ -461,11 +473,12 @@ class WgmmaTf32(Family):
 
     def tile_rows(self, p: Problem, x3: bool, a_mn: bool, dev: DeviceFacts) -> int:
         """The tile's rows for ``p`` on ``dev``: 64 where ROWS64_MAX_M's rule, the mid-size rule
-        (:func:`mid_rows64_width`) or ``rows64="always"`` says and the kernel allows it (tf32 with
-        A K-major, the consumers sharing tiles; tf32x3 where it splits B itself), else 128."""
+        (:func:`mid_rows64_width`) or ``rows64="always"`` says and the kernel allows it (tf32, the
+        consumers sharing tiles: an A read K-major, or an A_MN one under ``rows64_a_mn`` or
+        ``rows64="always"``; tf32x3 where it splits B itself), else 128."""
         if x3:
             return 64 if self.x3_splits_b(p) else 128
-        if a_mn or self.rows64 is False:
+        if self.rows64 is False or (a_mn and self.rows64 is True and not self.rows64_a_mn):
             return 128
         if self.rows64 == "always" or p.M <= ROWS64_MAX_M:
             return 64
@@ -480,10 +493,19 @@ class WgmmaTf32(Family):
         return p.precision == "tf32x3" and (self.rows64 == "always" or (
             self.rows64 is not False and ROWS64_X3_MIN_M <= p.M <= ROWS64_MAX_M and p.N >= ROWS64_X3_MIN_N))
 
+    def x3_splits_a(self, p: Problem) -> bool:
+        """tf32x3 on 128-row tiles with A split into its halves in registers (X3_A_REGS, under
+        ``x3_a_regs``): A is read as fp32 in place where the copy engine can (else copied K-major
+        in fp32 first, not split). Not with a D of any strides nor a forced split: their 128-wide
+        builds spill beside the fragments (a bias does not)."""
+        return (p.precision == "tf32x3" and self.x3_a_regs and not self.x3_splits_b(p) and p.epilogue != EPILOGUE_D
+                and (self.split is True or self.split is False or int(self.split) <= 1))
+
     def splits_staged(self, p: Problem, which: str) -> bool:
         """Whether the staging copy of operand ``which`` of ``p`` makes tf32x3's two halves (not
-        B's fp32 copy where the kernel splits B itself)."""
-        return p.precision == "tf32x3" and not (which == "bt" and self.x3_splits_b(p))
+        an fp32 copy of B or A where the kernel splits that operand itself)."""
+        return p.precision == "tf32x3" and not (which == "bt" and self.x3_splits_b(p)) and not (
+            which == "a" and self.x3_splits_a(p))
 
     @staticmethod
     def c_tma_ready(p: Problem) -> bool:
@@ -544,11 +566,16 @@ class WgmmaTf32(Family):
         # TMA_STORE stages 4 boxes of C at once (2 for tf32x3, whose ring slots are twice as big,
         # and for the 256-wide tile from TMA_STORE_256_TWO_BOXES_MIN_K), taken from the ring where
         # both do not fit (H200: 128 wide, 6 slots -> 5; 256 wide, 4 -> 3; see TMA_STORE_256_MAX_K)
+        # (A_MN on a 64-row tile 256 wide holds 128 accumulators and two fragment sets a thread: a D
+        # of any strides applied to C staged for the copy engine spilled there, NVRTC 13.0 and 13.5;
+        # from registers it does not)
         tma = (self.tma_store and not pingpong and self.c_tma_ready(p)
-               and (bn < 256 or self.c_boxes or p.K <= TMA_STORE_256_MAX_K))
+               and (bn < 256 or self.c_boxes or p.K <= TMA_STORE_256_MAX_K)
+               and not (a_mn and bm == 64 and bn == 256 and p.epilogue and not vector))
         two_boxes = x3 or (bn == 256 and p.K >= TMA_STORE_256_TWO_BOXES_MIN_K)
         c_boxes = (min(self.c_boxes or (2 if two_boxes else 4), bn // 32)) if tma else 0
-        stages = self.fit_stages(dev, bn, stages, x3, c_boxes, bm)
+        a_regs = x3 and self.x3_splits_a(p)
+        stages = self.fit_stages(dev, bn, stages, x3, c_boxes, bm, a_regs)
         sCm, sCn = p.c_strides
         pairs_ok = p.c_align >= 8 and all(s % 2 == 0 for s in p.c_batch_strides)
         # float2 stores: along n (any A), or along m over the adjacent row pairs of A_MN (C^T)
@@ -570,13 +597,10 @@ class WgmmaTf32(Family):
             macros += (("EPILOGUE_VECTOR", vector),)
         if x3:  # see X3_SHORT_K
             macros += (("PROMOTE_EVERY", self.promote_every_for(p)), ("COMPENSATE", 1))
+        if a_regs:
+            macros += (("X3_A_REGS", 1),)
         every = self.promote_every_for(p) if x3 else 1
-        loads = (X3_SPLIT_B_LOADS if x3 and bm == 64 else
-                 "TMA tiles of the big and small halves (K-major, 128-byte swizzle)" if x3 else
-                 "TMA tiles (128-byte swizzle), rounded to TF32 by the copy engine; "
-                 + ("the kernel's A operand m-contiguous, fed to wgmma from registers (8-byte shared loads), "
-                    "its B K-major" if a_mn else "both K-major"))
-        details = (("A, B loads", loads),
+        details = (("A, B loads", self.loads_detail(x3, a_mn, bm, a_regs)),
                    ("pipeline", f"{stages} stages, 1 producer + {bm // 64} consumer warpgroup"
                                 f"{'s' if bm > 64 else ''}, mbarriers"
                                 + (": the consumers take turns on whole tiles (one's main loop runs while the "
@@ -602,8 +626,22 @@ class WgmmaTf32(Family):
         threads = self.threads_for(bm)
         return KernelConfig(self.name, self.source, self.entry, macros, threads, (threads, 1, 1),
                             (max(1, min(work, dev.sm_count if persistent else MAX_GRID_X)), 1, 1),
-                            self.smem_bytes(bn, stages, x3, c_boxes, bm), (bm, bn, self.bk), details,
+                            self.smem_bytes(bn, stages, x3, c_boxes, bm, a_regs), (bm, bn, self.bk), details,
                             arch_suffix="a", work_items=work)
+
+    @staticmethod
+    def loads_detail(x3: bool, a_mn: bool, bm: int, a_regs: bool = False) -> str:
+        """Explain's words for how a plan's operands reach the tensor core."""
+        if a_regs:
+            return ("A: fp32 TMA tiles (of A where the copy engine can read it, else of its K-major fp32 copy), "
+                    "each thread's wgmma fragments split into big and small TF32 halves in registers and fed "
+                    "from there; B: TMA tiles of its staged big and small halves (K-major, 128-byte swizzle)")
+        if x3:
+            return X3_SPLIT_B_LOADS if bm == 64 else "TMA tiles of the big and small halves (K-major, 128-byte swizzle)"
+        return "TMA tiles (128-byte swizzle), rounded to TF32 by the copy engine; " + (
+            "the kernel's A operand m-contiguous, fed to wgmma from registers (8-byte shared loads"
+            + (", each k-step's during the step before" if bm == 64 else "") + "), its B K-major"
+            if a_mn else "both K-major")
 
     def promote_every_for(self, p: Problem) -> int:
         """tf32x3's k-steps between promotions (see X3_SHORT_K), or ``promote_every`` where set."""
@@ -613,13 +651,14 @@ class WgmmaTf32(Family):
             raise ValueError(f"promote_every must be at least 1 k-step, got {self.promote_every}")
         return self.promote_every
 
-    def fit_stages(self, dev: DeviceFacts, bn: int, stages: int, x3: bool, c_boxes: int, bm: int) -> int:
+    def fit_stages(self, dev: DeviceFacts, bn: int, stages: int, x3: bool, c_boxes: int, bm: int,
+                   a_regs: bool = False) -> int:
         """``stages`` slots of the width's ring where they fit in a block's shared memory; fewer
         where not (two at least). A 64-row tile's slots are smaller: a ring of up to
         RING_MAX_BYTES, at most MAX_STAGES slots, as tile_options' rings are."""
         if bm != 128:
             stages = max(2, min(MAX_STAGES, RING_MAX_BYTES // ((2 if x3 else 1) * (bm + bn) * self.bk * 4)))
-        while stages > 2 and self.smem_bytes(bn, stages, x3, c_boxes, bm) > dev.smem_per_block_optin:
+        while stages > 2 and self.smem_bytes(bn, stages, x3, c_boxes, bm, a_regs) > dev.smem_per_block_optin:
             stages -= 1
         return stages
 
@@ -710,17 +749,18 @@ class WgmmaTf32(Family):
         tiles = tiles_of(p, bm, bn)
         # (split_range gives each slice a run of k-tiles: the kernel relies on none being empty)
         assert 1 < split <= MAX_GRID_Y and split_slices(p, split) == split, (split, p.K)
-        stages = self.fit_stages(dev, bn, stages, x3, 0, bm)
+        a_regs = x3 and self.x3_splits_a(p)
+        stages = self.fit_stages(dev, bn, stages, x3, 0, bm, a_regs)
         c_vec = int(p.N % 2 == 0)
         macros = (("BN", bn), ("STAGES", stages), ("C_VEC", c_vec), ("PRECISION_X3", int(x3)), ("A_MN", int(a_mn)),
                   ("SPLIT", 1)) + self.row_macros(bm, x3)
         if x3:
             macros += (("PROMOTE_EVERY", self.promote_every_for(p)), ("COMPENSATE", 1))
+        if a_regs:
+            macros += (("X3_A_REGS", 1),)
         per = slice_k_tiles(p, split) * self.bk
         consumers = "1 consumer warpgroup" if bm == 64 else "2 consumer warpgroups sharing each tile"
-        details = (("A, B loads", X3_SPLIT_B_LOADS if x3 and bm == 64 else
-                    "TMA tiles (128-byte swizzle)" + (" of the big and small halves" if x3 else
-                                                      ", rounded to TF32 by the copy engine")),
+        details = (("A, B loads", self.loads_detail(x3, a_mn, bm, a_regs)),
                    ("pipeline", f"{stages} stages, 1 producer + {consumers}, mbarriers"),
                    ("split-K", f"{split} slices of {per} k, one block a (tile, slice); each stores its partial tile "
                                "into a workspace slice and the tile's last block sums the slices in slice order "
@@ -732,7 +772,7 @@ class WgmmaTf32(Family):
             details += (self.rows64_detail(p, dev),)
         threads = self.threads_for(bm)
         return KernelConfig(self.name, self.source, self.entry, macros, threads, (threads, 1, 1),
-                            (tiles, split, 1), self.smem_bytes(bn, stages, x3, 0, bm), (bm, bn, self.bk),
+                            (tiles, split, 1), self.smem_bytes(bn, stages, x3, 0, bm, a_regs), (bm, bn, self.bk),
                             details, arch_suffix="a", split_fused=True, work_items=tiles * split)
 
     def map_specs(self, p: Problem, cfg: KernelConfig):
@@ -802,8 +842,8 @@ class WgmmaTf32(Family):
             q, entry = copy_bt(p)
             return q, (entry,), False
         staged = []
-        if split or not self.a_ready(p):
-            p, entry = copy_a(p)
+        if (split and not self.x3_splits_a(original)) or not self.a_ready(p):
+            p, entry = copy_a(p)  # (tf32x3 under X3_A_REGS: an fp32 copy, split by the kernel)
             staged.append(entry)
         if (split and not self.x3_splits_b(original)) or not self.b_ready(p):
             p, entry = copy_bt(p)  # (tf32x3 on 64-row tiles: an fp32 copy, split by the kernel)

@@ -1,0 +1,118 @@
+#!/usr/bin/env python3
+"""tf32x3 on 128-row wgmma tiles with A split into its TF32 halves in registers (X3_A_REGS,
+``WgmmaTf32(x3_a_regs=True)``) against the planner's plan that stages both operands' halves, and
+torch in fp32, on the training products of the models (forward x @ W^T, grad_x = g @ W, grad_W =
+g^T x) and the suite's tf32x3 rows.
+
+    python benchmarks/probes/x3_a_regs_probe.py [--only NAME,...] [--rounds 3] [--widths 128,96]
+
+Per product: GPU us per call (probe_util.time_us, median of ``--rounds`` alternating rounds) of
+the staged plan, of the A-in-registers plan (the planner's width, then each of ``--widths``
+forced), and of torch.matmul in fp32; both fastmm results checked against float64 at fp32 level
+and against each other bit for bit (the same halves summed in the same order: the probe stops on
+a difference). Written before the first run (NOTES run 41): the staging pass reads A and writes
+its two halves (12 bytes an element) and the kernel reads both back (8), where in registers it
+reads A once (4); at 8192 x 1024 x 1024 that is ~100 MB less traffic, ~30 us of a ~175 us product,
+if the fragment loads and splits (16 loads, 16 splits a k-step a thread) hide under the other
+warpgroup's wgmmas.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parents[1]), str(HERE)]  # the repo (ahead of any installed fastmm), this folder
+
+import torch  # noqa: E402
+
+from fastmm import dispatch  # noqa: E402
+from fastmm.families import WgmmaTf32  # noqa: E402
+from fastmm.plan import select  # noqa: E402
+from fastmm.runtime.device import device_facts  # noqa: E402
+from fastmm.shapes import analyse, build_problem  # noqa: E402
+from probe_util import compile_plans, need_gpu, rel_err, time_us  # noqa: E402
+
+#: (name, M, N, K, layout): "wt" = x @ W.t() (W stored [N, K]), "rm" = g @ W (W row-major [K, N]),
+#: "at" = g^T x (A m-contiguous: copied K-major in fp32, split by the kernel)
+PRODUCTS = (("llama8k_qo", 8192, 4096, 4096, "wt"), ("llama8k_up", 8192, 11008, 4096, "wt"),
+            ("llama8k_down", 8192, 4096, 11008, "wt"), ("llama8k_down_gx", 8192, 11008, 4096, "rm"),
+            ("llama8k_gw_up", 11008, 4096, 8192, "at"), ("tiny8k_qo", 8192, 1024, 1024, "wt"),
+            ("tiny8k_up", 8192, 2816, 1024, "wt"), ("tiny8k_down_gx", 8192, 2816, 1024, "rm"),
+            ("tiny8k_gw", 1024, 1024, 8192, "at"), ("tok1k_up", 1024, 2816, 1024, "wt"),
+            ("bert8k_qkv", 8192, 3072, 1024, "wt"), ("gpt2_lm_head", 4096, 50257, 768, "wt"),
+            ("prefill2k_qo", 2048, 4096, 4096, "wt"), ("square4k", 4096, 4096, 4096, "wt"))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--only", default="")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--widths", default="128,96")
+    o = ap.parse_args()
+    if not need_gpu("x3_a_regs_probe.py"):
+        return 2
+    torch.manual_seed(0)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    only = set(filter(None, o.only.split(",")))
+    products = [x for x in PRODUCTS if not only or x[0] in only]
+    variants = {"staged": WgmmaTf32(), "a_regs": WgmmaTf32(x3_a_regs=True)}
+    variants.update({f"a_regs/{bn}": WgmmaTf32(x3_a_regs=True, force_bn=bn) for bn in map(int, o.widths.split(","))})
+    dev = device_facts(0)
+
+    def operands(M, N, K, layout):
+        if layout == "wt":
+            return torch.randn(M, K, device="cuda"), torch.randn(N, K, device="cuda").t()
+        if layout == "rm":
+            return torch.randn(M, K, device="cuda"), torch.randn(K, N, device="cuda")
+        return torch.randn(K, M, device="cuda").t(), torch.randn(K, N, device="cuda")
+
+    plans = []
+    for name, M, N, K, layout in products:
+        a, b = operands(M, N, K, layout)
+        sh = analyse(a, b).materialized(a)
+        p, _ = build_problem(sh, sh.matrix_view(torch.empty(M, N, device="cuda")), "tf32x3")
+        plans += [select(p, dev, force="wgmma_tf32", variants=(v,)) for v in variants.values()]
+        del a, b
+    print(f"compiled {compile_plans(plans, 'sm_90')} kernels", flush=True)
+
+    print("tf32x3: GPU us per call (staged: both operands' halves staged; a_regs: A split in registers)")
+    for name, M, N, K, layout in products:
+        a, b = operands(M, N, K, layout)
+        outs, runs, descs = {}, {}, {}
+        for label, v in variants.items():
+            c = torch.full((M, N), float("nan"), device="cuda")
+            _, plan, reason = dispatch.matmul_fastmm(a, b, c, "tf32x3", force="wgmma_tf32", variants=(v,))
+            assert reason is None and plan.kernel.family == "wgmma_tf32", reason
+            err = rel_err(c, a, b)
+            if not err < 1e-5:
+                raise SystemExit(f"{name} {label}: error {err:.2e} against float64 ({plan.describe()})")
+            outs[label] = c
+            k = plan.kernel
+            descs[label] = f"{k.tile[0]}x{k.tile[1]}" + (" regs" if dict(k.macros).get("X3_A_REGS") else "")
+            runs[label] = (lambda v=v, c=c, a=a, b=b: dispatch.matmul_fastmm(a, b, c, "tf32x3", force="wgmma_tf32",
+                                                                              variants=(v,)))
+        for label in variants:
+            if label != "staged" and descs[label].split()[0] == descs["staged"].split()[0]:
+                if not torch.equal(outs[label], outs["staged"]):
+                    raise SystemExit(f"{name} {label}: other bits than the staged plan at the same tile")
+        ref = torch.empty(M, N, device="cuda")
+        runs["torch fp32"] = lambda a=a, b=b: torch.matmul(a, b, out=ref)
+        rounds = {label: [] for label in runs}
+        for _ in range(o.rounds):
+            for label, fn in runs.items():
+                rounds[label].append(time_us(fn))
+        t = {label: statistics.median(r) for label, r in rounds.items()}
+        tflops = 2.0 * M * N * K / 1e6
+        print(f"\n{name} {M}x{N}x{K} {layout}: torch fp32 {t['torch fp32']:.1f} us")
+        for label in variants:
+            print(f"  {label:<12} {descs[label]:<14} {t[label]:9.1f} us {tflops / t[label]:7.1f} TFLOP/s "
+                  f"{t['staged'] / t[label]:5.2f}x staged, {t['torch fp32'] / t[label]:5.2f}x torch", flush=True)
+        del a, b, outs, runs
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
