@@ -175,6 +175,9 @@
 #if X3_SPLIT_B && STAGES < 2
 #error "X3_SPLIT_B splits the next slot while a step's wgmmas read this one: STAGES >= 2"
 #endif
+#if STAGES < 2
+#error "the consumers hold a slot until the next one's wgmmas are queued: STAGES >= 2"
+#endif
 #define BK 32  // 32 floats = 128 bytes: one swizzle row
 #define THREADS (128 + CONSUMER_THREADS)
 #define A_BYTES (BM * BK * 4)
@@ -182,7 +185,7 @@
 #define PARTS (PRECISION_X3 ? 2 : 1)  // tiles per operand in a slot: big (and small)
 #define A_PARTS (PRECISION_X3 && !X3_A_REGS ? 2 : 1)  // A tiles in a slot (X3_A_REGS: A in fp32)
 #define B_OFFSET (A_PARTS * A_BYTES)  // B's tile (big) in a slot
-#define STAGE_BYTES (A_PARTS * A_BYTES + PARTS * B_BYTES)  // [A big][A small][B big][B small]
+#define STAGE_BYTES (A_PARTS * A_BYTES + PARTS * B_BYTES)  // [A big][A small][B big][B small] (X3_A_REGS: [A][B big][B small])
 #define LOAD_BYTES (STAGE_BYTES - X3_SPLIT_B * B_BYTES)  // what the copy engine writes a slot
 #define ACC (BN / 2)  // fp32 accumulators per consumer thread
 #define C_BOX_BYTES (BM * 32 * 4)

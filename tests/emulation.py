@@ -277,11 +277,12 @@ def emulate_stage(cfg, args) -> None:
 
 def _halves_sum(x: torch.Tensor) -> torch.Tensor:
     """What the kernel's split of an fp32 tile feeds the tensor core, summed: big = tf32(x) and
-    small = tf32(x - big) (0 where x is not finite), as float64."""
+    small = tf32(x - big) (0 where x is not finite), as float64; where big is not finite (x
+    rounded up to Inf), big alone, as the kernel keeps the big products' sum where it is not finite."""
     big = tf32_round(x.float())
     small = tf32_round(x.float() - big)
     small[~torch.isfinite(x)] = 0
-    return big.double() + small.double()
+    return torch.where(torch.isfinite(big), big.double() + small.double(), big.double())
 
 
 def emulate_wgmma(cfg, maps, args) -> None:
