@@ -4,11 +4,12 @@
 torch in fp32, on the training products of the models (forward x @ W^T, grad_x = g @ W, grad_W =
 g^T x) and the suite's tf32x3 rows.
 
-    python benchmarks/probes/x3_a_regs_probe.py [--only NAME,...] [--rounds 3] [--widths 128,96]
+    python benchmarks/probes/x3_a_regs_probe.py [--only NAME,...] [--rounds 3] [--widths 128,96] [--stages 4]
 
 Per product: GPU us per call (probe_util.time_us, median of ``--rounds`` alternating rounds) of
 the staged plan, of the A-in-registers plan (the planner's width, then each of ``--widths``
-forced), and of torch.matmul in fp32; both fastmm results checked against float64 at fp32 level
+forced; ``--stages N``: also the planner's width with N ring slots where they fit, a slot being
+smaller without A's small half), and of torch.matmul in fp32; both fastmm results checked against float64 at fp32 level
 and against each other bit for bit (the same halves summed in the same order: the probe stops on
 a difference). Written before the first run (NOTES run 41): the staging pass reads A and writes
 its two halves (12 bytes an element) and the kernel reads both back (8), where in registers it
@@ -19,6 +20,7 @@ warpgroup's wgmmas.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 from pathlib import Path
@@ -31,6 +33,7 @@ import torch  # noqa: E402
 from fastmm import dispatch  # noqa: E402
 from fastmm.families import WgmmaTf32  # noqa: E402
 from fastmm.plan import select  # noqa: E402
+from fastmm.runtime import launcher  # noqa: E402
 from fastmm.runtime.device import device_facts  # noqa: E402
 from fastmm.shapes import analyse, build_problem  # noqa: E402
 from probe_util import compile_plans, need_gpu, rel_err, time_us  # noqa: E402
@@ -46,11 +49,30 @@ PRODUCTS = (("llama8k_qo", 8192, 4096, 4096, "wt"), ("llama8k_up", 8192, 11008, 
             ("prefill2k_qo", 2048, 4096, 4096, "wt"), ("square4k", 4096, 4096, 4096, "wt"))
 
 
+def with_stages(a, b, c, variant: WgmmaTf32, stages: int):
+    """run() of the tf32x3 plan of a @ b -> c under ``variant`` with its ring at ``stages`` slots
+    (queued as fastmm queues a prepared plan), or None where they do not fit."""
+    s = analyse(a, b)
+    problem, offsets = build_problem(s, c, "tf32x3")
+    index = torch.cuda.current_device()
+    plan = dispatch.plan_for(problem, index, "wgmma_tf32", (variant,))
+    m = dict(plan.kernel.macros)
+    boxes = m.get("C_BOXES", 0) if m.get("TMA_STORE") else 0
+    smem = variant.smem_bytes(plan.kernel.tile[1], stages, True, boxes, plan.kernel.tile[0], bool(m.get("X3_A_REGS")))
+    if smem > plan.device.smem_per_block_optin:
+        return None
+    m["STAGES"] = stages
+    kernel = dataclasses.replace(plan.kernel, macros=tuple(m.items()), smem=smem)
+    hit = dispatch.Prepared(dataclasses.replace(plan, kernel=kernel), launcher.load(plan.device, kernel), None)
+    return lambda: dispatch.launch_plan(hit, s, c, problem, offsets, index)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", default="")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--widths", default="128,96")
+    ap.add_argument("--stages", type=int, default=0, help="also the A-in-registers plan with this many ring slots")
     o = ap.parse_args()
     if not need_gpu("x3_a_regs_probe.py"):
         return 2
@@ -98,6 +120,15 @@ def main() -> int:
             if label != "staged" and descs[label].split()[0] == descs["staged"].split()[0]:
                 if not torch.equal(outs[label], outs["staged"]):
                     raise SystemExit(f"{name} {label}: other bits than the staged plan at the same tile")
+        if o.stages:
+            c = torch.full((M, N), float("nan"), device="cuda")
+            run = with_stages(a, b, c, variants["a_regs"], o.stages)
+            if run is not None:
+                run()
+                label = f"a_regs/{o.stages}st"
+                if not torch.equal(c, outs["a_regs"]):
+                    raise SystemExit(f"{name} {label}: other bits than with the planner's slots")
+                runs[label], descs[label] = run, descs["a_regs"] + f" {o.stages} slots"
         ref = torch.empty(M, N, device="cuda")
         runs["torch fp32"] = lambda a=a, b=b: torch.matmul(a, b, out=ref)
         rounds = {label: [] for label in runs}
@@ -107,7 +138,7 @@ def main() -> int:
         t = {label: statistics.median(r) for label, r in rounds.items()}
         tflops = 2.0 * M * N * K / 1e6
         print(f"\n{name} {M}x{N}x{K} {layout}: torch fp32 {t['torch fp32']:.1f} us")
-        for label in variants:
+        for label in (lab for lab in runs if lab != "torch fp32"):
             print(f"  {label:<12} {descs[label]:<14} {t[label]:9.1f} us {tflops / t[label]:7.1f} TFLOP/s "
                   f"{t['staged'] / t[label]:5.2f}x staged, {t['torch fp32'] / t[label]:5.2f}x torch", flush=True)
         del a, b, outs, runs
