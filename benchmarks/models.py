@@ -18,6 +18,10 @@ model and precision it reports:
 
 Precisions: torch runs ``ieee`` and ``tf32x3`` rows in full fp32 and ``tf32`` rows with TF32
 allowed, as bench.py compares. Prints a table last.
+
+``--wgmma FIELD=VALUE,...`` runs fastmm's side with the wgmma family built with those fields
+(``fastmm.families.WgmmaTf32``), e.g. ``--wgmma x3_a_regs=True``: a form that is off by default,
+timed in whole model steps before it is switched on (benchmarks/NOTES.md run 41).
 """
 from __future__ import annotations
 
@@ -315,6 +319,24 @@ def _positive(text: str) -> int:
     return n
 
 
+def wgmma_variant(text: str):
+    """``WgmmaTf32`` built from ``FIELD=VALUE,...`` (values: True, False, None, integers, or words),
+    refusing a field the family does not have."""
+    import dataclasses
+
+    from fastmm.families import WgmmaTf32
+
+    names = {f.name for f in dataclasses.fields(WgmmaTf32)}
+    fields = {}
+    for item in filter(None, text.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep or key not in names:
+            raise argparse.ArgumentTypeError(f"{item!r}: expected FIELD=VALUE with FIELD one of {sorted(names)}")
+        words = {"True": True, "False": False, "None": None}
+        fields[key] = words[value] if value in words else int(value) if value.lstrip("-").isdigit() else value
+    return WgmmaTf32(**fields)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="benchmarks/models.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="llama,bert,gpt2,vit,encoder")
@@ -335,7 +357,14 @@ def main(argv=None) -> int:
                              "both sides, large ones by the GPU")
     parser.add_argument("--tiny", action="store_true", help="toy sizes (a smoke run; with --device cpu too)")
     parser.add_argument("--device", default="cuda", help="cuda (default), or cpu for a smoke run of the script")
+    parser.add_argument("--wgmma", type=wgmma_variant, metavar="FIELD=VALUE,...",
+                        help="fastmm's side with the wgmma family built with these fields (e.g. x3_a_regs=True)")
     opts = parser.parse_args(argv)
+    if opts.wgmma is not None:  # (before any product is planned: plans are cached by problem)
+        from fastmm.families import FAMILIES
+
+        FAMILIES["wgmma_tf32"] = opts.wgmma
+        print(f"fastmm's wgmma family: {opts.wgmma}")
     opts.compile = [m for m in opts.compile.split(",") if m]
     device = torch.device(opts.device)
     if device.type == "cuda" and not torch.cuda.is_available():

@@ -41,3 +41,30 @@ def test_models_script_lists_the_gradients_that_carry_the_error(tmp_path):
     assert max(shares) > 0
     # (three significant digits printed a share: the sum agrees to ~1%)
     assert math.isclose(math.sqrt(sum(s * s for s in shares)), row["fastmm_grad_err"], rel_tol=0.02)
+
+
+def test_models_script_builds_the_wgmma_family_asked_for_and_refuses_unknown_fields():
+    """``--wgmma FIELD=VALUE,...`` (a form that is off by default, timed in whole model steps):
+    the fields and their types as given; a field the family does not have stops the script with
+    argparse's usage error (exit 2), before any model is built."""
+    import argparse
+    import importlib.util
+
+    from fastmm.families import WgmmaTf32
+
+    spec = importlib.util.spec_from_file_location("fastmm_models_script", SCRIPT)
+    models = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(models)
+    assert models.wgmma_variant("x3_a_regs=True,promote_every=2,rows64=always,split=False") == WgmmaTf32(
+        x3_a_regs=True, promote_every=2, rows64="always", split=False)
+    for bad in ("x3_a_regs", "no_such_field=1"):
+        try:
+            models.wgmma_variant(bad)
+        except argparse.ArgumentTypeError as exc:
+            assert "FIELD=VALUE" in str(exc)
+        else:
+            raise AssertionError(bad)
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--wgmma", "no_such_field=1"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 2 and "--wgmma" in proc.stderr and "no_such_field" in proc.stderr, proc.stderr
