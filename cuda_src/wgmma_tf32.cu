@@ -53,7 +53,9 @@
 // four 32-row boxes (128 bytes of m by BK rows of k, 128-byte swizzle). A warp's 16 fragment rows
 // are tile rows chosen so those loads hit every bank exactly twice per instruction (the minimum
 // for 256 bytes), and so that fragment rows g and g + 8 are adjacent tile rows: with C^T written
-// as C (C_VEC = 2) each thread then stores float2 pairs along C's contiguous dim.
+// as C (C_VEC = 2) each thread then stores float2 pairs along C's contiguous dim. On a 64-row
+// tile (one consumer warpgroup, none to cover its loads) each k-step's fragments are loaded while
+// the step before runs (a_mn_step).
 //
 // The batch is walked as in common.cuh (z = z0 * batch_inner + z1) through the maps' 3rd and 4th
 // dims; an operand broadcast along one of them has that dim of size 1 (BCAST bit clear).
