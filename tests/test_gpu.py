@@ -16,7 +16,7 @@ import torch
 import fastmm
 from fastmm import dispatch, fast_path, ops
 from fastmm.families import FAMILIES, SimtCpAsync, Skinny, WgmmaTf32
-from fastmm.families.wgmma_tf32 import persistent_pays
+from fastmm.families.wgmma_tf32 import SPLIT_FORCED_SLICE_K, persistent_pays
 from fastmm.plan import TINY_K, TINY_OUTPUTS
 from fastmm.runtime import launcher
 from fastmm.shapes import analyse, build_problem
@@ -1148,11 +1148,12 @@ def test_wgmma_64_row_tiles_compute_every_output(case, rel_err):
 #: persistent blocks walking many tiles, a batch
 WGMMA_A_MN_ROWS64_CASES = {
     "row-major-b": lambda: (randn(300, 1000), randn(1000, 700)),
-    "row-major-b-odd-k-steps": lambda: (randn(130, 970), randn(970, 452)),  # 31 k-steps, the last of 10
+    "row-major-b-odd-k-steps": lambda: (randn(130, 972), randn(972, 452)),  # 31 k-steps, the last of 12
     "row-major-b-one-k-step": lambda: (randn(77, 32), randn(32, 1024)),
     "row-major-b-k-tail": lambda: (randn(50, 8), randn(8, 260)),
     "row-major-b-many-tiles": lambda: (randn(40, 100), randn(100, 40000)),
     "row-major-b-batched": lambda: (randn(6, 96, 200), randn(6, 200, 264)),
+    "row-major-b-split": lambda: (randn(197, 3100), randn(3100, 768)),  # the mid-size rule splits it in 4
     "m-contiguous-a": lambda: (randn(1100, 1000).t(), randn(700, 1100).t()),
     "m-contiguous-a-odd-n": lambda: (randn(996, 1000).t(), randn(1001, 996).t()),  # C by single floats
 }
@@ -1193,7 +1194,7 @@ def test_wgmma_a_mn_on_64_row_tiles_compute_every_output(case, rel_err):
             for o in (out, out2):
                 run(variant, o)
             assert untouched(), variant
-        if a.shape[-1] >= 96:  # K split over blocks: the same slices on both tile heights, the same bits
+        if a.shape[-1] >= 3 * SPLIT_FORCED_SLICE_K:  # K split over blocks: the same slices on both heights, bits
             outs = []
             for variant in (WgmmaTf32(rows64=False, split=3), WgmmaTf32(rows64="always", split=3)):
                 out, plan = run(variant)
@@ -1211,8 +1212,9 @@ def test_wgmma_a_mn_on_64_row_tiles_compute_every_output(case, rel_err):
                 want = alpha * (a.double() @ b.double()) + beta * d.double()
                 assert not torch.isnan(result).any()
                 assert ((result.double() - want).norm() / want.norm()).item() <= TOL["tf32"], plan.describe()
-    if case in ("row-major-b", "m-contiguous-a"):  # the mid-size rule: 64 rows with rows64_a_mn, else 128
-        assert run(WgmmaTf32(rows64_a_mn=True))[1].kernel.tile[0] == 64
+    if case in ("row-major-b", "row-major-b-split", "m-contiguous-a"):  # the mid-size rule under rows64_a_mn
+        plan = run(WgmmaTf32(rows64_a_mn=True))[1]
+        assert plan.kernel.tile[0] == 64 and (plan.kernel.split_k > 1) == (case == "row-major-b-split"), plan.describe()
         assert run(WgmmaTf32())[1].kernel.tile[0] == 128
 
 

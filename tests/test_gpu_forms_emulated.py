@@ -1,0 +1,46 @@
+"""The GPU tests of the wgmma forms that are off by default until an H200 measures them (A fed
+from registers on 64-row tiles, tf32x3 splitting A in registers: tests/test_gpu.py), run here on
+the emulated GPU (conftest.emulated_gpu, tests/emulation.py) with CPU tensors in place of CUDA
+ones. The kernels' arithmetic is emulated, so what this proves is the tests' own assertions on
+fastmm's side: the plans each variant gets (tile rows, A_MN, X3_A_REGS, splits, staging), the
+launches' maps and arguments, nothing written outside C, the fused epilogues, and that the GPU
+tests run to their end; the kernels themselves are checked by the same tests on the GPU."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import conftest
+import test_gpu
+
+
+def _on_cpu(make):
+    """``make`` (torch.full, torch.empty, ...) with device="cuda" made on the CPU instead."""
+    def made(*args, **kwargs):
+        if str(kwargs.get("device", "")).startswith("cuda"):
+            kwargs["device"] = "cpu"
+        return make(*args, **kwargs)
+    return made
+
+
+@pytest.fixture
+def gpu_test_on_cpu(emulated_gpu, monkeypatch):
+    monkeypatch.setattr(test_gpu, "needs_sm90", lambda: None)
+    monkeypatch.setattr(test_gpu, "randn", lambda *shape: torch.randn(*shape))
+    for name in ("full", "empty"):
+        monkeypatch.setattr(torch, name, _on_cpu(getattr(torch, name)))
+    guarded = conftest.guarded_outputs
+    monkeypatch.setattr(test_gpu, "guarded_outputs", lambda M, N, device="cuda", guard=4096: guarded(M, N, "cpu", guard))
+    return emulated_gpu
+
+
+@pytest.mark.parametrize("case", sorted(test_gpu.WGMMA_A_MN_ROWS64_CASES))
+def test_a_mn_on_64_row_tiles_gpu_test_runs_on_the_emulated_gpu(gpu_test_on_cpu, case, rel_err):
+    test_gpu.test_wgmma_a_mn_on_64_row_tiles_compute_every_output(case, rel_err)
+    assert any(dict(x.cfg.macros).get("BM") == 64 and dict(x.cfg.macros)["A_MN"] for x in gpu_test_on_cpu.launches)
+
+
+@pytest.mark.parametrize("case", sorted(test_gpu.WGMMA_X3_A_REGS_CASES))
+def test_tf32x3_splitting_a_in_registers_gpu_test_runs_on_the_emulated_gpu(gpu_test_on_cpu, case, rel_err):
+    test_gpu.test_wgmma_tf32x3_splitting_a_in_registers_gives_the_staged_bits(case, rel_err)
+    assert any(dict(x.cfg.macros).get("X3_A_REGS") for x in gpu_test_on_cpu.launches)
