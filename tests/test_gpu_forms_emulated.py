@@ -1,10 +1,12 @@
-"""The GPU tests of the wgmma forms that are off by default until an H200 measures them (A fed
-from registers on 64-row tiles, tf32x3 splitting A in registers: tests/test_gpu.py), run here on
-the emulated GPU (conftest.emulated_gpu, tests/emulation.py) with CPU tensors in place of CUDA
-ones. The kernels' arithmetic is emulated, so what this proves is the tests' own assertions on
-fastmm's side: the plans each variant gets (tile rows, A_MN, X3_A_REGS, splits, staging), the
-launches' maps and arguments, nothing written outside C, the fused epilogues, and that the GPU
-tests run to their end; the kernels themselves are checked by the same tests on the GPU."""
+"""GPU tests of the wgmma family (tests/test_gpu.py) run here on the emulated GPU
+(conftest.emulated_gpu, tests/emulation.py) with CPU tensors in place of CUDA ones: those of the
+forms that are off by default until an H200 measures them (A fed from registers on 64-row tiles,
+tf32x3 splitting A in registers), and those of the 64-row tiles and split-K, whose plans the
+newest rules changed. The kernels' arithmetic is emulated, so what this proves is the tests' own
+assertions on fastmm's side: the plans each variant gets (tile rows, A_MN, X3_A_REGS, splits,
+staging), the launches' maps and arguments, nothing written outside C, the fused epilogues, and
+that the GPU tests run to their end; the kernels themselves are checked by the same tests on the
+GPU."""
 from __future__ import annotations
 
 import pytest
@@ -44,3 +46,18 @@ def test_a_mn_on_64_row_tiles_gpu_test_runs_on_the_emulated_gpu(gpu_test_on_cpu,
 def test_tf32x3_splitting_a_in_registers_gpu_test_runs_on_the_emulated_gpu(gpu_test_on_cpu, case, rel_err):
     test_gpu.test_wgmma_tf32x3_splitting_a_in_registers_gives_the_staged_bits(case, rel_err)
     assert any(dict(x.cfg.macros).get("X3_A_REGS") for x in gpu_test_on_cpu.launches)
+
+
+@pytest.mark.parametrize("case", sorted(test_gpu.WGMMA_ROWS64_CASES))
+def test_64_row_tiles_gpu_test_runs_on_the_emulated_gpu(gpu_test_on_cpu, case, rel_err):
+    test_gpu.test_wgmma_64_row_tiles_compute_every_output(case, rel_err)
+
+
+@pytest.mark.parametrize("case", sorted(test_gpu.WGMMA_X3_SPLIT_B_CASES))
+def test_tf32x3_splitting_b_on_64_row_tiles_gpu_test_runs_on_the_emulated_gpu(gpu_test_on_cpu, case, rel_err):
+    test_gpu.test_wgmma_tf32x3_on_64_row_tiles_splits_b_in_the_kernel(case, rel_err)
+
+
+@pytest.mark.parametrize("case", sorted(test_gpu.WGMMA_SPLIT_CASES))
+def test_split_k_gpu_test_runs_on_the_emulated_gpu(gpu_test_on_cpu, case, rel_err):
+    test_gpu.test_wgmma_split_k_sums_every_tiles_slices_in_order(case, rel_err)
