@@ -1088,61 +1088,6 @@ WGMMA_ROWS64_CASES = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(WGMMA_ROWS64_CASES))
-def test_wgmma_64_row_tiles_compute_every_output(case, rel_err):
-    """The 64-row tile with C from registers and through the copy engine, persistent and one block
-    a tile, unsplit and split: right into NaN-poisoned outputs; every unsplit form gives the same
-    bits as the 128-row tile (each output sums its k-steps in the same order), a split the same
-    bits on both heights; a bias or an addmm input fused in the store matches float64."""
-    needs_sm90()
-    a, b = WGMMA_ROWS64_CASES[case]()
-    shape = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1])
-    batch1 = len(shape) == 2 and a.shape[-1] >= 1024
-
-    def run(variant):
-        out = torch.full(shape, NAN, device="cuda")
-        result, plan, reason = dispatch.matmul_fastmm(a, b, out, "tf32", force="wgmma_tf32", variants=(variant,))
-        assert reason is None and result is out and plan.kernel.family == "wgmma_tf32", reason
-        check(out, a, b, "tf32", rel_err)
-        return out, plan
-
-    ref, plan = run(WgmmaTf32(rows64=False, split=False))
-    assert plan.kernel.tile[0] == 128 and plan.kernel.block == 384
-    for variant in (WgmmaTf32(rows64="always", split=False), WgmmaTf32(rows64="always", split=False, tma_store=False),
-                    WgmmaTf32(rows64="always", split=False, persistent=False),
-                    WgmmaTf32(rows64="always", split=False, force_bn=256)):
-        out, plan = run(variant)
-        assert dict(plan.kernel.macros)["BM"] == plan.kernel.tile[0] == 64 and plan.kernel.block == 256
-        assert torch.equal(out, ref), plan.describe()
-    if len(shape) == 2:  # nothing written outside C (rows past M above all), contiguous and in a window
-        for variant in (WgmmaTf32(rows64="always", split=False), WgmmaTf32(rows64="always", split=False, tma_store=False),
-                        WgmmaTf32(rows64="always", split=2)):
-            out, out2, untouched = guarded_outputs(*shape)
-            for o in (out, out2):
-                dispatch.matmul_fastmm(a, b, o, "tf32", force="wgmma_tf32", variants=(variant,))
-                check(o, a, b, "tf32", rel_err)
-            assert untouched(), variant
-    if batch1:  # K split over blocks: the same slices on both tile heights, the same bits
-        split_outs = []
-        for variant in (WgmmaTf32(rows64=False, split=3), WgmmaTf32(rows64="always", split=3)):
-            out, plan = run(variant)
-            assert plan.kernel.split_fused and plan.kernel.grid[1] == 3, plan.describe()
-            split_outs.append(out)
-        assert torch.equal(split_outs[0], split_outs[1])
-        out, plan = run(WgmmaTf32())  # the planner's own plan for this product
-        assert plan.kernel.tile[0] == 64, plan.describe()
-    if len(shape) == 2:  # C = alpha * A @ B + beta * D in the store: a bias over the columns, a whole D
-        for d, alpha, beta in ((randn(shape[-1]), 1.0, 1.0), (randn(*shape), -0.5, 2.0)):
-            for variant in (WgmmaTf32(rows64="always", split=False),
-                            WgmmaTf32(rows64="always", split=False, tma_store=False)):
-                result, plan, reason = dispatch.matmul_fused(a, b, d, alpha, beta, "tf32", force="wgmma_tf32",
-                                                             variants=(variant,))
-                assert reason is None and plan.kernel.tile[0] == 64 and ("EPILOGUE", 1) in plan.kernel.macros
-                want = alpha * (a.double() @ b.double()) + beta * d.double()
-                assert not torch.isnan(result).any()
-                assert ((result.double() - want).norm() / want.norm()).item() <= TOL["tf32"], plan.describe()
-
-
 #: A fed from registers (A_MN) on 64-row tiles: a row-major B (computed as C^T: its rows are the
 #: kernel's m) and an m-contiguous A; k-step counts odd and even, a last k-step of 8, one k-step,
 #: persistent blocks walking many tiles, a batch
@@ -1159,37 +1104,44 @@ WGMMA_A_MN_ROWS64_CASES = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(WGMMA_A_MN_ROWS64_CASES))
-def test_wgmma_a_mn_on_64_row_tiles_compute_every_output(case, rel_err):
-    """A fed from registers on 64-row tiles (one consumer warpgroup loading each k-step's
-    fragments during the step before: a_mn_step): right into NaN-poisoned outputs, C from
-    registers and through the copy engine, persistent and one block a tile, every width; the same
-    bits as the 128-row tile (each output sums its k-steps in the same order), a split the same
-    bits on both heights; nothing written outside C; a bias and an addmm input fused in the
-    store match float64; the planner's own plan under ``rows64_a_mn`` takes 64 rows where its
-    rule says."""
+#: The cases whose planner's plan takes 64-row tiles (A_MN: under ``rows64_a_mn``, 128 rows without)
+WGMMA_ROWS64_RULE_CASES = {"one-row", "17-rows-odd-n", "64-rows", "mid-300-rows", "mid-999-rows", "mid-197-rows-split",
+                           "row-major-b", "row-major-b-split", "m-contiguous-a"}
+
+
+@pytest.mark.parametrize("case", sorted(WGMMA_ROWS64_CASES) + sorted(WGMMA_A_MN_ROWS64_CASES))
+def test_wgmma_64_row_tiles_compute_every_output(case, rel_err):
+    """The 64-row tile, A read K-major or fed from registers (A_MN: each k-step's fragments
+    loaded during the step before, a_mn_step), with C from registers and through the copy engine,
+    persistent and one block a tile, every width, unsplit and split: right into NaN-poisoned
+    outputs; every unsplit form gives the same bits as the 128-row tile (each output sums its
+    k-steps in the same order), a split the same bits on both heights; nothing written outside C;
+    a bias over columns or rows and an addmm input fused in the store match float64; the
+    planner's own plan takes 64 rows where its rule says (A_MN under ``rows64_a_mn`` only)."""
     needs_sm90()
-    a, b = WGMMA_A_MN_ROWS64_CASES[case]()
+    a_mn = case in WGMMA_A_MN_ROWS64_CASES
+    a, b = (WGMMA_A_MN_ROWS64_CASES if a_mn else WGMMA_ROWS64_CASES)[case]()
     shape = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1])
 
     def run(variant, out=None):
         out = torch.full(shape, NAN, device="cuda") if out is None else out
         result, plan, reason = dispatch.matmul_fastmm(a, b, out, "tf32", force="wgmma_tf32", variants=(variant,))
         assert reason is None and result is out and plan.kernel.family == "wgmma_tf32", reason
-        assert dict(plan.kernel.macros)["A_MN"] == 1 and not plan.staging, plan.describe()
+        assert dict(plan.kernel.macros)["A_MN"] == int(a_mn) and not (a_mn and plan.staging), plan.describe()
         check(out, a, b, "tf32", rel_err)
         return out, plan
 
     ref, plan = run(WgmmaTf32(rows64=False, split=False))
-    assert plan.kernel.tile[0] == 128
+    assert plan.kernel.tile[0] == 128 and plan.kernel.block == 384
     for variant in (WgmmaTf32(rows64="always", split=False), WgmmaTf32(rows64="always", split=False, tma_store=False),
                     WgmmaTf32(rows64="always", split=False, persistent=False),
                     *(WgmmaTf32(rows64="always", split=False, force_bn=bn) for bn in (64, 96, 192, 256))):
         out, plan = run(variant)
         assert dict(plan.kernel.macros)["BM"] == plan.kernel.tile[0] == 64 and plan.kernel.block == 256
         assert torch.equal(out, ref), plan.describe()
-    if len(shape) == 2:
-        for variant in (WgmmaTf32(rows64="always", split=False), WgmmaTf32(rows64="always", split=2)):
+    if len(shape) == 2:  # nothing written outside C (rows past M above all), contiguous and in a window
+        for variant in (WgmmaTf32(rows64="always", split=False), WgmmaTf32(rows64="always", split=False, tma_store=False),
+                        WgmmaTf32(rows64="always", split=2)):
             out, out2, untouched = guarded_outputs(*shape)
             for o in (out, out2):
                 run(variant, o)
@@ -1212,10 +1164,12 @@ def test_wgmma_a_mn_on_64_row_tiles_compute_every_output(case, rel_err):
                 want = alpha * (a.double() @ b.double()) + beta * d.double()
                 assert not torch.isnan(result).any()
                 assert ((result.double() - want).norm() / want.norm()).item() <= TOL["tf32"], plan.describe()
-    if case in ("row-major-b", "row-major-b-split", "m-contiguous-a"):  # the mid-size rule under rows64_a_mn
+    if case in WGMMA_ROWS64_RULE_CASES:  # the planner's own plan (A_MN: 64 rows under rows64_a_mn only)
         plan = run(WgmmaTf32(rows64_a_mn=True))[1]
-        assert plan.kernel.tile[0] == 64 and (plan.kernel.split_k > 1) == (case == "row-major-b-split"), plan.describe()
-        assert run(WgmmaTf32())[1].kernel.tile[0] == 128
+        assert plan.kernel.tile[0] == 64, plan.describe()
+        assert run(WgmmaTf32())[1].kernel.tile[0] == (128 if a_mn else 64)
+        if case == "row-major-b-split":  # (the mid-size rule splits it)
+            assert plan.kernel.split_k > 1, plan.describe()
 
 
 #: tf32x3 on 64-row tiles: B read as fp32 and split into its TF32 halves by the kernel

@@ -571,7 +571,7 @@ class WgmmaTf32(Family):
         # from registers it does not)
         tma = (self.tma_store and not pingpong and self.c_tma_ready(p)
                and (bn < 256 or self.c_boxes or p.K <= TMA_STORE_256_MAX_K)
-               and not (a_mn and bm == 64 and bn == 256 and p.epilogue and not vector))
+               and not (a_mn and bm == 64 and bn == 256 and p.epilogue == EPILOGUE_D))
         two_boxes = x3 or (bn == 256 and p.K >= TMA_STORE_256_TWO_BOXES_MIN_K)
         c_boxes = (min(self.c_boxes or (2 if two_boxes else 4), bn // 32)) if tma else 0
         a_regs = x3 and self.x3_splits_a(p)
