@@ -508,13 +508,15 @@ def wgmma_cases(dev: DeviceFacts, precision: str, quick: bool) -> list[Case]:
         if not quick:
             add("rows64", 257, 4161, 257, b_t=True)
         # A fed from registers on 64-row tiles (rows64_a_mn: fragments loaded a k-step ahead; NOTES
-        # run 41): row-major B (C^T) at the mid-size rule's sizes, unsplit and split, odd k-steps; an
-        # m-contiguous A; persistent blocks walking many tiles (C^T of 40000 rows)
-        a_mn = (WgmmaTf32(rows64_a_mn=True),)
-        add("rows64", 300, 700, 1100, variants=a_mn)
-        add("rows64", 197, 768, 3100, variants=a_mn)
-        add("rows64", 130, 452, 970, variants=a_mn)
-        add("rows64", 1000, 700, 1100, a_t=True, b_t=True, variants=a_mn)
+        # runs 41-42): row-major B (C^T) at the mid-size rule's sizes (the planner's own plans,
+        # unsplit), split (asked for), odd k-steps; an m-contiguous A (asked for: the rule leaves it
+        # on 128 rows); persistent blocks walking many tiles (C^T of 40000 rows)
+        always = (WgmmaTf32(rows64="always"),)
+        add("rows64", 300, 700, 1100)
+        add("rows64", 197, 768, 3100)
+        add("rows64", 197, 768, 3100, variants=(WgmmaTf32(rows64="always", split=4),))
+        add("rows64", 130, 452, 970)
+        add("rows64", 1000, 700, 1100, a_t=True, b_t=True, variants=always)
         add("rows64", 40, 40000, 100, variants=(WgmmaTf32(rows64="always"),))
     if precision == "tf32x3":
         add("rows64", 40, 4100, 4100, b_t=True)

@@ -756,7 +756,7 @@ def test_wgmma_64_row_tile_builds_every_width_and_form_without_spills():
                          (Problem.dense(1000, 1000, 700, "tf32", a_t=True, b_t=True), False)):
             for epi in (EPILOGUE_NONE, EPILOGUE_BIAS_N, EPILOGUE_D):
                 plan = select(dataclasses.replace(p, epilogue=epi), dev, force="wgmma_tf32",
-                              variants=(WgmmaTf32(force_bn=bn, split=split, rows64_a_mn=True),))
+                              variants=(WgmmaTf32(force_bn=bn, split=split, rows64="always"),))
                 m = dict(plan.kernel.macros)
                 assert m["BM"] == 64 and m["A_MN"] == 1 and m["BN"] == bn, m
                 a_mn.add((m["C_VEC"], m.get("TMA_STORE", 0), m.get("SPLIT", 0), m.get("EPILOGUE_VECTOR", 0)))

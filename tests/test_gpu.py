@@ -1033,7 +1033,8 @@ def test_wgmma_pingpong_consumers_compute_every_tile(case, bn, rel_err):
     assert torch.equal(outs[0], outs[1])
 
 
-#: (a, b, precision, forced slices or None for the planner's rule): K split over blocks (SPLIT)
+#: (a, b, precision, forced slices, or None for the planner's rule, or a variant for its rule): K
+#: split over blocks (SPLIT)
 WGMMA_SPLIT_CASES = {
     "decode-linear-rule": lambda: (randn(48, 11008), randn(4096, 11008).t(), "tf32", None),  # x @ W.t()
     "decode-odd-n-rule": lambda: (randn(33, 8200), randn(2001, 8200).t(), "tf32", None),
@@ -1044,7 +1045,8 @@ WGMMA_SPLIT_CASES = {
     "tf32x3-forced": lambda: (randn(64, 4096), randn(4096, 256), "tf32x3", 3),
     # > 64 rows, few tiles, W^T of 64 MiB under a partial 64-row tile: the 128-row split (ROWS64_MID_PARTIAL_L2_SHARE)
     "tall-linear-rule": lambda: (randn(80, 4100), randn(4096, 4100).t(), "tf32", None),
-    "tall-swapped-rule": lambda: (randn(700, 6000), randn(6000, 300), "tf32", None),
+    # (the 128-row rule of A fed from registers: the planner takes 64-row tiles, unsplit, as C^T)
+    "tall-swapped-128-row-rule": lambda: (randn(700, 6000), randn(6000, 300), "tf32", WgmmaTf32(rows64_a_mn=False)),
 }
 
 
@@ -1057,7 +1059,7 @@ def test_wgmma_split_k_sums_every_tiles_slices_in_order(case, rel_err):
     order, and the arrival counters are back at zero after each launch)."""
     needs_sm90()
     a, b, precision, slices = WGMMA_SPLIT_CASES[case]()
-    variant = WgmmaTf32() if slices is None else WgmmaTf32(split=slices)
+    variant = WgmmaTf32(split=slices) if isinstance(slices, int) else slices or WgmmaTf32()
     M, N = a.shape[-2], b.shape[-1]
     outs = []
     for out in (torch.full((M, N), NAN, device="cuda"), torch.full((N, M), NAN, device="cuda").t(),
@@ -1066,7 +1068,7 @@ def test_wgmma_split_k_sums_every_tiles_slices_in_order(case, rel_err):
         assert reason is None and result is out, reason
         m = dict(plan.kernel.macros)
         assert m.get("SPLIT") == 1 and plan.kernel.split_fused and plan.reduce is None, plan.describe()
-        assert plan.kernel.grid[1] == (slices or plan.kernel.grid[1]) > 1
+        assert plan.kernel.grid[1] == (slices if isinstance(slices, int) else plan.kernel.grid[1]) > 1
         check(out, a, b, precision, rel_err)
         outs.append(out)
     assert torch.equal(outs[0], outs[2]) and torch.equal(outs[0], outs[1])
@@ -1098,15 +1100,16 @@ WGMMA_A_MN_ROWS64_CASES = {
     "row-major-b-k-tail": lambda: (randn(50, 8), randn(8, 260)),
     "row-major-b-many-tiles": lambda: (randn(40, 100), randn(100, 40000)),
     "row-major-b-batched": lambda: (randn(6, 96, 200), randn(6, 200, 264)),
-    "row-major-b-split": lambda: (randn(197, 3100), randn(3100, 768)),  # the mid-size rule splits it in 4
+    "row-major-b-split": lambda: (randn(197, 3100), randn(3100, 768)),  # (the rule leaves A_MN unsplit)
     "m-contiguous-a": lambda: (randn(1100, 1000).t(), randn(700, 1100).t()),
     "m-contiguous-a-odd-n": lambda: (randn(996, 1000).t(), randn(1001, 996).t()),  # C by single floats
 }
 
 
-#: The cases whose planner's plan takes 64-row tiles (A_MN: under ``rows64_a_mn``, 128 rows without)
+#: The cases whose planner's plan takes 64-row tiles (A_MN: where C is written along m, the C^T of
+#: a row-major B; an m-contiguous A read in place keeps 128 rows)
 WGMMA_ROWS64_RULE_CASES = {"one-row", "17-rows-odd-n", "64-rows", "mid-300-rows", "mid-999-rows", "mid-197-rows-split",
-                           "row-major-b", "row-major-b-split", "m-contiguous-a"}
+                           "row-major-b", "row-major-b-split"}
 
 
 @pytest.mark.parametrize("case", sorted(WGMMA_ROWS64_CASES) + sorted(WGMMA_A_MN_ROWS64_CASES))
@@ -1117,7 +1120,7 @@ def test_wgmma_64_row_tiles_compute_every_output(case, rel_err):
     outputs; every unsplit form gives the same bits as the 128-row tile (each output sums its
     k-steps in the same order), a split the same bits on both heights; nothing written outside C;
     a bias over columns or rows and an addmm input fused in the store match float64; the
-    planner's own plan takes 64 rows where its rule says (A_MN under ``rows64_a_mn`` only)."""
+    planner's own plan takes 64 rows where its rule says (A_MN: as C^T, unsplit)."""
     needs_sm90()
     a_mn = case in WGMMA_A_MN_ROWS64_CASES
     a, b = (WGMMA_A_MN_ROWS64_CASES if a_mn else WGMMA_ROWS64_CASES)[case]()
@@ -1164,12 +1167,16 @@ def test_wgmma_64_row_tiles_compute_every_output(case, rel_err):
                 want = alpha * (a.double() @ b.double()) + beta * d.double()
                 assert not torch.isnan(result).any()
                 assert ((result.double() - want).norm() / want.norm()).item() <= TOL["tf32"], plan.describe()
-    if case in WGMMA_ROWS64_RULE_CASES:  # the planner's own plan (A_MN: 64 rows under rows64_a_mn only)
-        plan = run(WgmmaTf32(rows64_a_mn=True))[1]
+    if case in WGMMA_ROWS64_RULE_CASES:  # the planner's own plan (A_MN: 64 rows as C^T, unsplit)
+        out, plan = run(WgmmaTf32())
         assert plan.kernel.tile[0] == 64, plan.describe()
-        assert run(WgmmaTf32())[1].kernel.tile[0] == (128 if a_mn else 64)
-        if case == "row-major-b-split":  # (the mid-size rule splits it)
-            assert plan.kernel.split_k > 1, plan.describe()
+        if a_mn:
+            assert plan.swap_ab and plan.kernel.split_k == 1, plan.describe()
+            assert run(WgmmaTf32(rows64_a_mn=False))[1].kernel.tile[0] == 128
+        if len(shape) == 2:  # the same bits as the 128-row tile where neither splits
+            assert plan.kernel.split_k > 1 or torch.equal(out, ref), plan.describe()
+    elif a_mn and not a.is_contiguous():  # an m-contiguous A read in place: 128-row tiles (ROWS64_A_MN_SPLIT)
+        assert run(WgmmaTf32())[1].kernel.tile[0] == 128
 
 
 #: tf32x3 on 64-row tiles: B read as fp32 and split into its TF32 halves by the kernel

@@ -2388,16 +2388,19 @@ def test_mid_size_tf32_products_take_64_row_tiles_where_128_row_tiles_leave_a_wa
 
 
 def test_the_mid_size_rule_leaves_batches_tf32x3_row_major_b_and_a_disabled_rows64_alone():
-    """The rule was measured on batch-1 tf32 products with A K-major: a batch, tf32x3 (B split by
-    the kernel on 64-row tiles only up to 64 rows), an m-contiguous A (C^T of a row-major B: A_MN
-    feeds A from registers, 128 rows) and ``rows64=False`` keep 128-row tiles."""
+    """The rule was measured on batch-1 tf32 products with A K-major, and with A fed from registers
+    as C^T (a row-major B; run 42): a batch, tf32x3 (B split by the kernel on 64-row tiles only up
+    to 64 rows), an m-contiguous A read in place (C along n), ``rows64_a_mn=False`` for the C^T
+    form and ``rows64=False`` keep 128-row tiles."""
     dev = DEV["sm_90"]
     rows = lambda p, *v: select(p, dev, force="wgmma_tf32", variants=v).kernel.tile[0]  # noqa: E731
     assert rows(Problem.dense(300, 700, 1100, "tf32", b_t=True)) == 64
     assert rows(Problem.dense(300, 700, 1100, "tf32", b_t=True), WgmmaTf32(rows64=False)) == 128
     assert rows(Problem.dense(300, 700, 1100, "tf32", batch=2, b_t=True)) == 128
     assert rows(Problem.dense(300, 700, 1100, "tf32x3", b_t=True)) == 128
-    assert rows(Problem.dense(300, 700, 1100, "tf32")) == 128  # (row-major B: computed as C^T, A_MN)
+    assert rows(Problem.dense(300, 700, 1100, "tf32")) == 64  # (row-major B: computed as C^T, A_MN)
+    assert rows(Problem.dense(300, 700, 1100, "tf32"), WgmmaTf32(rows64_a_mn=False)) == 128
+    assert rows(Problem.dense(300, 700, 1100, "tf32", a_t=True, b_t=True)) == 128  # (A_MN, C along n)
     # a forced width wins over the rule's, and explain says it was forced
     forced = select(Problem.dense(300, 700, 1100, "tf32", b_t=True), dev, force="wgmma_tf32",
                     variants=(WgmmaTf32(force_bn=128),)).kernel
@@ -2414,35 +2417,48 @@ def test_the_mid_size_rule_leaves_batches_tf32x3_row_major_b_and_a_disabled_rows
     assert select(Problem.dense(200, 512, 3000, "tf32", b_t=True), dev).kernel.family == "tf32_mma"
 
 
-def test_a_fed_from_registers_takes_64_row_tiles_only_under_rows64_a_mn():
-    """A_MN (an m-contiguous A, and every row-major B as C^T) keeps 128-row tiles by default: its
-    64-row tile (fragments loaded a k-step ahead, a_mn_step) is not measured yet. Under
-    ``rows64_a_mn`` it follows the K-major A's rules (ROWS64_MAX_M, the mid-size rule and its
-    split, K < ROWS64_MID_MAX_K, 128 rows where the tiles fill the SMs); ``rows64="always"``
-    takes 64 rows there too; explain says how the fragments are loaded."""
+def test_a_fed_from_registers_takes_64_row_tiles_as_c_transposed_unsplit_at_any_k():
+    """A_MN on 64-row tiles (fragments loaded a k-step ahead, a_mn_step) where C is written along
+    m: every row-major B, as C^T (each Linear's grad_x). The K-major A's rules (ROWS64_MAX_M, the
+    mid-size rule's widths, 128 rows where the tiles fill the SMs) without the mid-size rule's
+    bound on K and never split (ROWS64_A_MN_SPLIT: measured slower split at either height); an
+    m-contiguous A read in place (C along n) keeps 128 rows; ``rows64_a_mn=False`` gives 128
+    rows, ``rows64="always"`` 64; explain says how the fragments are loaded."""
     dev = DEV["sm_90"]
-    on = WgmmaTf32(rows64_a_mn=True)
+    off = WgmmaTf32(rows64_a_mn=False)
 
     def plan_of(p, *variants, force="wgmma_tf32"):
         return select(p, dev, force=force, variants=variants)
 
-    for (M, N, K), width in (((1024, 768, 3072), 128), ((1024, 1024, 2816), 128), ((300, 700, 1100), 64),
-                             ((4096, 48, 4096), 128)):  # (C^T: the kernel's M is N, so the last is 48 rows)
+    # (M, N, K) of g @ W (W row-major) -> the kernel's 64-row tile width; C^T: the kernel's M is N
+    for (M, N, K), width in (((1024, 768, 3072), 128), ((1024, 1024, 2816), 128), ((300, 1100, 700), 64),
+                             ((512, 1024, 4096), 64), ((511, 1536, 8960), 128), ((197, 768, 3100), 64),
+                             ((1500, 384, 1536), 128)):
         p = Problem.dense(M, N, K, "tf32")
-        default, rule = plan_of(p).kernel, plan_of(p, on).kernel
-        assert dict(default.macros)["A_MN"] == dict(rule.macros)["A_MN"] == 1
-        assert default.tile[0] == 128 and "during the step before" not in dict(default.details)["A, B loads"]
-        assert rule.tile[:2] == (64, width) and dict(rule.macros)["BM"] == 64, rule.details
-        assert "during the step before" in dict(rule.details)["A, B loads"]
-    # the rule's exclusions hold for A_MN too: K >= ROWS64_MID_MAX_K, tiles that fill the SMs
-    for M, N, K in ((511, 1536, 8960), (4096, 4096, 4096)):
-        assert plan_of(Problem.dense(M, N, K, "tf32"), on).kernel.tile[0] == 128
-        assert plan_of(Problem.dense(M, N, K, "tf32"), WgmmaTf32(rows64="always")).kernel.tile[0] == 64
-    # the mid-size rule's split, and an m-contiguous A read in place (no swap)
-    split = plan_of(Problem.dense(197, 768, 3100, "tf32"), on, force=None)
-    assert split.kernel.family == "wgmma_tf32" and split.kernel.tile[0] == 64 and split.kernel.grid[1] > 1
-    a_regs = plan_of(Problem.dense(1000, 700, 1100, "tf32", a_t=True, b_t=True), on)
-    assert not a_regs.swap_ab and a_regs.kernel.tile[0] == 64 and dict(a_regs.kernel.macros)["A_MN"] == 1
+        rule, without = plan_of(p), plan_of(p, off)
+        assert rule.swap_ab and dict(rule.kernel.macros)["A_MN"] == dict(without.kernel.macros)["A_MN"] == 1
+        assert rule.kernel.tile[:2] == (64, width) and dict(rule.kernel.macros)["BM"] == 64, rule.kernel.details
+        assert rule.kernel.split_k == 1 and "SPLIT" not in dict(rule.kernel.macros), (M, N, K)
+        assert "during the step before" in dict(rule.kernel.details)["A, B loads"]
+        assert without.kernel.tile[0] == 128 and "during the step before" not in dict(without.kernel.details)["A, B loads"]
+    # at most ROWS64_MAX_M rows (C^T: N <= 64) the 64-row rule's split stands: few tiles, a long K
+    decode_like = plan_of(Problem.dense(4096, 48, 8192, "tf32"))
+    assert decode_like.kernel.tile[0] == 64 and dict(decode_like.kernel.macros)["A_MN"] == 1
+    assert decode_like.kernel.split_k > 1, decode_like.describe()
+    # the K-major A keeps its K bound and its split (ROWS64_MID_MAX_K, ROWS64_MID_SPLIT_MIN_K)
+    assert plan_of(Problem.dense(511, 1536, 8960, "tf32", b_t=True)).kernel.tile[0] == 128
+    assert plan_of(Problem.dense(197, 768, 3100, "tf32", b_t=True)).kernel.split_k > 1
+    # tiles that fill the SMs keep 128 rows; rows64="always" takes 64 there
+    big = Problem.dense(4096, 4096, 4096, "tf32")
+    assert plan_of(big).kernel.tile[0] == 128 and plan_of(big, WgmmaTf32(rows64="always")).kernel.tile[0] == 64
+    # an m-contiguous A read in place (no swap: C along n) keeps 128 rows unless asked for
+    mn = Problem.dense(1000, 700, 1100, "tf32", a_t=True, b_t=True)
+    for variants, rows in (((), 128), ((WgmmaTf32(rows64="always"),), 64)):
+        plan = plan_of(mn, *variants)
+        assert not plan.swap_ab and dict(plan.kernel.macros)["A_MN"] == 1 and plan.kernel.tile[0] == rows
+    # a split asked for still splits A_MN on 64-row tiles
+    forced = plan_of(Problem.dense(197, 768, 3100, "tf32"), WgmmaTf32(rows64="always", split=3)).kernel
+    assert forced.tile[0] == 64 and forced.split_k == 3
     # 256 wide, a D of any strides is applied to C from registers there (staged for the copy engine it spilled)
     p = Problem.dense(1000, 1000, 700, "tf32", a_t=True, b_t=True)
     for epilogue, staged in ((EPILOGUE_D, False), ("bias_n", True)):

@@ -228,8 +228,8 @@ def test_three_batch_dims_launch_once_per_outer_index(emulated_gpu, monkeypatch)
 
 @pytest.mark.parametrize("form", ["row-major-b", "m-contiguous-a", "row-major-b-split", "batched"])
 def test_a_fed_from_registers_on_64_row_tiles_maps_a_in_32_row_boxes(emulated_gpu, form):
-    """A_MN on 64-row tiles (WgmmaTf32(rows64_a_mn=True): the mid-size rule for an m-contiguous A,
-    and a row-major B as C^T): two 32-row boxes of A a k-step, a 256-thread block, the same
+    """A_MN on 64-row tiles (the planner's for a row-major B as C^T; asked for, rows64="always",
+    for an m-contiguous A read in place and a split): two 32-row boxes of A a k-step, a 256-thread block, the same
     maps as the 128-row tile's, C written through its strides (float2 along m, the copy engine,
     a split's workspace); every output right into NaN-filled C."""
     from fastmm.families import WgmmaTf32
@@ -239,7 +239,7 @@ def test_a_fed_from_registers_on_64_row_tiles_maps_a_in_32_row_boxes(emulated_gp
             "row-major-b-split": lambda: (torch.randn(197, 3100), torch.randn(3100, 768)),
             "batched": lambda: (torch.randn(3, 96, 200), torch.randn(3, 200, 264))}[form]()
     out = torch.full(torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1]), NAN)
-    variant = WgmmaTf32(rows64="always") if form == "batched" else WgmmaTf32(rows64_a_mn=True)
+    variant = WgmmaTf32() if form == "row-major-b" else WgmmaTf32(rows64="always")
     result, plan, reason = dispatch.matmul_fastmm(a, b, out, "tf32", force="wgmma_tf32", variants=(variant,))
     assert reason is None and result is out and not plan.staging, reason
     m = dict(plan.kernel.macros)

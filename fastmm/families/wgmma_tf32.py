@@ -180,6 +180,23 @@ ROWS64_MID_MAX_K = 8192
 #: 37.4 / 31.2, 96 33.7 / 32.5, where M = 128 and 192 (full rows) ran 26.5 / 35.4 and 29.4 /
 #: 52.3; with B of 2-16 MiB partial rows ran 1.1-1.8x faster: 145 x 2560 x 1536, 197 x 768 x 3072).
 ROWS64_MID_PARTIAL_L2_SHARE = 0.5
+#: A fed from registers (A_MN) on 64-row tiles (``rows64_a_mn``, a_mn_step: each k-step's fragments
+#: loaded during the step before) where C is written along m: the C^T form of every row-major B,
+#: i.e. every Linear's grad_x g @ W. Measured (H100, `probes/wgmma_rows_probe.py --a-mn`, NOTES run
+#: 42, GPU us, the 128-row plan -> 64 rows unsplit; torch tf32): 1024 x 768 x 3072 32.0 -> 25.6
+#: (25.0), 1500 x 384 x 1536 17.8 -> 14.6 (16.4), 1024 x 1024 x 2816 30.0 -> 24.5 (30.4), 1024^3
+#: 13.8 -> 11.6 (14.8), 512 x 1024 x 4096 41.3 -> 28.1 (29.1), 197 x 3072 x 768 12.2 -> 11.1 (11.7),
+#: 511 x 1536 x 8960 86.2 -> 65.6 (59.6), 300 x 1100 x 700 10.8 -> 10.8: at the same tile count too
+#: (the 128-row A_MN tile waits for each step's wgmmas before loading the next fragments), so the
+#: mid-size rule's width without its K bound (ROWS64_MID_MAX_K: the 128-row A_MN split that would
+#: win at long K was the slowest column, below). Not split there: every split of an A_MN tile,
+#: either height, was 1.3-3.3x slower than the same tile unsplit (1024^3 64 x 128 11.6 against 37.7
+#: in 2 slices; 197 x 768 x 3072 64 x 64 20.9 unsplit, 64 x 128 in 4 slices 29.9-32.1, tf32_mma
+#: 22.4). (At most ROWS64_MAX_M rows, not measured for A_MN, the 64-row rule's split stands: a
+#: few tiles over a long K, where unsplit leaves most SMs idle.)
+#: Not where C is written along n (an m-contiguous A read in place): 1000 x 700 x 1100 ran 19.0 on
+#: 64 x 128 against 17.8 on 128 x 64, the one such product measured.
+ROWS64_A_MN_SPLIT = False
 #: tf32x3 on 64-row tiles: how explain words its loads.
 X3_SPLIT_B_LOADS = ("A: TMA tiles of its staged big and small TF32 halves; B: fp32 TMA tiles (of B where the copy "
                     "engine reads it, else of its fp32 K-major copy), split into big and small TF32 halves in shared "
@@ -277,15 +294,17 @@ def wgmma_ahead(p: Problem, dev: DeviceFacts, fam: "WgmmaTf32 | None" = None) ->
     return p.K >= SPLIT_AHEAD_MIN_K and fam.split_choice(launch_p, dev, fam.tile_options(False)) is not None
 
 
-def mid_rows64_width(p: Problem, dev: DeviceFacts) -> int | None:
+def mid_rows64_width(p: Problem, dev: DeviceFacts, max_k: int | None = ROWS64_MID_MAX_K) -> int | None:
     """The width of 64-row tiles for a mid-size tf32 product (ROWS64_MID_WIDTHS), or None where
     128-row tiles serve it: they fill a wave of SMs at width 64, K is long, B outgrows L2 under a
     partial row of tiles, or no 64-row width fits in one wave. A block of so few tiles an SM loads
     (waves) x (BM + BN) floats a k-step: the 128-row plan's least is one wave of 128 x 64 (192),
     so 64-row tiles go as wide as keeps them to one wave, 64 (128 a k-step) where that fits,
     else 128 (192, a tie that goes to 64 rows: 1000^3 ran 12.9 us on 64 x 128 against 13.8 on 128
-    x 64); beyond one wave they would load more than the 128-row plan."""
-    if p.batch_total != 1 or p.M <= ROWS64_MAX_M or p.K >= ROWS64_MID_MAX_K or tiles_of(p, 128, 64) >= dev.sm_count:
+    x 64); beyond one wave they would load more than the 128-row plan. ``max_k``: K's bound (None:
+    none, A_MN's rule, ROWS64_A_MN_SPLIT)."""
+    if p.batch_total != 1 or p.M <= ROWS64_MAX_M or (max_k is not None and p.K >= max_k) \
+            or tiles_of(p, 128, 64) >= dev.sm_count:
         return None
     if p.M % 64 and 4 * p.N * p.K > ROWS64_MID_PARTIAL_L2_SHARE * dev.l2_bytes:
         return None
@@ -392,17 +411,19 @@ class WgmmaTf32(Family):
     #: 64-row tiles where the rule of ROWS64_MAX_M says; False: 128 rows always, "always": 64 rows
     #: wherever the kernel allows them (tf32 with either A form, the cooperative form): for probes.
     rows64: bool | str = True
-    #: The same rule for an m-contiguous A fed from registers (A_MN: also every row-major B, as
-    #: C^T), on the 64-row tile that loads each k-step's fragments during the step before
-    #: (a_mn_step in the kernel). Off until measured on the H200 (NOTES run 41): with it off, A_MN
-    #: takes 128-row tiles, whose two consumer warpgroups cover each other's fragment loads.
-    rows64_a_mn: bool = False
+    #: The same rule for an m-contiguous A fed from registers (A_MN) where C is written along m
+    #: (every row-major B, as C^T), on the 64-row tile that loads each k-step's fragments during
+    #: the step before (a_mn_step in the kernel), without the K bound and unsplit
+    #: (ROWS64_A_MN_SPLIT). False: A_MN takes 128-row tiles (a variant for probes).
+    rows64_a_mn: bool = True
     #: tf32x3: k-steps between promotions of the big products (PROMOTE_EVERY); None: X3_SHORT_K's
     #: rule (for probes: the accuracy and speed of each)
     promote_every: int | None = None
     #: tf32x3 on 128-row tiles with A read in fp32 and split into its TF32 halves in registers by
-    #: the kernel (X3_A_REGS: :meth:`x3_splits_a`), so A is not staged. Off until measured on the
-    #: H200 (NOTES run 41): with it off, the staging pass writes both halves of A.
+    #: the kernel (X3_A_REGS: :meth:`x3_splits_a`), so A is not staged. Off: measured slower than
+    #: staging both operands' halves on every product tried (H100, `probes/x3_a_regs_probe.py`,
+    #: NOTES run 42: 0.80-0.93x, e.g. 8192 x 2816 x 1024 537.5 -> 647.0 us; 4 ring slots the same):
+    #: the fragment loads and splits before each step's wgmmas cost more than the pass saves.
     x3_a_regs: bool = False
 
     name, source, entry = "wgmma_tf32", "wgmma_tf32.cu", "fastmm_wgmma_tf32"
@@ -474,15 +495,25 @@ class WgmmaTf32(Family):
     def tile_rows(self, p: Problem, x3: bool, a_mn: bool, dev: DeviceFacts) -> int:
         """The tile's rows for ``p`` on ``dev``: 64 where ROWS64_MAX_M's rule, the mid-size rule
         (:func:`mid_rows64_width`) or ``rows64="always"`` says and the kernel allows it (tf32, the
-        consumers sharing tiles: an A read K-major, or an A_MN one under ``rows64_a_mn`` or
-        ``rows64="always"``; tf32x3 where it splits B itself), else 128."""
+        consumers sharing tiles: an A read K-major, or an A_MN one where :meth:`a_mn_rows64` or
+        ``rows64="always"`` says; tf32x3 where it splits B itself), else 128."""
         if x3:
             return 64 if self.x3_splits_b(p) else 128
-        if self.rows64 is False or (a_mn and self.rows64 is True and not self.rows64_a_mn):
+        if self.rows64 is False or (a_mn and self.rows64 is True and not self.a_mn_rows64(p)):
             return 128
         if self.rows64 == "always" or p.M <= ROWS64_MAX_M:
             return 64
-        return 64 if mid_rows64_width(p, dev) is not None else 128
+        return 64 if self.mid_width(p, dev, a_mn) is not None else 128
+
+    def a_mn_rows64(self, p: Problem) -> bool:
+        """Whether the rules of 64-row tiles apply to an A fed from registers (A_MN): under
+        ``rows64_a_mn``, where C is written along m (the C^T form; ROWS64_A_MN_SPLIT says why)."""
+        return self.rows64_a_mn and p.c_strides[0] == 1 and p.c_strides[1] != 1
+
+    @staticmethod
+    def mid_width(p: Problem, dev: DeviceFacts, a_mn: bool) -> int | None:
+        """:func:`mid_rows64_width` for this A form: an A_MN one without the bound on K."""
+        return mid_rows64_width(p, dev, None if a_mn else ROWS64_MID_MAX_K)
 
     def x3_splits_b(self, p: Problem) -> bool:
         """tf32x3 on 64-row tiles, B read as fp32 and split into its TF32 halves by the kernel
@@ -523,7 +554,7 @@ class WgmmaTf32(Family):
         options = self.tile_options(x3)
         a_mn = self.reads_a_mn(p)
         bm = self.tile_rows(p, x3, a_mn, dev)
-        mid_width = (mid_rows64_width(p, dev) if bm == 64 and not x3 and p.M > ROWS64_MAX_M  # (the mid-size rule)
+        mid_width = (self.mid_width(p, dev, a_mn) if bm == 64 and not x3 and p.M > ROWS64_MAX_M  # (the mid-size rule)
                      and self.rows64 is True and not self.force_bn else None)
         vector = EPILOGUE_VECTOR.get(p.epilogue, 0)  # a bias: applied as C is stored, PINGPONG allowed
         may_pingpong = bool(self.pingpong) and not x3 and not a_mn and bm == 128 and (not p.epilogue or vector)
@@ -670,7 +701,7 @@ class WgmmaTf32(Family):
     def rows64_detail(self, p: Problem, dev: DeviceFacts) -> tuple[str, str]:
         if p.M <= ROWS64_MAX_M:
             why = f"M = {p.M} <= {ROWS64_MAX_M}, where a 128-row tile runs half its wgmmas or more on rows past M"
-        elif self.rows64 is True and mid_rows64_width(p, dev) is not None:
+        elif self.rows64 is True and self.mid_width(p, dev, self.reads_a_mn(p)) is not None:
             why = (f"{tiles_of(p, 128, 64)} tiles of 128x64 fill under one wave of {dev.sm_count} SMs; 64-row "
                    "tiles load no more a k-step per SM ((BM + BN) x waves), and a block of so few tiles an SM "
                    "runs at the rate it loads" + (" (the width forced)" if self.force_bn else ""))
@@ -698,6 +729,8 @@ class WgmmaTf32(Family):
         if p.K < SPLIT_MIN_K or (p.precision != "tf32" and bm != 64):  # (tf32x3: on 64-row tiles only)
             return None
         if bm == 64:
+            if self.rows64 is True and self.reads_a_mn(p) and p.M > ROWS64_MAX_M and not ROWS64_A_MN_SPLIT:
+                return None  # (see ROWS64_A_MN_SPLIT)
             if self.rows64 is True and p.M > ROWS64_MAX_M and (
                     p.K < ROWS64_MID_SPLIT_MIN_K or tiles_of(p, 64, 64) >= dev.sm_count // 2):
                 return None  # (see ROWS64_MID_SPLIT_MIN_K)
