@@ -2421,7 +2421,7 @@ def test_a_fed_from_registers_takes_64_row_tiles_as_c_transposed_unsplit_at_any_
     """A_MN on 64-row tiles (fragments loaded a k-step ahead, a_mn_step) where C is written along
     m: every row-major B, as C^T (each Linear's grad_x). The K-major A's rules (ROWS64_MAX_M, the
     mid-size rule's widths, 128 rows where the tiles fill the SMs) without the mid-size rule's
-    bound on K and never split (ROWS64_A_MN_SPLIT: measured slower split at either height); an
+    bound on K and unsplit above ROWS64_MAX_M rows (ROWS64_A_MN_SPLIT: no split measured beat it); an
     m-contiguous A read in place (C along n) keeps 128 rows; ``rows64_a_mn=False`` gives 128
     rows, ``rows64="always"`` 64; explain says how the fragments are loaded."""
     dev = DEV["sm_90"]

@@ -188,12 +188,13 @@ ROWS64_MID_PARTIAL_L2_SHARE = 0.5
 #: 13.8 -> 11.6 (14.8), 512 x 1024 x 4096 41.3 -> 28.1 (29.1), 197 x 3072 x 768 12.2 -> 11.1 (11.7),
 #: 511 x 1536 x 8960 86.2 -> 65.6 (59.6), 300 x 1100 x 700 10.8 -> 10.8: at the same tile count too
 #: (the 128-row A_MN tile waits for each step's wgmmas before loading the next fragments), so the
-#: mid-size rule's width without its K bound (ROWS64_MID_MAX_K: the 128-row A_MN split that would
-#: win at long K was the slowest column, below). Not split there: every split of an A_MN tile,
-#: either height, was 1.3-3.3x slower than the same tile unsplit (1024^3 64 x 128 11.6 against 37.7
-#: in 2 slices; 197 x 768 x 3072 64 x 64 20.9 unsplit, 64 x 128 in 4 slices 29.9-32.1, tf32_mma
-#: 22.4). (At most ROWS64_MAX_M rows, not measured for A_MN, the 64-row rule's split stands: a
-#: few tiles over a long K, where unsplit leaves most SMs idle.)
+#: mid-size rule's width without its K bound (ROWS64_MID_MAX_K: at K = 8960 no split beat the
+#: 64-row tile unsplit). Not split there: no split of an A_MN tile, either height, beat the 64-row
+#: tile unsplit; most were 1.3-3.3x slower than the same tile unsplit (1024^3 64 x 128 11.6 against
+#: 37.7 in 2 slices; 197 x 768 x 3072 64 x 64 20.9 unsplit, 64 x 128 in 4 slices 29.9-32.1, tf32_mma
+#: 22.4), and where a 128-row split paid it stayed behind (512 x 1024 x 4096 128 x 64 41.3 -> 34.1
+#: in 2, 64 x 64 unsplit 28.1). (At most ROWS64_MAX_M rows, not measured for A_MN, the 64-row
+#: rule's split stands: a few tiles over a long K, where unsplit leaves most SMs idle.)
 #: Not where C is written along n (an m-contiguous A read in place): 1000 x 700 x 1100 ran 19.0 on
 #: 64 x 128 against 17.8 on 128 x 64, the one such product measured.
 ROWS64_A_MN_SPLIT = False
