@@ -2440,6 +2440,8 @@ def test_a_fed_from_registers_takes_64_row_tiles_as_c_transposed_unsplit_at_any_
         assert rule.kernel.tile[:2] == (64, width) and dict(rule.kernel.macros)["BM"] == 64, rule.kernel.details
         assert rule.kernel.split_k == 1 and "SPLIT" not in dict(rule.kernel.macros), (M, N, K)
         assert "during the step before" in dict(rule.kernel.details)["A, B loads"]
+        if M > 64 and N > 64:  # (the mid-size rule: explain says why unsplit)
+            assert "A fed from registers: at any K, unsplit" in dict(rule.kernel.details)["tile rows"]
         assert without.kernel.tile[0] == 128 and "during the step before" not in dict(without.kernel.details)["A, B loads"]
     # at most ROWS64_MAX_M rows (C^T: N <= 64) the 64-row rule's split stands: few tiles, a long K
     decode_like = plan_of(Problem.dense(4096, 48, 8192, "tf32"))

@@ -706,6 +706,9 @@ class WgmmaTf32(Family):
             why = (f"{tiles_of(p, 128, 64)} tiles of 128x64 fill under one wave of {dev.sm_count} SMs; 64-row "
                    "tiles load no more a k-step per SM ((BM + BN) x waves), and a block of so few tiles an SM "
                    "runs at the rate it loads" + (" (the width forced)" if self.force_bn else ""))
+            if self.reads_a_mn(p) and not ROWS64_A_MN_SPLIT:
+                why += ("; A fed from registers: at any K, unsplit (no split of such a tile was measured faster "
+                        "than the 64-row tile unsplit)")
         else:
             why = "asked for (rows64='always')"
         return ("tile rows", f"64 (one consumer warpgroup): {why}")
