@@ -1033,8 +1033,7 @@ def test_wgmma_pingpong_consumers_compute_every_tile(case, bn, rel_err):
     assert torch.equal(outs[0], outs[1])
 
 
-#: (a, b, precision, forced slices, or None for the planner's rule, or a variant for its rule): K
-#: split over blocks (SPLIT)
+#: (a, b, precision, forced slices or None for the planner's rule): K split over blocks (SPLIT)
 WGMMA_SPLIT_CASES = {
     "decode-linear-rule": lambda: (randn(48, 11008), randn(4096, 11008).t(), "tf32", None),  # x @ W.t()
     "decode-odd-n-rule": lambda: (randn(33, 8200), randn(2001, 8200).t(), "tf32", None),
@@ -1045,8 +1044,7 @@ WGMMA_SPLIT_CASES = {
     "tf32x3-forced": lambda: (randn(64, 4096), randn(4096, 256), "tf32x3", 3),
     # > 64 rows, few tiles, W^T of 64 MiB under a partial 64-row tile: the 128-row split (ROWS64_MID_PARTIAL_L2_SHARE)
     "tall-linear-rule": lambda: (randn(80, 4100), randn(4096, 4100).t(), "tf32", None),
-    # (the 128-row rule of A fed from registers: the planner takes 64-row tiles, unsplit, as C^T)
-    "tall-swapped-128-row-rule": lambda: (randn(700, 6000), randn(6000, 300), "tf32", WgmmaTf32(rows64_a_mn=False)),
+    "tall-swapped-rule": lambda: (randn(700, 6000), randn(6000, 300), "tf32", None),
 }
 
 
@@ -1059,7 +1057,7 @@ def test_wgmma_split_k_sums_every_tiles_slices_in_order(case, rel_err):
     order, and the arrival counters are back at zero after each launch)."""
     needs_sm90()
     a, b, precision, slices = WGMMA_SPLIT_CASES[case]()
-    variant = WgmmaTf32(split=slices) if isinstance(slices, int) else slices or WgmmaTf32()
+    variant = WgmmaTf32() if slices is None else WgmmaTf32(split=slices)
     M, N = a.shape[-2], b.shape[-1]
     outs = []
     for out in (torch.full((M, N), NAN, device="cuda"), torch.full((N, M), NAN, device="cuda").t(),
@@ -1068,7 +1066,7 @@ def test_wgmma_split_k_sums_every_tiles_slices_in_order(case, rel_err):
         assert reason is None and result is out, reason
         m = dict(plan.kernel.macros)
         assert m.get("SPLIT") == 1 and plan.kernel.split_fused and plan.reduce is None, plan.describe()
-        assert plan.kernel.grid[1] == (slices if isinstance(slices, int) else plan.kernel.grid[1]) > 1
+        assert plan.kernel.grid[1] == (slices or plan.kernel.grid[1]) > 1
         check(out, a, b, precision, rel_err)
         outs.append(out)
     assert torch.equal(outs[0], outs[2]) and torch.equal(outs[0], outs[1])

@@ -2419,9 +2419,10 @@ def test_the_mid_size_rule_leaves_batches_tf32x3_row_major_b_and_a_disabled_rows
 
 def test_a_fed_from_registers_takes_64_row_tiles_as_c_transposed_unsplit_at_any_k():
     """A_MN on 64-row tiles (fragments loaded a k-step ahead, a_mn_step) where C is written along
-    m: every row-major B, as C^T (each Linear's grad_x). The K-major A's rules (ROWS64_MAX_M, the
-    mid-size rule's widths, 128 rows where the tiles fill the SMs) without the mid-size rule's
-    bound on K and unsplit above ROWS64_MAX_M rows (ROWS64_A_MN_SPLIT: no split measured beat it); an
+    m: a row-major B into a row-major C, as C^T (each Linear's grad_x), unless the 128-row tile's
+    own rule splits it. The K-major A's rules (ROWS64_MAX_M, the mid-size rule's widths, 128 rows
+    where the tiles fill the SMs) without the mid-size rule's bound on K and unsplit above
+    ROWS64_MAX_M rows (ROWS64_A_MN_SPLIT: no split measured beat it); an
     m-contiguous A read in place (C along n) keeps 128 rows; ``rows64_a_mn=False`` gives 128
     rows, ``rows64="always"`` 64; explain says how the fragments are loaded."""
     dev = DEV["sm_90"]
@@ -2443,10 +2444,13 @@ def test_a_fed_from_registers_takes_64_row_tiles_as_c_transposed_unsplit_at_any_
         if M > 64 and N > 64:  # (the mid-size rule: explain says why unsplit)
             assert "A fed from registers: at any K, unsplit" in dict(rule.kernel.details)["tile rows"]
         assert without.kernel.tile[0] == 128 and "during the step before" not in dict(without.kernel.details)["A, B loads"]
-    # at most ROWS64_MAX_M rows (C^T: N <= 64) the 64-row rule's split stands: few tiles, a long K
-    decode_like = plan_of(Problem.dense(4096, 48, 8192, "tf32"))
-    assert decode_like.kernel.tile[0] == 64 and dict(decode_like.kernel.macros)["A_MN"] == 1
-    assert decode_like.kernel.split_k > 1, decode_like.describe()
+    # where the 128-row tile's own rule splits it (few tiles over a long K) that plan stays: 48 rows
+    # as C^T (SPLIT_MAX_M's rule), few tall tiles (SPLIT_TALL_*); so do forced splits
+    for M, N, K in ((4096, 48, 8192), (700, 300, 6000)):
+        kept = plan_of(Problem.dense(M, N, K, "tf32"))
+        assert kept.kernel.tile[0] == 128 and dict(kept.kernel.macros)["A_MN"] == 1 and kept.kernel.split_k > 1
+        assert kept.kernel.macros == plan_of(Problem.dense(M, N, K, "tf32"), off).kernel.macros
+    assert plan_of(Problem.dense(300, 1100, 2000, "tf32"), WgmmaTf32(split=2)).kernel.tile[0] == 128
     # the K-major A keeps its K bound and its split (ROWS64_MID_MAX_K, ROWS64_MID_SPLIT_MIN_K)
     assert plan_of(Problem.dense(511, 1536, 8960, "tf32", b_t=True)).kernel.tile[0] == 128
     assert plan_of(Problem.dense(197, 768, 3100, "tf32", b_t=True)).kernel.split_k > 1
@@ -2460,7 +2464,7 @@ def test_a_fed_from_registers_takes_64_row_tiles_as_c_transposed_unsplit_at_any_
         assert not plan.swap_ab and dict(plan.kernel.macros)["A_MN"] == 1 and plan.kernel.tile[0] == rows
     # a split asked for still splits A_MN on 64-row tiles
     forced = plan_of(Problem.dense(197, 768, 3100, "tf32"), WgmmaTf32(rows64="always", split=3)).kernel
-    assert forced.tile[0] == 64 and forced.split_k == 3
+    assert forced.tile[0] == 64 and forced.split_k == 3 and "unsplit" not in dict(forced.details)["tile rows"]
     # 256 wide, a D of any strides is applied to C from registers there (staged for the copy engine it spilled)
     p = Problem.dense(1000, 1000, 700, "tf32", a_t=True, b_t=True)
     for epilogue, staged in ((EPILOGUE_D, False), ("bias_n", True)):

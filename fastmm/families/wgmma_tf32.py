@@ -181,9 +181,11 @@ ROWS64_MID_MAX_K = 8192
 #: 52.3; with B of 2-16 MiB partial rows ran 1.1-1.8x faster: 145 x 2560 x 1536, 197 x 768 x 3072).
 ROWS64_MID_PARTIAL_L2_SHARE = 0.5
 #: A fed from registers (A_MN) on 64-row tiles (``rows64_a_mn``, a_mn_step: each k-step's fragments
-#: loaded during the step before) where C is written along m: the C^T form of every row-major B,
-#: i.e. every Linear's grad_x g @ W. Measured (H100, `probes/wgmma_rows_probe.py --a-mn`, NOTES run
-#: 42, GPU us, the 128-row plan -> 64 rows unsplit; torch tf32): 1024 x 768 x 3072 32.0 -> 25.6
+#: loaded during the step before) where the kernel writes C along m: a row-major B into a
+#: row-major C is launched so, as C^T (each Linear's grad_x g @ W), and where the 128-row A_MN
+#: tile's own rule does not split it (few tall tiles over a long K: those plans stay, unmeasured
+#: against 64 rows; :meth:`WgmmaTf32.a_mn_rows64`). Measured (H100, `probes/wgmma_rows_probe.py
+#: --a-mn`, NOTES run 42, GPU us, the 128-row plan -> 64 rows unsplit; torch tf32): 1024 x 768 x 3072 32.0 -> 25.6
 #: (25.0), 1500 x 384 x 1536 17.8 -> 14.6 (16.4), 1024 x 1024 x 2816 30.0 -> 24.5 (30.4), 1024^3
 #: 13.8 -> 11.6 (14.8), 512 x 1024 x 4096 41.3 -> 28.1 (29.1), 197 x 3072 x 768 12.2 -> 11.1 (11.7),
 #: 511 x 1536 x 8960 86.2 -> 65.6 (59.6), 300 x 1100 x 700 10.8 -> 10.8: at the same tile count too
@@ -195,8 +197,10 @@ ROWS64_MID_PARTIAL_L2_SHARE = 0.5
 #: 22.4), and where a 128-row split paid it stayed behind (512 x 1024 x 4096 128 x 64 41.3 -> 34.1
 #: in 2, 64 x 64 unsplit 28.1). (At most ROWS64_MAX_M rows, not measured for A_MN, the 64-row
 #: rule's split stands: a few tiles over a long K, where unsplit leaves most SMs idle.)
-#: Not where C is written along n (an m-contiguous A read in place): 1000 x 700 x 1100 ran 19.0 on
-#: 64 x 128 against 17.8 on 128 x 64, the one such product measured.
+#: Not where the kernel writes C along n (an m-contiguous A read in place into a row-major C):
+#: 1000 x 700 x 1100 ran 19.0 on 64 x 128 against 17.8 on 128 x 64, the one such product measured.
+#: (The launch's strides decide, not the operands' story: a transposed ``out`` turns either case
+#: into the other, and the kernel then runs exactly the measured form of the other.)
 ROWS64_A_MN_SPLIT = False
 #: tf32x3 on 64-row tiles: how explain words its loads.
 X3_SPLIT_B_LOADS = ("A: TMA tiles of its staged big and small TF32 halves; B: fp32 TMA tiles (of B where the copy "
@@ -412,10 +416,11 @@ class WgmmaTf32(Family):
     #: 64-row tiles where the rule of ROWS64_MAX_M says; False: 128 rows always, "always": 64 rows
     #: wherever the kernel allows them (tf32 with either A form, the cooperative form): for probes.
     rows64: bool | str = True
-    #: The same rule for an m-contiguous A fed from registers (A_MN) where C is written along m
-    #: (every row-major B, as C^T), on the 64-row tile that loads each k-step's fragments during
-    #: the step before (a_mn_step in the kernel), without the K bound and unsplit
-    #: (ROWS64_A_MN_SPLIT). False: A_MN takes 128-row tiles (a variant for probes).
+    #: The same rule for an m-contiguous A fed from registers (A_MN) where the kernel writes C
+    #: along m (a row-major B into a row-major C, as C^T) and the 128-row tile is not split, on
+    #: the 64-row tile that loads each k-step's fragments during the step before (a_mn_step in the
+    #: kernel), without the K bound and unsplit (ROWS64_A_MN_SPLIT, :meth:`a_mn_rows64`). False:
+    #: A_MN takes 128-row tiles (a variant for probes).
     rows64_a_mn: bool = True
     #: tf32x3: k-steps between promotions of the big products (PROMOTE_EVERY); None: X3_SHORT_K's
     #: rule (for probes: the accuracy and speed of each)
@@ -500,16 +505,20 @@ class WgmmaTf32(Family):
         ``rows64="always"`` says; tf32x3 where it splits B itself), else 128."""
         if x3:
             return 64 if self.x3_splits_b(p) else 128
-        if self.rows64 is False or (a_mn and self.rows64 is True and not self.a_mn_rows64(p)):
+        if self.rows64 is False or (a_mn and self.rows64 is True and not self.a_mn_rows64(p, dev)):
             return 128
         if self.rows64 == "always" or p.M <= ROWS64_MAX_M:
             return 64
         return 64 if self.mid_width(p, dev, a_mn) is not None else 128
 
-    def a_mn_rows64(self, p: Problem) -> bool:
+    def a_mn_rows64(self, p: Problem, dev: DeviceFacts) -> bool:
         """Whether the rules of 64-row tiles apply to an A fed from registers (A_MN): under
-        ``rows64_a_mn``, where C is written along m (the C^T form; ROWS64_A_MN_SPLIT says why)."""
-        return self.rows64_a_mn and p.c_strides[0] == 1 and p.c_strides[1] != 1
+        ``rows64_a_mn``, where the kernel writes C along m (a row-major B into a row-major C is
+        launched so, as C^T: each Linear's grad_x) and the 128-row tile would not be split (its
+        rule's or a forced split: those plans stay as they were, unmeasured against 64 rows;
+        ROWS64_A_MN_SPLIT says why)."""
+        return (self.rows64_a_mn and p.c_strides[0] == 1 and p.c_strides[1] != 1
+                and self.split_choice(p, dev, self.tile_options(False), bm=128) is None)
 
     @staticmethod
     def mid_width(p: Problem, dev: DeviceFacts, a_mn: bool) -> int | None:
@@ -706,7 +715,7 @@ class WgmmaTf32(Family):
             why = (f"{tiles_of(p, 128, 64)} tiles of 128x64 fill under one wave of {dev.sm_count} SMs; 64-row "
                    "tiles load no more a k-step per SM ((BM + BN) x waves), and a block of so few tiles an SM "
                    "runs at the rate it loads" + (" (the width forced)" if self.force_bn else ""))
-            if self.reads_a_mn(p) and not ROWS64_A_MN_SPLIT:
+            if self.reads_a_mn(p) and not ROWS64_A_MN_SPLIT and self.split is True:
                 why += ("; A fed from registers: at any K, unsplit (no split of such a tile was measured faster "
                         "than the 64-row tile unsplit)")
         else:
