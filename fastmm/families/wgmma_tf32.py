@@ -299,16 +299,16 @@ def wgmma_ahead(p: Problem, dev: DeviceFacts, fam: "WgmmaTf32 | None" = None) ->
     return p.K >= SPLIT_AHEAD_MIN_K and fam.split_choice(launch_p, dev, fam.tile_options(False)) is not None
 
 
-def mid_rows64_width(p: Problem, dev: DeviceFacts, max_k: int | None = ROWS64_MID_MAX_K) -> int | None:
+def mid_rows64_width(p: Problem, dev: DeviceFacts, a_mn: bool = False) -> int | None:
     """The width of 64-row tiles for a mid-size tf32 product (ROWS64_MID_WIDTHS), or None where
     128-row tiles serve it: they fill a wave of SMs at width 64, K is long, B outgrows L2 under a
     partial row of tiles, or no 64-row width fits in one wave. A block of so few tiles an SM loads
     (waves) x (BM + BN) floats a k-step: the 128-row plan's least is one wave of 128 x 64 (192),
     so 64-row tiles go as wide as keeps them to one wave, 64 (128 a k-step) where that fits,
     else 128 (192, a tie that goes to 64 rows: 1000^3 ran 12.9 us on 64 x 128 against 13.8 on 128
-    x 64); beyond one wave they would load more than the 128-row plan. ``max_k``: K's bound (None:
-    none, A_MN's rule, ROWS64_A_MN_SPLIT)."""
-    if p.batch_total != 1 or p.M <= ROWS64_MAX_M or (max_k is not None and p.K >= max_k) \
+    x 64); beyond one wave they would load more than the 128-row plan. ``a_mn``: an A fed from
+    registers, which has no bound on K (ROWS64_A_MN_SPLIT)."""
+    if p.batch_total != 1 or p.M <= ROWS64_MAX_M or (not a_mn and p.K >= ROWS64_MID_MAX_K) \
             or tiles_of(p, 128, 64) >= dev.sm_count:
         return None
     if p.M % 64 and 4 * p.N * p.K > ROWS64_MID_PARTIAL_L2_SHARE * dev.l2_bytes:
@@ -509,7 +509,7 @@ class WgmmaTf32(Family):
             return 128
         if self.rows64 == "always" or p.M <= ROWS64_MAX_M:
             return 64
-        return 64 if self.mid_width(p, dev, a_mn) is not None else 128
+        return 64 if mid_rows64_width(p, dev, a_mn) is not None else 128
 
     def a_mn_rows64(self, p: Problem, dev: DeviceFacts) -> bool:
         """Whether the rules of 64-row tiles apply to an A fed from registers (A_MN): under
@@ -519,11 +519,6 @@ class WgmmaTf32(Family):
         ROWS64_A_MN_SPLIT says why)."""
         return (self.rows64_a_mn and p.c_strides[0] == 1 and p.c_strides[1] != 1
                 and self.split_choice(p, dev, self.tile_options(False), bm=128) is None)
-
-    @staticmethod
-    def mid_width(p: Problem, dev: DeviceFacts, a_mn: bool) -> int | None:
-        """:func:`mid_rows64_width` for this A form: an A_MN one without the bound on K."""
-        return mid_rows64_width(p, dev, None if a_mn else ROWS64_MID_MAX_K)
 
     def x3_splits_b(self, p: Problem) -> bool:
         """tf32x3 on 64-row tiles, B read as fp32 and split into its TF32 halves by the kernel
@@ -564,7 +559,7 @@ class WgmmaTf32(Family):
         options = self.tile_options(x3)
         a_mn = self.reads_a_mn(p)
         bm = self.tile_rows(p, x3, a_mn, dev)
-        mid_width = (self.mid_width(p, dev, a_mn) if bm == 64 and not x3 and p.M > ROWS64_MAX_M  # (the mid-size rule)
+        mid_width = (mid_rows64_width(p, dev, a_mn) if bm == 64 and not x3 and p.M > ROWS64_MAX_M  # (the mid-size rule)
                      and self.rows64 is True and not self.force_bn else None)
         vector = EPILOGUE_VECTOR.get(p.epilogue, 0)  # a bias: applied as C is stored, PINGPONG allowed
         may_pingpong = bool(self.pingpong) and not x3 and not a_mn and bm == 128 and (not p.epilogue or vector)
@@ -709,13 +704,14 @@ class WgmmaTf32(Family):
         return () if bm == 128 else (("BM", bm),) + ((("X3_SPLIT_B", 1),) if x3 else ())
 
     def rows64_detail(self, p: Problem, dev: DeviceFacts) -> tuple[str, str]:
+        a_mn = self.reads_a_mn(p)
         if p.M <= ROWS64_MAX_M:
             why = f"M = {p.M} <= {ROWS64_MAX_M}, where a 128-row tile runs half its wgmmas or more on rows past M"
-        elif self.rows64 is True and self.mid_width(p, dev, self.reads_a_mn(p)) is not None:
+        elif self.rows64 is True and mid_rows64_width(p, dev, a_mn) is not None:
             why = (f"{tiles_of(p, 128, 64)} tiles of 128x64 fill under one wave of {dev.sm_count} SMs; 64-row "
                    "tiles load no more a k-step per SM ((BM + BN) x waves), and a block of so few tiles an SM "
                    "runs at the rate it loads" + (" (the width forced)" if self.force_bn else ""))
-            if self.reads_a_mn(p) and not ROWS64_A_MN_SPLIT and self.split is True:
+            if a_mn and not ROWS64_A_MN_SPLIT and self.split is True:
                 why += ("; A fed from registers: at any K, unsplit (no split of such a tile was measured faster "
                         "than the 64-row tile unsplit)")
         else:
