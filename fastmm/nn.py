@@ -142,10 +142,16 @@ class MultiheadAttention(torch.nn.MultiheadAttention):
         if not batched:
             query, key, value = (t.unsqueeze(1) for t in tensors)
             key_padding_mask = key_padding_mask.unsqueeze(0) if key_padding_mask is not None else None
-        elif self.batch_first:
-            query, key, value = (t.transpose(0, 1) for t in (query, key, value))
-        L, N, E = query.shape
-        S = key.shape[0]
+        # The projections run on the inputs as they are laid out (batch-first rows stay rows): a
+        # transposed view's rows do not fold into one matrix, so its product and its weight
+        # gradient would each read a copy (and miss the remembered steady-state entries).
+        seq_first = not (batched and self.batch_first)
+        if seq_first:
+            L, N, E = query.shape
+            S = key.shape[0]
+        else:
+            N, L, E = query.shape
+            S = key.shape[1]
         H, D = self.num_heads, self.head_dim
         if self._qkv_same_embed_dim:
             wq, wk, wv = self.in_proj_weight.chunk(3)
@@ -159,10 +165,15 @@ class MultiheadAttention(torch.nn.MultiheadAttention):
             q, k, v = ops.linear(query, self.in_proj_weight, self.in_proj_bias, prec).chunk(3, dim=-1)
         else:
             q, k, v = ops.linear(query, wq, bq, prec), ops.linear(key, wk, bk, prec), ops.linear(value, wv, bv, prec)
-        # (L, N, H*D) -> (N, H, L, D)
-        q = q.reshape(L, N, H, D).permute(1, 2, 0, 3)
-        k = k.reshape(S, N, H, D).permute(1, 2, 0, 3)
-        v = v.reshape(S, N, H, D).permute(1, 2, 0, 3)
+        # (L, N, H*D) or (N, L, H*D) -> (N, H, L, D)
+        if seq_first:
+            q = q.reshape(L, N, H, D).permute(1, 2, 0, 3)
+            k = k.reshape(S, N, H, D).permute(1, 2, 0, 3)
+            v = v.reshape(S, N, H, D).permute(1, 2, 0, 3)
+        else:
+            q = q.reshape(N, L, H, D).transpose(1, 2)
+            k = k.reshape(N, S, H, D).transpose(1, 2)
+            v = v.reshape(N, S, H, D).transpose(1, 2)
         mask = _additive_mask(attn_mask, key_padding_mask, N, H, L, S, q.dtype)
         dropout = self.dropout if self.training else 0.0
         weights = None
@@ -181,12 +192,13 @@ class MultiheadAttention(torch.nn.MultiheadAttention):
         else:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout,
                                                  is_causal=is_causal and mask is None)
-        out = out.permute(2, 0, 1, 3).reshape(L, N, E)
+        if seq_first:
+            out = out.permute(2, 0, 1, 3).reshape(L, N, E)
+        else:
+            out = out.transpose(1, 2).reshape(N, L, E)
         out = ops.linear(out, self.out_proj.weight, self.out_proj.bias, prec)
         if not batched:
             out = out.squeeze(1)
-        elif self.batch_first:
-            out = out.transpose(0, 1)
         return out, weights
 
 

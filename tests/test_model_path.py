@@ -512,6 +512,50 @@ def test_patch_converts_multihead_attention_in_place_with_the_same_state():
     assert type(mha) is torch.nn.MultiheadAttention
 
 
+@pytest.mark.parametrize("form", ["seq_first", "unbatched"])
+def test_a_converted_multihead_attention_matches_torch_in_every_input_layout(form):
+    mha = torch.nn.MultiheadAttention(16, 2)
+    ref = torch.nn.MultiheadAttention(16, 2)
+    ref.load_state_dict(mha.state_dict())
+    fastmm.patch(mha)
+    shape = (5, 2, 16) if form == "seq_first" else (5, 16)
+    x, kv = torch.randn(shape), torch.randn((6,) + shape[1:])
+    for args in ((x, x, x), (x, kv, kv)):
+        for need_weights in (True, False):
+            got, got_w = mha(*args, need_weights=need_weights)
+            want, want_w = ref(*args, need_weights=need_weights)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+            if want_w is not None:
+                torch.testing.assert_close(got_w, want_w, rtol=1e-5, atol=1e-5)
+
+
+def test_batch_first_attention_projects_its_rows_in_place_and_repeats_without_planning(emulated_gpu, monkeypatch):
+    """A batch-first input's rows are one matrix as they are: the in-projection reads x itself
+    (a seq-first view of it would fold only by a copy, and its weight gradient too), and a
+    repeated training step takes remembered entries only, no full-path call."""
+    import emulation
+    gpu = emulated_gpu
+    monkeypatch.setattr(emulation, "CHECK_MEMORY", False)  # (SDPA's output: made by torch's op)
+    mha = torch.nn.MultiheadAttention(16, 2, batch_first=True)
+    ref = torch.nn.MultiheadAttention(16, 2, batch_first=True)
+    ref.load_state_dict(mha.state_dict())
+    fastmm.patch(mha, precision="ieee")
+    x = torch.randn(3, 5, 16, requires_grad=True)
+    for step in range(3):
+        gpu.clear()
+        slow = gpu.slow_calls
+        got, _ = mha(x, x, x, need_weights=False)
+        if step == 0:
+            assert gpu.launches[0].pointers[0] == x.data_ptr()  # the in-projection on x's own rows
+        got.pow(2).sum().backward()
+        if step > 0:
+            assert gpu.slow_calls == slow
+    want, _ = ref(x, x, x, need_weights=False)
+    want.pow(2).sum().backward()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(mha.in_proj_weight.grad / 3, ref.in_proj_weight.grad, rtol=1e-4, atol=1e-5)
+
+
 def test_patch_reaches_every_projection_of_a_transformer_encoder():
     layer = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
     model = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
