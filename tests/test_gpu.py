@@ -1016,11 +1016,14 @@ def test_wgmma_pingpong_consumers_compute_every_tile(case, bn, rel_err):
     needs_sm90()
     a, b = WGMMA_WIDTH_CASES[case]() if case in WGMMA_WIDTH_CASES else (randn(1408, 96), randn(2100, 96).t())
     outs = []
-    for variant in (WgmmaTf32(force_bn=bn, pingpong="always"), WgmmaTf32(force_bn=bn, pingpong=False)):
+    # (128-row tiles: the 64-row tile is the cooperative form only, and the mid-size rule would
+    # give these products 64 rows)
+    for variant in (WgmmaTf32(force_bn=bn, pingpong="always", rows64=False),
+                    WgmmaTf32(force_bn=bn, pingpong=False, rows64=False)):
         out = torch.full(torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1]), NAN,
                          device="cuda")
         result, plan, reason = dispatch.matmul_fastmm(a, b, out, "tf32", force="wgmma_tf32", variants=(variant,))
-        assert reason is None and result is out and plan.kernel.tile[1] == bn
+        assert reason is None and result is out and plan.kernel.tile[:2] == (128, bn)
         m = dict(plan.kernel.macros)
         if variant.pingpong:
             assert bool(m.get("PINGPONG")) == (m["A_MN"] == 0), plan.describe()
@@ -1045,6 +1048,13 @@ WGMMA_SPLIT_CASES = {
     # > 64 rows, few tiles, W^T of 64 MiB under a partial 64-row tile: the 128-row split (ROWS64_MID_PARTIAL_L2_SHARE)
     "tall-linear-rule": lambda: (randn(80, 4100), randn(4096, 4100).t(), "tf32", None),
     "tall-swapped-rule": lambda: (randn(700, 6000), randn(6000, 300), "tf32", None),
+    # C^T with an odd number of columns as launched (197; A fed from registers: the workspace
+    # contiguous along m), on 128- and 64-row tiles; and an odd N whose B is copied K-major (the
+    # workspace's rows padded from 771 to 772 floats)
+    "swap-odd-columns": lambda: (randn(197, 3072), randn(3072, 768), "tf32", 3),
+    "swap-odd-columns-64-rows": lambda: (randn(197, 3072), randn(3072, 768), "tf32",
+                                         WgmmaTf32(split=2, rows64="always")),
+    "copied-b-odd-width": lambda: (randn(197, 3072), randn(3072, 771), "tf32", 3),
 }
 
 
@@ -1057,7 +1067,10 @@ def test_wgmma_split_k_sums_every_tiles_slices_in_order(case, rel_err):
     order, and the arrival counters are back at zero after each launch)."""
     needs_sm90()
     a, b, precision, slices = WGMMA_SPLIT_CASES[case]()
-    variant = WgmmaTf32() if slices is None else WgmmaTf32(split=slices)
+    if isinstance(slices, WgmmaTf32):
+        variant, slices = slices, slices.split
+    else:
+        variant = WgmmaTf32() if slices is None else WgmmaTf32(split=slices)
     M, N = a.shape[-2], b.shape[-1]
     outs = []
     for out in (torch.full((M, N), NAN, device="cuda"), torch.full((N, M), NAN, device="cuda").t(),
