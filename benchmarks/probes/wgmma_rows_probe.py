@@ -78,7 +78,9 @@ PRODUCTS = (("dec64_up", 1, 64, 14336, 4096, "wt"), ("dec48_down", 1, 48, 4096, 
             # C^T products the A_MN rule of run 42 moved that the probe had not timed: few tiles over a
             # long K (the 128-row rule split it), a short K
             ("gx_tall_6000", 1, 700, 300, 6000, "rm"), ("gx_tok2k_kv", 1, 2048, 512, 2048, "rm"),
-            ("gx_n48_8k", 1, 4096, 48, 8192, "rm"))
+            ("gx_n48_8k", 1, 4096, 48, 8192, "rm"),
+            # (run 43) decode-sized grad_x with a row-major W: 48 rows, K = 11008 (C^T: 4096 x 48)
+            ("gx_dec48_down", 1, 48, 4096, 11008, "rm"))
 
 #: --a-mn's variant: the planner with rows64_a_mn the other way from its default
 A_MN_FLIPPED = WgmmaTf32(rows64_a_mn=not WgmmaTf32().rows64_a_mn)
