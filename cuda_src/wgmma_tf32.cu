@@ -610,7 +610,9 @@ __device__ __forceinline__ void split_finish(const float* W, i64 sWm, i64 sWn, i
                     const int r = A_MN ? at : line, c = A_MN ? line : at;
                     const float* p = W + (i64)(m0 + r) * sWm + (i64)(n0 + c) * sWn + (i64)(s0 + q) * slice;
                     const bool ok = u < units && s0 + q < S && at < along;
-                    if (vec) {  // (the lines are padded: a unit that starts inside is wholly in the workspace)
+                    // (a unit across the edge of M or N reads its outputs one by one: the lines'
+                    // padding is never written, and is not read either)
+                    if (vec && at + 4 <= along) {
                         const float4 x = ok ? ld_l2_v4_ordered(p) : make_float4(0.f, 0.f, 0.f, 0.f);
                         v[q][j][0] = x.x; v[q][j][1] = x.y; v[q][j][2] = x.z; v[q][j][3] = x.w;
                     } else {
