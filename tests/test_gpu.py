@@ -1048,9 +1048,8 @@ WGMMA_SPLIT_CASES = {
     # > 64 rows, few tiles, W^T of 64 MiB under a partial 64-row tile: the 128-row split (ROWS64_MID_PARTIAL_L2_SHARE)
     "tall-linear-rule": lambda: (randn(80, 4100), randn(4096, 4100).t(), "tf32", None),
     "tall-swapped-rule": lambda: (randn(700, 6000), randn(6000, 300), "tf32", None),
-    # C^T with an odd number of columns as launched (197; A fed from registers: the workspace
-    # contiguous along m), on 128- and 64-row tiles; and an odd N whose B is copied K-major (the
-    # workspace's rows padded from 771 to 772 floats)
+    # C^T with an odd number of columns as launched (197; A fed from registers), on 128- and
+    # 64-row tiles; and an odd N whose B is copied K-major (partial tiles of an odd width)
     "swap-odd-columns": lambda: (randn(197, 3072), randn(3072, 768), "tf32", 3),
     "swap-odd-columns-64-rows": lambda: (randn(197, 3072), randn(3072, 768), "tf32",
                                          WgmmaTf32(split=2, rows64="always")),

@@ -785,30 +785,15 @@ class WgmmaTf32(Family):
             return None
         return best[0], best[1]
 
-    @staticmethod
-    def split_workspace(p: Problem, cfg: KernelConfig) -> tuple[int, int, int]:
-        """(sWm, sWn, slice): the SPLIT kernel's workspace for launch problem ``p``, in floats.
-        Each slice is contiguous along the dim the kernel's registers hold in pairs: n, or m for
-        an A fed from registers (A_MN, whose fragments are adjacent row pairs), its lines padded
-        to a multiple of 4 floats so that the partial tiles go out as float2 pairs and the last
-        block sums float4 units whatever M and N are (single floats at an odd width ran an A_MN
-        split slower than no split: NOTES run 43)."""
-        if dict(cfg.macros).get("A_MN", 0):
-            ld = -(-p.M // 4) * 4
-            return 1, ld, ld * p.N
-        ld = -(-p.N // 4) * 4
-        return ld, 1, ld * p.M
-
     def _split_config(self, p, dev, bn: int, stages: int, split: int, x3: bool, a_mn: bool, bm: int) -> KernelConfig:
-        """The SPLIT kernel: one block a (tile, slice), slices stored from registers as float2
-        pairs into a workspace contiguous along n, or along m for A_MN (:meth:`split_workspace`),
-        the last block's sum into C."""
+        """The SPLIT kernel: one block a (tile, slice), slices stored from registers into a
+        row-major workspace (float2 where N is even), the last block's sum into C."""
         tiles = tiles_of(p, bm, bn)
         # (split_range gives each slice a run of k-tiles: the kernel relies on none being empty)
         assert 1 < split <= MAX_GRID_Y and split_slices(p, split) == split, (split, p.K)
         a_regs = x3 and self.x3_splits_a(p)
         stages = self.fit_stages(dev, bn, stages, x3, 0, bm, a_regs)
-        c_vec = 2 if a_mn else 1  # (the workspace's padded lines take float2 pairs at any M, N)
+        c_vec = int(p.N % 2 == 0)
         macros = (("BN", bn), ("STAGES", stages), ("C_VEC", c_vec), ("PRECISION_X3", int(x3)), ("A_MN", int(a_mn)),
                   ("SPLIT", 1)) + self.row_macros(bm, x3)
         if x3:
