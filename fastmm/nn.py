@@ -165,15 +165,11 @@ class MultiheadAttention(torch.nn.MultiheadAttention):
             q, k, v = ops.linear(query, self.in_proj_weight, self.in_proj_bias, prec).chunk(3, dim=-1)
         else:
             q, k, v = ops.linear(query, wq, bq, prec), ops.linear(key, wk, bk, prec), ops.linear(value, wv, bv, prec)
-        # (L, N, H*D) or (N, L, H*D) -> (N, H, L, D)
-        if seq_first:
-            q = q.reshape(L, N, H, D).permute(1, 2, 0, 3)
-            k = k.reshape(S, N, H, D).permute(1, 2, 0, 3)
-            v = v.reshape(S, N, H, D).permute(1, 2, 0, 3)
-        else:
-            q = q.reshape(N, L, H, D).transpose(1, 2)
-            k = k.reshape(N, S, H, D).transpose(1, 2)
-            v = v.reshape(N, S, H, D).transpose(1, 2)
+        def heads(t, length):  # (length, N, H*D) or (N, length, H*D) -> (N, H, length, D)
+            return (t.reshape(length, N, H, D).permute(1, 2, 0, 3) if seq_first
+                    else t.reshape(N, length, H, D).transpose(1, 2))
+
+        q, k, v = heads(q, L), heads(k, S), heads(v, S)
         mask = _additive_mask(attn_mask, key_padding_mask, N, H, L, S, q.dtype)
         dropout = self.dropout if self.training else 0.0
         weights = None
