@@ -36,9 +36,10 @@
 // SPLIT = 1 (the cooperative form, C from registers, a batch of 1): K is split over gridDim.y
 // blocks per tile (split_range, common.cuh), for products whose tiles alone leave most SMs idle
 // (decode's x @ W.t() at M = 17-128: a few dozen tiles of a long K). Each block stores its
-// partial tile into its slice of a workspace (row-major M x N slices, sC0 apart); the last of a
-// tile's blocks to arrive sums the slices in slice order into Out through the epilogue (the same
-// bits every run; split_finish below). One launch: no reduce pass.
+// partial tile into its slice of a workspace (M x N slices sC0 apart, contiguous along n, or
+// along m where C_VEC = 2); the last of a tile's blocks to arrive sums the slices in slice order into
+// Out through the epilogue (the same bits every run; split_finish below). One launch: no reduce
+// pass.
 //
 // Operands are K-major in shared memory (TF32 wgmma reads nothing else from there): the A map
 // walks (k, m), the B map walks (k, n), i.e. B^T row-major. An n-contiguous B is never read here
@@ -128,8 +129,8 @@
 #ifndef SPLIT
 #define SPLIT 0
 #endif
-#if SPLIT && (PINGPONG || TMA_STORE || C_VEC == 2)
-#error "SPLIT stores its slices from registers into row-major workspace slices, in the cooperative form"
+#if SPLIT && (PINGPONG || TMA_STORE)
+#error "SPLIT stores its slices from registers into workspace slices (along m where C_VEC = 2, else along n), in the cooperative form"
 #endif
 #define ORDER_BAR 2  // PINGPONG: named barriers 2 and 3 (0: __syncthreads, 1: consumer_sync)
 #ifndef C_BOXES
@@ -560,11 +561,18 @@ __device__ __forceinline__ void store_half(const float* d, float* Cb, int row, i
 // every block's slice visible before its arrival counts, and the last block's L2 reads (ld.cg)
 // come after it saw the count.
 //
-// The sum walks the tile's rows inside M in units of 4 columns (a float4 of each slice where the
-// workspace rows allow it), a thread taking SUM_UNITS units at a time and loading 4 slices of
-// all of them before adding any: one L2 round trip per 4 slices of 4 units. (One output at a time,
-// 8 slices' loads in flight, cost ~10 us a tile: 300 x 700 x 1100 ran 24.2 us in 2 slices against
-// 14.5 unsplit, probes/wgmma_split_probe.py.)
+// The workspace is laid out along C's contiguous dim: m-contiguous slices where the kernel
+// stores A_MN's adjacent row pairs along m (C_VEC = 2: C^T), row-major ones otherwise; either way
+// its lines padded to a multiple of 4 floats (the host's split_workspace), so that the partial
+// tiles go out in float2 pairs and the sum reads float4 units of 4 outputs along that dim.
+// The sum walks the tile in those units (a line of the tile is BN / 4 units of a row, or with
+// C_VEC = 2 BM / 4 units of a column), a thread taking SUM_UNITS units at a time and loading 4
+// slices of all of them before adding any: one L2 round trip per 4 slices of 4 units. (One output
+// at a time, 8 slices' loads in flight, cost ~10 us a tile: 300 x 700 x 1100 ran 24.2 us in 2
+// slices against 14.5 unsplit, probes/wgmma_split_probe.py. An A_MN split on row-major slices of
+// an odd width stored and summed single floats and wrote C^T across its rows: a 2-slice split of
+// 511 x 1536 x 8960 as C^T ran 124 us against 111 unsplit on an H100, NOTES run 43.) A unit goes
+// into Out as one float4 where Out is contiguous along it and aligned, else output by output.
 #define SUM_UNITS 4
 __device__ __forceinline__ void split_finish(const float* W, i64 sWm, i64 sWn, i64 slice, float* Out, i64 sOm,
                                              i64 sOn, int M, int N, int m0, int n0, unsigned* counter,
@@ -579,9 +587,13 @@ __device__ __forceinline__ void split_finish(const float* W, i64 sWm, i64 sWn, i
     __threadfence();
     const int S = gridDim.y;
     const int rows = min(BM, M - m0), cols = min(BN, N - n0);
-    const bool vec = sWn == 1 && sWm % 4 == 0 && slice % 4 == 0 && n0 % 4 == 0 && ((size_t)W & 15) == 0;
-    constexpr int ROW_UNITS = BN / 4;
-    const int units = rows * ROW_UNITS;
+    // (along: the dim of a unit's 4 outputs, m where the workspace is m-contiguous; lines: the other)
+    constexpr bool ALONG_M = C_VEC == 2;
+    constexpr int LINE_UNITS = (ALONG_M ? BM : BN) / 4;
+    const int along = ALONG_M ? rows : cols, lines = ALONG_M ? cols : rows;
+    const i64 sWe = ALONG_M ? sWm : sWn, sWl = ALONG_M ? sWn : sWm, sOe = ALONG_M ? sOm : sOn;
+    const bool vec = sWe == 1 && sWl % 4 == 0 && slice % 4 == 0 && ((size_t)W & 15) == 0;
+    const int units = lines * LINE_UNITS;
     for (int u0 = ct; u0 < units; u0 += CONSUMER_THREADS * SUM_UNITS) {
         float sum[SUM_UNITS][4];
 #pragma unroll
@@ -595,15 +607,18 @@ __device__ __forceinline__ void split_finish(const float* W, i64 sWm, i64 sWn, i
 #pragma unroll
                 for (int j = 0; j < SUM_UNITS; ++j) {
                     const int u = u0 + CONSUMER_THREADS * j;
-                    const int r = u / ROW_UNITS, c = 4 * (u % ROW_UNITS);
+                    const int line = u / LINE_UNITS, at = 4 * (u % LINE_UNITS);
+                    const int r = ALONG_M ? at : line, c = ALONG_M ? line : at;
                     const float* p = W + (i64)(m0 + r) * sWm + (i64)(n0 + c) * sWn + (i64)(s0 + q) * slice;
-                    const bool ok = u < units && s0 + q < S && c < cols;
-                    if (vec) {  // (N % 4 == 0 here: a unit inside N is wholly inside)
+                    const bool ok = u < units && s0 + q < S && at < along;
+                    // (a unit across the edge of M or N reads its outputs one by one: the lines'
+                    // padding is never written, and is not read either)
+                    if (vec && at + 4 <= along) {
                         const float4 x = ok ? ld_l2_v4_ordered(p) : make_float4(0.f, 0.f, 0.f, 0.f);
                         v[q][j][0] = x.x; v[q][j][1] = x.y; v[q][j][2] = x.z; v[q][j][3] = x.w;
                     } else {
 #pragma unroll
-                        for (int e = 0; e < 4; ++e) v[q][j][e] = ok && c + e < cols ? ld_l2_ordered(p + e * sWn) : 0.f;
+                        for (int e = 0; e < 4; ++e) v[q][j][e] = ok && at + e < along ? ld_l2_ordered(p + e * sWe) : 0.f;
                     }
                 }
 #pragma unroll
@@ -617,13 +632,20 @@ __device__ __forceinline__ void split_finish(const float* W, i64 sWm, i64 sWn, i
 #pragma unroll
         for (int j = 0; j < SUM_UNITS; ++j) {
             const int u = u0 + CONSUMER_THREADS * j;
-            const int r = u / ROW_UNITS, c = 4 * (u % ROW_UNITS);
+            const int line = u / LINE_UNITS, at = 4 * (u % LINE_UNITS);
+            if (u >= units || at >= along) continue;
+            const int m = m0 + (ALONG_M ? at : line), n = n0 + (ALONG_M ? line : at);
+            float* q = Out + (i64)m * sOm + (i64)n * sOn;
+            float x[4];
 #pragma unroll
-            for (int e = 0; e < 4; ++e)
-                if (u < units && c + e < cols) {
-                    const int m = m0 + r, n = n0 + c + e;
-                    Out[(i64)m * sOm + (i64)n * sOn] = epi(sum[j][e], m, n);
-                }
+            for (int e = 0; e < 4; ++e) x[e] = at + e < along ? epi(sum[j][e], m + (ALONG_M ? e : 0), n + (ALONG_M ? 0 : e)) : 0.f;
+            if (sOe == 1 && at + 3 < along && ((size_t)q & 15) == 0) {
+                *(float4*)q = make_float4(x[0], x[1], x[2], x[3]);
+            } else {
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    if (at + e < along) q[e * sOe] = x[e];
+            }
         }
     }
     if (ct == 0) *(volatile unsigned*)counter = 0u;

@@ -306,9 +306,14 @@ def emulate_wgmma(cfg, maps, args) -> None:
     pc, M, N, K, scm, scn, inner, total, sc0, sc1, bits = args
     assert M > 0 and N > 0 and K > 0 and 1 <= inner <= total and total % inner == 0
     work = -(-M // bm) * -(-N // bn) * total
-    if split > 1:  # one block a (tile, slice); the workspace: split row-major M x N slices
+    if split > 1:  # one block a (tile, slice); the workspace: split M x N slices along C's
+        # contiguous dim (m where A_MN writes an m-contiguous C: C_VEC 2; else n), lines padded to 4 floats
         assert total == 1 and cfg.grid == (work, split, 1) and cfg.work_items == work * split, (cfg.grid, args)
-        assert (scm, scn, sc0, sc1) == (N, 1, M * N, 0) and not macros.get("TMA_STORE"), args
+        som, son = fused[1:3]
+        assert c_vec == (2 if a_mn and som == 1 and son != 1 else 1), (cfg.macros, som, son)
+        pad = lambda x: -(-x // 4) * 4  # noqa: E731
+        want = (1, pad(M), pad(M) * N) if c_vec == 2 else (pad(N), 1, pad(N) * M)
+        assert (scm, scn, sc0, sc1) == want + (0,) and not macros.get("TMA_STORE"), args
     else:  # a 1-D grid walking (tile, batch entry) pairs: one block each, or fewer (persistent) taking turns
         assert cfg.work_items == work and 1 <= cfg.grid[0] <= work and cfg.grid[1:] == (1, 1), (cfg.grid, args)
     parts = 2 if x3 else 1
@@ -329,8 +334,8 @@ def emulate_wgmma(cfg, maps, args) -> None:
         assert m.spec.box == (32, bn, 1, 1), m.spec
         assert m.tf32 == (not x3)  # (X3_SPLIT_B: B itself in fp32; X3_A_REGS: A)
     assert all(m.spec == a_maps[0].spec for m in a_maps) and all(m.spec == b_maps[0].spec for m in b_maps)
-    if c_vec == 1:  # float2 stores along n
-        assert N % 2 == 0 and scm % 2 == 0 and pc % 8 == 0 and sc0 % 2 == 0 and sc1 % 2 == 0, args
+    if c_vec == 1:  # float2 stores along n (a split's padded workspace lines take the pair past an odd N)
+        assert (N % 2 == 0 or (split > 1 and scm % 4 == 0)) and scm % 2 == 0 and pc % 8 == 0 and sc0 % 2 == 0 and sc1 % 2 == 0, args
     elif c_vec == 2:  # float2 stores along m (adjacent row pairs of A_MN)
         assert a_mn and scm == 1 and scn % 2 == 0 and pc % 8 == 0 and sc0 % 2 == 0 and sc1 % 2 == 0, args
     for z in range(total):

@@ -400,9 +400,13 @@ def test_wgmma_configs_cover_both_tiles_and_store_modes():
             assert {m["BN"] for m in macros if m["PRECISION_X3"] == x3 and m.get("TMA_STORE", 0) == tma} >= widths, (x3, tma)
             assert {m.get("EPILOGUE", 0) for m in macros if m["PRECISION_X3"] == x3 and m.get("TMA_STORE", 0) == tma} == {0, 1}
         assert {m["C_VEC"] for m in macros if m["PRECISION_X3"] == x3} == ({0, 1} if x3 else {0, 1, 2}), x3
-    # K split over blocks: A K-major and fed from registers, both store modes, the epilogue
-    assert {(m["A_MN"], m["C_VEC"], m.get("EPILOGUE", 0)) for m in macros if m.get("SPLIT")} >= {
-        (a, c, e) for a in (0, 1) for c in (0, 1) for e in (0, 1)}
+    # K split over blocks: A K-major and fed from registers, with and without the epilogue; the
+    # partial tiles in float2 pairs along the workspace's padded lines (along C's contiguous dim:
+    # n, or m for A_MN's C^T)
+    split_forms = {(m["A_MN"], m["C_VEC"], m.get("EPILOGUE", 0)) for m in macros if m.get("SPLIT")}
+    # (C^T's split, A_MN with C_VEC 2: test_wgmma_64_row_tile_builds_every_width_and_form_without_spills)
+    assert split_forms >= {(a, 1, e) for a in (0, 1) for e in (0, 1)}, split_forms
+    assert {c for _, c, _ in split_forms} <= {1, 2}, split_forms
     # the consumers taking turns (tf32 only, no fused epilogue but a bias) at every width they take
     assert {m["BN"] for m in macros if m.get("PINGPONG")} == {64, 96, 128, 192}
     taking_turns = {(m.get("EPILOGUE", 0), m.get("EPILOGUE_VECTOR", 0), m["C_VEC"]) for m in macros if m.get("PINGPONG")}
@@ -675,13 +679,16 @@ def test_wgmma_split_builds_every_width_and_form_without_spills():
                     plan = select(dataclasses.replace(p, epilogue=epi), dev, force="wgmma_tf32", variants=(fam,))
                     m = dict(plan.kernel.macros)
                     assert m["SPLIT"] == 1 and m["BN"] == bn and plan.kernel.grid[1] == 4, m
-                    assert m["C_VEC"] == int(n % 2 == 0) and m.get("EPILOGUE", 0) == int(bool(epi))
+                    # (float2 pairs along the workspace's padded lines at any N: along C's
+                    # contiguous dim, m where A_MN writes C^T)
+                    c_m = (plan.launch_problem or plan.problem).c_strides[0] == 1
+                    assert m["C_VEC"] == (2 if m["A_MN"] and c_m else 1) and m.get("EPILOGUE", 0) == int(bool(epi))
                     assert "EPILOGUE_VECTOR" not in m
                     macros.add(plan.kernel.macros)
     assert {(dict(m)["A_MN"], dict(m)["PRECISION_X3"]) for m in macros} == {(0, 0), (1, 0), (0, 1)}
     _assert_no_spills("wgmma_tf32.cu", "sm_90a", sorted(macros))
     base = {"BN": 128, "STAGES": 4, "C_VEC": 0, "PRECISION_X3": 0, "A_MN": 0, "SPLIT": 1}
-    for bad in ({"PINGPONG": 1}, {"TMA_STORE": 1}, {"A_MN": 1, "C_VEC": 2}, {"EPILOGUE": 1, "EPILOGUE_VECTOR": 1}):
+    for bad in ({"PINGPONG": 1}, {"TMA_STORE": 1}, {"EPILOGUE": 1, "EPILOGUE_VECTOR": 1}):
         with pytest.raises(CompileError, match="SPLIT"):
             compile_cubin("wgmma_tf32.cu", tuple({**base, **bad}.items()), "sm_90a")
 
@@ -761,7 +768,7 @@ def test_wgmma_64_row_tile_builds_every_width_and_form_without_spills():
                 assert m["BM"] == 64 and m["A_MN"] == 1 and m["BN"] == bn, m
                 a_mn.add((m["C_VEC"], m.get("TMA_STORE", 0), m.get("SPLIT", 0), m.get("EPILOGUE_VECTOR", 0)))
                 macros.add(plan.kernel.macros)
-    assert a_mn >= {(2, 0, 0, 0), (0, 0, 0, 0), (2, 0, 0, 2), (1, 0, 1, 0), (0, 1, 0, 0), (0, 1, 0, 1)}, a_mn
+    assert a_mn >= {(2, 0, 0, 0), (0, 0, 0, 0), (2, 0, 0, 2), (2, 0, 1, 0), (0, 1, 0, 0), (0, 1, 0, 1)}, a_mn
     for bn in (64, 96, 128):  # tf32x3 on 64-row tiles: B split into its halves by the kernel
         for n, split in ((4096, False), (4095, False), (4096, 3), (4095, 3)):
             p = Problem.dense(48, n, 4096, "tf32x3", b_t=True)
@@ -773,7 +780,8 @@ def test_wgmma_64_row_tile_builds_every_width_and_form_without_spills():
                 macros.add(plan.kernel.macros)
     forms = {(dict(m).get("TMA_STORE", 0), dict(m).get("SPLIT", 0), dict(m).get("EPILOGUE_VECTOR", 0), dict(m)["C_VEC"])
              for m in macros}
-    assert forms >= {(1, 0, 0, 0), (1, 0, 1, 0), (0, 0, 0, 1), (0, 0, 1, 1), (0, 0, 0, 0), (0, 1, 0, 1), (0, 1, 0, 0)}
+    # (a split's partial tiles: float2 pairs along n, or along m for A_MN)
+    assert forms >= {(1, 0, 0, 0), (1, 0, 1, 0), (0, 0, 0, 1), (0, 0, 1, 1), (0, 0, 0, 0), (0, 1, 0, 1), (0, 1, 0, 2)}
     _assert_no_spills("wgmma_tf32.cu", "sm_90a", sorted(macros))
     base = {"BN": 128, "STAGES": 4, "C_VEC": 0, "PRECISION_X3": 0, "A_MN": 0, "BM": 64}
     for bad in ({"PINGPONG": 1}, {"PINGPONG": 1, "A_MN": 1}, {"PRECISION_X3": 1}, {"BM": 96}):

@@ -1054,6 +1054,9 @@ WGMMA_SPLIT_CASES = {
     "swap-odd-columns-64-rows": lambda: (randn(197, 3072), randn(3072, 768), "tf32",
                                          WgmmaTf32(split=2, rows64="always")),
     "copied-b-odd-width": lambda: (randn(197, 3072), randn(3072, 771), "tf32", 3),
+    # a row-major B of 771 columns in rows of 776 (read in place): C^T of 771 rows as launched, the
+    # m-contiguous workspace's lines padded to 772, the last row pair a single row
+    "swap-padded-pitch-odd-rows": lambda: (randn(197, 3072), randn(3072, 776)[:, :771], "tf32", 3),
 }
 
 

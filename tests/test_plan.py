@@ -2473,6 +2473,30 @@ def test_a_fed_from_registers_takes_64_row_tiles_as_c_transposed_unsplit_at_any_
             assert dict(k.macros)["A_MN"] == 1 and bool(dict(k.macros).get("TMA_STORE")) == want, (epilogue, rows64)
 
 
+def test_a_fed_from_registers_splits_on_64_row_tiles_only_under_rows64_a_mn_split():
+    """``rows64_a_mn_split`` (off until measured, NOTES run 43): A_MN's 64-row tiles take the
+    64-row split rule as a K-major A's do, and also where the 128-row tile's rule would split
+    (those products move to 64-row splits); products the rule leaves unsplit stay as they are;
+    explain's "unsplit" sentence goes with it. Off, nothing changes."""
+    dev = DEV["sm_90"]
+    on = WgmmaTf32(rows64_a_mn_split=True)
+    plan_of = lambda p, *v: select(p, dev, force="wgmma_tf32", variants=v).kernel  # noqa: E731
+    # (M, N, K) of g @ W (W row-major, C^T) -> (tile, slices) with the field on
+    for (M, N, K), want in (((197, 768, 3072), ((64, 128), 4)), ((700, 300, 6000), ((64, 128), 4)),
+                            ((4096, 48, 8192), ((64, 128), 4)), ((48, 4096, 11008), ((64, 128), 2)),
+                            ((511, 1536, 8960), ((64, 128), 1)), ((1024, 768, 3072), ((64, 128), 1))):
+        p = Problem.dense(M, N, K, "tf32")
+        k, default = plan_of(p, on), plan_of(p)
+        assert dict(k.macros)["A_MN"] == 1 and (k.tile[:2], k.split_k) == want, (M, N, K, k.tile, k.split_k)
+        assert "unsplit" not in dict(k.details)["tile rows"]
+        # the default: unsplit on 64 rows, or the 128-row tile's own split kept
+        assert default.split_k == 1 or default.tile[0] == 128, (M, N, K)
+    # the K-major A's plans do not change
+    for M, N, K in ((197, 768, 3100), (511, 1536, 8960), (300, 700, 1100)):
+        p = Problem.dense(M, N, K, "tf32", b_t=True)
+        assert plan_of(p, on).macros == plan_of(p).macros
+
+
 def test_tf32x3_splits_a_in_registers_only_under_x3_a_regs_and_then_stages_b_alone():
     """tf32x3 on 128-row tiles stages both operands' halves by default; under ``x3_a_regs`` the
     kernel splits A in registers (X3_A_REGS): A read in place, or copied K-major in fp32 (not

@@ -13,7 +13,8 @@ split by the kernel on 64-row tiles, against torch in fp32); each result's error
 must be TF32-level, or fp32-level for tf32x3 (checked: the probe stops on one that is not). Decode's W is larger than L2 (but 64 x 4096 x 4096's 64 MiB, about L2's size).
 ``--a-mn``: also the planner with ``rows64_a_mn`` flipped from its default (A fed from registers on
 64-row tiles where C is written along m; on since run 42), for the "rm" products (grad_x with a
-row-major W) above all.
+row-major W) above all. ``--a-mn-split``: also the planner with ``rows64_a_mn_split`` flipped
+(A_MN's 64-row tiles split by the 64-row rule; off until measured, NOTES run 43).
 """
 from __future__ import annotations
 
@@ -84,6 +85,7 @@ PRODUCTS = (("dec64_up", 1, 64, 14336, 4096, "wt"), ("dec48_down", 1, 48, 4096, 
 
 #: --a-mn's variant: the planner with rows64_a_mn the other way from its default
 A_MN_FLIPPED = WgmmaTf32(rows64_a_mn=not WgmmaTf32().rows64_a_mn)
+A_MN_SPLIT_FLIPPED = WgmmaTf32(rows64_a_mn_split=not WgmmaTf32().rows64_a_mn_split)
 BOUND = {"tf32": 2e-3, "tf32x3": 1e-5}  # relative error: TF32 ~3e-4 at these K, tf32x3 ~1e-7
 
 
@@ -101,6 +103,9 @@ def main() -> int:
     ap.add_argument("--a-mn", action="store_true",
                     help="also time the planner with rows64_a_mn flipped from its default "
                     "(A fed from registers on 64-row tiles as C^T)")
+    ap.add_argument("--a-mn-split", action="store_true",
+                    help="also time the planner with rows64_a_mn_split flipped from its default (A_MN's "
+                    "64-row tiles split by the 64-row rule; NOTES run 43)")
     o = ap.parse_args()
     if not need_gpu("wgmma_rows_probe.py"):
         return 2
@@ -137,6 +142,8 @@ def main() -> int:
             plans.append(select(p, dev, variants=(WgmmaTf32(rows64=False),)))
         if o.a_mn:
             plans.append(select(p, dev, variants=(A_MN_FLIPPED,)))
+        if o.a_mn_split:
+            plans.append(select(p, dev, variants=(A_MN_SPLIT_FLIPPED,)))
         for kw in [{"force": "wgmma_tf32", "variants": (v,)} for v in variants.values()] + [{"force": f} for f in families]:
             try:
                 plans.append(select(p, dev, **kw))
@@ -173,6 +180,8 @@ def main() -> int:
             add("rule128", variants=(WgmmaTf32(rows64=False),))
         if o.a_mn:  # the planner with rows64_a_mn flipped (A_MN on 64-row tiles as C^T, or not)
             add("a_mn_flipped", variants=(A_MN_FLIPPED,))
+        if o.a_mn_split:  # the planner with rows64_a_mn_split flipped (A_MN's 64-row tiles split, or not)
+            add("a_mn_split_flipped", variants=(A_MN_SPLIT_FLIPPED,))
         for label, v in variants.items():
             add(label, force="wgmma_tf32", variants=(v,))
         for f in families:
@@ -183,7 +192,7 @@ def main() -> int:
             for label, fn in runs.items():
                 rounds[label].append(time_us(fn))
         t = {label: statistics.median(r) for label, r in rounds.items()}
-        forced = [lab for lab in t if lab not in ("planner", "torch", "rule128", "a_mn_flipped")]
+        forced = [lab for lab in t if lab not in ("planner", "torch", "rule128", "a_mn_flipped", "a_mn_split_flipped")]
         if forced:
             best = min(forced, key=t.get)
             w_bytes = 4.0 * N * K * (batch if layout == "bt" else 1)  # B's bytes (TB/s = bytes / us / 1e6)
@@ -201,6 +210,11 @@ def main() -> int:
                   f"with rows64_a_mn={A_MN_FLIPPED.rows64_a_mn} ({descs['a_mn_flipped']}): "
                   f"{t['a_mn_flipped'] / t['planner']:.2f}x the planner's speed; "
                   f"torch {t['torch']:.1f}")
+        if "a_mn_split_flipped" in t:
+            print(f"  A/B {name}: planner {t['planner']:.1f} us ({descs['planner']}) against "
+                  f"{t['a_mn_split_flipped']:.1f} with rows64_a_mn_split={A_MN_SPLIT_FLIPPED.rows64_a_mn_split} "
+                  f"({descs['a_mn_split_flipped']}): {t['a_mn_split_flipped'] / t['planner']:.2f}x the planner's "
+                  f"speed; torch {t['torch']:.1f}")
     return 0
 
 

@@ -422,6 +422,11 @@ class WgmmaTf32(Family):
     #: kernel), without the K bound and unsplit (ROWS64_A_MN_SPLIT, :meth:`a_mn_rows64`). False:
     #: A_MN takes 128-row tiles (a variant for probes).
     rows64_a_mn: bool = True
+    #: A_MN's 64-row tiles split by the 64-row rule, as K-major ones are (ROWS64_SPLIT_*,
+    #: ROWS64_MID_SPLIT_MIN_K), and taken where the 128-row tile's rule would split too (so those
+    #: products move from 128-row splits to 64-row ones). Off until measured: the workspace along
+    #: m (split_workspace) that should make such splits pay has had no GPU run (NOTES run 43).
+    rows64_a_mn_split: bool = ROWS64_A_MN_SPLIT
     #: tf32x3: k-steps between promotions of the big products (PROMOTE_EVERY); None: X3_SHORT_K's
     #: rule (for probes: the accuracy and speed of each)
     promote_every: int | None = None
@@ -518,7 +523,7 @@ class WgmmaTf32(Family):
         rule's or a forced split: those plans stay as they were, unmeasured against 64 rows;
         ROWS64_A_MN_SPLIT says why)."""
         return (self.rows64_a_mn and p.c_strides[0] == 1 and p.c_strides[1] != 1
-                and self.split_choice(p, dev, self.tile_options(False), bm=128) is None)
+                and (self.rows64_a_mn_split or self.split_choice(p, dev, self.tile_options(False), bm=128) is None))
 
     def x3_splits_b(self, p: Problem) -> bool:
         """tf32x3 on 64-row tiles, B read as fp32 and split into its TF32 halves by the kernel
@@ -711,7 +716,7 @@ class WgmmaTf32(Family):
             why = (f"{tiles_of(p, 128, 64)} tiles of 128x64 fill under one wave of {dev.sm_count} SMs; 64-row "
                    "tiles load no more a k-step per SM ((BM + BN) x waves), and a block of so few tiles an SM "
                    "runs at the rate it loads" + (" (the width forced)" if self.force_bn else ""))
-            if a_mn and not ROWS64_A_MN_SPLIT and self.split is True:
+            if a_mn and not self.rows64_a_mn_split and self.split is True:
                 why += ("; A fed from registers: at any K, unsplit (no split of such a tile was measured faster "
                         "than the 64-row tile unsplit)")
         else:
@@ -738,7 +743,7 @@ class WgmmaTf32(Family):
         if p.K < SPLIT_MIN_K or (p.precision != "tf32" and bm != 64):  # (tf32x3: on 64-row tiles only)
             return None
         if bm == 64:
-            if self.rows64 is True and self.reads_a_mn(p) and p.M > ROWS64_MAX_M and not ROWS64_A_MN_SPLIT:
+            if self.rows64 is True and self.reads_a_mn(p) and p.M > ROWS64_MAX_M and not self.rows64_a_mn_split:
                 return None  # (see ROWS64_A_MN_SPLIT)
             if self.rows64 is True and p.M > ROWS64_MAX_M and (
                     p.K < ROWS64_MID_SPLIT_MIN_K or tiles_of(p, 64, 64) >= dev.sm_count // 2):
@@ -785,15 +790,35 @@ class WgmmaTf32(Family):
             return None
         return best[0], best[1]
 
+    @staticmethod
+    @staticmethod
+    def split_workspace(p: Problem, cfg: KernelConfig) -> tuple[int, int, int]:
+        """(sWm, sWn, slice): the SPLIT kernel's workspace for launch problem ``p``, in floats.
+        Each slice is contiguous along C's contiguous dim: m where the kernel stores the adjacent
+        row pairs of A_MN along m (C_VEC = 2: C^T), else n; its lines padded to a multiple of 4
+        floats so that the partial tiles go out as float2 pairs and the last block sums float4
+        units and stores them along C's contiguous dim whatever M and N are (single floats at an
+        odd width, and C^T written across its rows, ran an A_MN split slower than no split:
+        NOTES run 43)."""
+        if dict(cfg.macros)["C_VEC"] == 2:
+            ld = -(-p.M // 4) * 4
+            return 1, ld, ld * p.N
+        ld = -(-p.N // 4) * 4
+        return ld, 1, ld * p.M
+
     def _split_config(self, p, dev, bn: int, stages: int, split: int, x3: bool, a_mn: bool, bm: int) -> KernelConfig:
-        """The SPLIT kernel: one block a (tile, slice), slices stored from registers into a
-        row-major workspace (float2 where N is even), the last block's sum into C."""
+        """The SPLIT kernel: one block a (tile, slice), slices stored from registers as float2
+        pairs into a workspace contiguous along n, or along m for A_MN (:meth:`split_workspace`),
+        the last block's sum into C."""
         tiles = tiles_of(p, bm, bn)
         # (split_range gives each slice a run of k-tiles: the kernel relies on none being empty)
         assert 1 < split <= MAX_GRID_Y and split_slices(p, split) == split, (split, p.K)
         a_regs = x3 and self.x3_splits_a(p)
         stages = self.fit_stages(dev, bn, stages, x3, 0, bm, a_regs)
-        c_vec = int(p.N % 2 == 0)
+        # (float2 pairs along the workspace's padded lines at any M, N: along m where A_MN writes
+        # an m-contiguous C, else along n; split_workspace)
+        sCm, sCn = p.c_strides
+        c_vec = 2 if a_mn and sCm == 1 and sCn != 1 else 1
         macros = (("BN", bn), ("STAGES", stages), ("C_VEC", c_vec), ("PRECISION_X3", int(x3)), ("A_MN", int(a_mn)),
                   ("SPLIT", 1)) + self.row_macros(bm, x3)
         if x3:

@@ -190,10 +190,11 @@ def wgmma_runner(plan, loaded, p: Problem, device: torch.device):
     spec_a, spec_b, bits = FAMILIES["wgmma_tf32"].map_specs(p, plan.kernel)
     spec_c = FAMILIES["wgmma_tf32"].c_map_spec(p, plan.kernel)  # (None: C stored from registers)
     split = plan.kernel.split_k if plan.kernel.split_fused else 1
-    if split > 1:  # (SPLIT: C is a workspace of row-major M x N slices; then C itself, its strides, counters)
-        tail = (p.M, p.N, p.K, p.N, 1, 1, 1, p.M * p.N, 0, bits)
+    if split > 1:  # (SPLIT: C is a workspace of M x N slices; then C itself, its strides, counters)
+        s_wm, s_wn, slice_floats = FAMILIES["wgmma_tf32"].split_workspace(p, plan.kernel)
+        tail = (p.M, p.N, p.K, s_wm, s_wn, 1, 1, slice_floats, 0, bits)
         out_strides = tuple(p.c_strides)
-        work_floats, n_counters = split * p.M * p.N, plan.kernel.arrival_counters
+        work_floats, n_counters = split * slice_floats, plan.kernel.arrival_counters
     else:
         tail = (p.M, p.N, p.K, *p.c_strides, p.batch_inner, p.batch_total, *p.c_batch_strides, bits)
     swap, gemm = plan.swap_ab, launcher.maps_launcher(loaded)
