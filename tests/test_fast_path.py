@@ -44,7 +44,7 @@ def _entry(a, b, out, precision):
 
 SPLIT_SHAPES = [(16, 4096, 4096, "ieee", "skinny"), (16, 4096, 4096, "tf32", "skinny"),
                 (64, 64, 16384, "ieee", "simt_cp_async"), (64, 64, 8192, "tf32", "tf32_mma"),
-                (4096, 48, 8192, "tf32", "wgmma_tf32"),  # computed as C^T: 48 rows, K split over the SMs
+                (700, 300, 6000, "tf32", "wgmma_tf32"),  # computed as C^T: 64-row tiles, K split in 4
                 (256, 256, 65536, "ieee", "simt_cp_async")]
 
 
@@ -121,22 +121,24 @@ def test_a_vector_operand_gets_the_squeezed_result_from_the_fast_path(emulated_g
 
 
 def test_staged_plans_take_the_fast_path_and_copy_on_every_call(emulated_gpu):
-    """A plan whose operand is copied first (here A, rows of 8191 floats, padded for tf32_mma's
-    16-byte copies; a split-K plan): its stager is a kernel of the plan, so the steady state
+    """A plan whose operand is copied first (here A, rows of 8191 floats, copied K-major for
+    wgmma's tensor maps; a split-K plan): its stager is a kernel of the plan, so the steady state
     queues the copy and the GEMM (and its reduce) on every call, from the fast entry, reading
     each call's own A."""
     gpu = emulated_gpu
     a, b = torch.randn(64, 8191), torch.randn(8191, 1024)  # rows of A: 8191 floats, not 16-byte aligned
     plan = fastmm.explain(a, b, precision="tf32").plan
-    assert plan.staging == (("a", 64, 8192),) and plan.reduce is not None, plan.describe()
+    assert plan.staging == (("a", 64, 8192),) and plan.kernel.split_k > 1, plan.describe()
     assert [k.family for k in plan.stagers] == ["stage_kmajor"]
     for _ in range(3):
         a = torch.randn(64, 8191)
         gpu.clear()
         _check(fastmm.matmul(a, b, precision="tf32"), a, b, "tf32")
-        assert gpu.families == ["stage_kmajor", "tf32_mma", "splitk_reduce"]
+        assert gpu.families == ["stage_kmajor", "wgmma_tf32"]  # (C^T on 64-row tiles, the split summed in the kernel)
         assert gpu.launches[0].pointers[0] == a.data_ptr()  # this call's A is copied
-        assert gpu.launches[1].pointers[0] == gpu.launches[0].pointers[1]  # the GEMM reads the copy
+        # the GEMM reads the copy: as its B operand (C^T = B^T A^T: the tensor maps' pointers, B^T's then A's copy)
+        assert gpu.launches[1].pointers[1] == gpu.launches[0].pointers[1]
+        assert gpu.launches[1].pointers[0] == b.data_ptr()
     entry = _entry(a, b, None, "tf32")
     assert entry is not fast_path.NOT_FAST and entry is not None
     assert gpu.slow_calls == 1

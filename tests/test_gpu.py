@@ -1066,7 +1066,9 @@ def test_wgmma_split_k_sums_every_tiles_slices_in_order(case, rel_err):
     split for decode-like products (few tiles, long K) and forced counts (uneven slices, A fed from
     registers, a swapped product, tf32x3), right into NaN-poisoned contiguous and transposed
     outputs; a second call into a fresh output gives the same bits (the slices are added in slice
-    order, and the arrival counters are back at zero after each launch)."""
+    order, and the arrival counters are back at zero after each launch), and so does the
+    transposed output where it runs the same kernel (A_MN writes a transposed C along n, which
+    can take another tile and slices)."""
     needs_sm90()
     a, b, precision, slices = WGMMA_SPLIT_CASES[case]()
     if isinstance(slices, WgmmaTf32):
@@ -1074,7 +1076,7 @@ def test_wgmma_split_k_sums_every_tiles_slices_in_order(case, rel_err):
     else:
         variant = WgmmaTf32() if slices is None else WgmmaTf32(split=slices)
     M, N = a.shape[-2], b.shape[-1]
-    outs = []
+    outs, kernels = [], []
     for out in (torch.full((M, N), NAN, device="cuda"), torch.full((N, M), NAN, device="cuda").t(),
                 torch.full((M, N), NAN, device="cuda")):
         result, plan, reason = dispatch.matmul_fastmm(a, b, out, precision, force="wgmma_tf32", variants=(variant,))
@@ -1084,7 +1086,9 @@ def test_wgmma_split_k_sums_every_tiles_slices_in_order(case, rel_err):
         assert plan.kernel.grid[1] == (slices or plan.kernel.grid[1]) > 1
         check(out, a, b, precision, rel_err)
         outs.append(out)
-    assert torch.equal(outs[0], outs[2]) and torch.equal(outs[0], outs[1])
+        kernels.append((plan.kernel.macros, plan.kernel.grid))
+    assert kernels[0] == kernels[2] and torch.equal(outs[0], outs[2])
+    assert kernels[1] != kernels[0] or torch.equal(outs[0], outs[1])
 
 
 #: Products of at most 64 rows (and one of more), both operands K-major: the 64-row tile (BM = 64,
@@ -1113,7 +1117,7 @@ WGMMA_A_MN_ROWS64_CASES = {
     "row-major-b-k-tail": lambda: (randn(50, 8), randn(8, 260)),
     "row-major-b-many-tiles": lambda: (randn(40, 100), randn(100, 40000)),
     "row-major-b-batched": lambda: (randn(6, 96, 200), randn(6, 200, 264)),
-    "row-major-b-split": lambda: (randn(197, 3100), randn(3100, 768)),  # (the rule leaves A_MN unsplit)
+    "row-major-b-split": lambda: (randn(197, 3100), randn(3100, 768)),  # (the rule splits it: C^T 768 x 197, 4 slices)
     "m-contiguous-a": lambda: (randn(1100, 1000).t(), randn(700, 1100).t()),
     "m-contiguous-a-odd-n": lambda: (randn(996, 1000).t(), randn(1001, 996).t()),  # C by single floats
 }
@@ -1133,7 +1137,8 @@ def test_wgmma_64_row_tiles_compute_every_output(case, rel_err):
     outputs; every unsplit form gives the same bits as the 128-row tile (each output sums its
     k-steps in the same order), a split the same bits on both heights; nothing written outside C;
     a bias over columns or rows and an addmm input fused in the store match float64; the
-    planner's own plan takes 64 rows where its rule says (A_MN: as C^T, unsplit)."""
+    planner's own plan takes 64 rows where its rule says (A_MN: as C^T, split where its rule says,
+    and right unsplit too)."""
     needs_sm90()
     a_mn = case in WGMMA_A_MN_ROWS64_CASES
     a, b = (WGMMA_A_MN_ROWS64_CASES if a_mn else WGMMA_ROWS64_CASES)[case]()
@@ -1180,11 +1185,13 @@ def test_wgmma_64_row_tiles_compute_every_output(case, rel_err):
                 want = alpha * (a.double() @ b.double()) + beta * d.double()
                 assert not torch.isnan(result).any()
                 assert ((result.double() - want).norm() / want.norm()).item() <= TOL["tf32"], plan.describe()
-    if case in WGMMA_ROWS64_RULE_CASES:  # the planner's own plan (A_MN: 64 rows as C^T, unsplit)
+    if case in WGMMA_ROWS64_RULE_CASES:  # the planner's own plan (A_MN: 64 rows as C^T)
         out, plan = run(WgmmaTf32())
         assert plan.kernel.tile[0] == 64, plan.describe()
         if a_mn:
-            assert plan.swap_ab and plan.kernel.split_k == 1, plan.describe()
+            assert plan.swap_ab and plan.kernel.split_k == (4 if case == "row-major-b-split" else 1), plan.describe()
+            unsplit = run(WgmmaTf32(rows64_a_mn_split=False))[1].kernel
+            assert unsplit.tile[0] == 64 and unsplit.split_k == 1
             assert run(WgmmaTf32(rows64_a_mn=False))[1].kernel.tile[0] == 128
         if len(shape) == 2:  # the same bits as the 128-row tile where neither splits
             assert plan.kernel.split_k > 1 or torch.equal(out, ref), plan.describe()

@@ -20,7 +20,7 @@ from fastmm.families import (FAMILIES, LOAD_ELEM_FAST, LOAD_ELEM_K, LOAD_NAMES, 
                              split_k_for, stream_k_head_config)
 from fastmm.families.simt_core import FUSED_SPLIT_MAX, STAGE_MIN_FLOP_PER_BYTE
 from fastmm.families.simt_cp_async import short_rows_first
-from fastmm.families.wgmma_tf32 import wave_cost
+from fastmm.families.wgmma_tf32 import ROWS64_A_MN_SPLIT_MAX_LINES, ROWS64_MID_A_MN_MAX_K, wave_cost
 from fastmm.families.work_split import MIN_KTILES_PER_SPLIT, split_time
 from fastmm.plan import INT32_MAX, MIN_CC, TINY_K, TINY_OUTPUTS, Plan, select
 from fastmm.problem import EPILOGUE_D, DeviceFacts, Problem
@@ -2417,14 +2417,15 @@ def test_the_mid_size_rule_leaves_batches_tf32x3_row_major_b_and_a_disabled_rows
     assert select(Problem.dense(200, 512, 3000, "tf32", b_t=True), dev).kernel.family == "tf32_mma"
 
 
-def test_a_fed_from_registers_takes_64_row_tiles_as_c_transposed_unsplit_at_any_k():
+def test_a_fed_from_registers_takes_64_row_tiles_as_c_transposed():
     """A_MN on 64-row tiles (fragments loaded a k-step ahead, a_mn_step) where C is written along
-    m: a row-major B into a row-major C, as C^T (each Linear's grad_x), unless the 128-row tile's
-    own rule splits it. The K-major A's rules (ROWS64_MAX_M, the mid-size rule's widths, 128 rows
-    where the tiles fill the SMs) without the mid-size rule's bound on K and unsplit above
-    ROWS64_MAX_M rows (ROWS64_A_MN_SPLIT: no split measured beat it); an
-    m-contiguous A read in place (C along n) keeps 128 rows; ``rows64_a_mn=False`` gives 128
-    rows, ``rows64="always"`` 64; explain says how the fragments are loaded."""
+    m: a row-major B into a row-major C, as C^T (each Linear's grad_x). The K-major A's rules
+    (ROWS64_MAX_M, the mid-size rule's widths, 128 rows where the tiles fill the SMs) with a
+    longer K bound (ROWS64_MID_A_MN_MAX_K); these products' tiles fill half the SMs or their K is
+    short, so they run unsplit (splits: the next test); an m-contiguous A read in place (C along
+    n) keeps 128 rows; ``rows64_a_mn=False`` gives 128 rows, ``rows64="always"`` 64; explain says
+    how the fragments are loaded; without ``rows64_a_mn_split`` the 128-row tile's own split
+    stays and explain says why the 64-row tile is unsplit."""
     dev = DEV["sm_90"]
     off = WgmmaTf32(rows64_a_mn=False)
 
@@ -2433,24 +2434,28 @@ def test_a_fed_from_registers_takes_64_row_tiles_as_c_transposed_unsplit_at_any_
 
     # (M, N, K) of g @ W (W row-major) -> the kernel's 64-row tile width; C^T: the kernel's M is N
     for (M, N, K), width in (((1024, 768, 3072), 128), ((1024, 1024, 2816), 128), ((300, 1100, 700), 64),
-                             ((512, 1024, 4096), 64), ((511, 1536, 8960), 128), ((197, 768, 3100), 64),
-                             ((1500, 384, 1536), 128)):
+                             ((512, 1024, 4096), 64), ((511, 1536, 8960), 128), ((1500, 384, 1536), 128)):
         p = Problem.dense(M, N, K, "tf32")
         rule, without = plan_of(p), plan_of(p, off)
         assert rule.swap_ab and dict(rule.kernel.macros)["A_MN"] == dict(without.kernel.macros)["A_MN"] == 1
         assert rule.kernel.tile[:2] == (64, width) and dict(rule.kernel.macros)["BM"] == 64, rule.kernel.details
         assert rule.kernel.split_k == 1 and "SPLIT" not in dict(rule.kernel.macros), (M, N, K)
         assert "during the step before" in dict(rule.kernel.details)["A, B loads"]
-        if M > 64 and N > 64:  # (the mid-size rule: explain says why unsplit)
-            assert "A fed from registers: at any K, unsplit" in dict(rule.kernel.details)["tile rows"]
+        assert "A fed from registers: at any K, unsplit" not in dict(rule.kernel.details)["tile rows"]
+        if M > 64 and N > 64:  # (the mid-size rule without the split: explain says why unsplit)
+            unsplit = plan_of(p, WgmmaTf32(rows64_a_mn_split=False)).kernel
+            assert "A fed from registers: at any K, unsplit" in dict(unsplit.details)["tile rows"]
         assert without.kernel.tile[0] == 128 and "during the step before" not in dict(without.kernel.details)["A, B loads"]
-    # where the 128-row tile's own rule splits it (few tiles over a long K) that plan stays: 48 rows
-    # as C^T (SPLIT_MAX_M's rule), few tall tiles (SPLIT_TALL_*); so do forced splits
+    # without rows64_a_mn_split, where the 128-row tile's own rule splits it (few tiles over a long
+    # K) that plan stays: 48 rows as C^T (SPLIT_MAX_M's rule), few tall tiles (SPLIT_TALL_*); so do
+    # forced splits (with it, a forced split runs on 64-row tiles)
     for M, N, K in ((4096, 48, 8192), (700, 300, 6000)):
-        kept = plan_of(Problem.dense(M, N, K, "tf32"))
+        kept = plan_of(Problem.dense(M, N, K, "tf32"), WgmmaTf32(rows64_a_mn_split=False))
         assert kept.kernel.tile[0] == 128 and dict(kept.kernel.macros)["A_MN"] == 1 and kept.kernel.split_k > 1
         assert kept.kernel.macros == plan_of(Problem.dense(M, N, K, "tf32"), off).kernel.macros
-    assert plan_of(Problem.dense(300, 1100, 2000, "tf32"), WgmmaTf32(split=2)).kernel.tile[0] == 128
+    for split_field, rows in ((False, 128), (True, 64)):
+        forced = plan_of(Problem.dense(300, 1100, 2000, "tf32"), WgmmaTf32(split=2, rows64_a_mn_split=split_field))
+        assert forced.kernel.tile[0] == rows and forced.kernel.split_k == 2
     # the K-major A keeps its K bound and its split (ROWS64_MID_MAX_K, ROWS64_MID_SPLIT_MIN_K)
     assert plan_of(Problem.dense(511, 1536, 8960, "tf32", b_t=True)).kernel.tile[0] == 128
     assert plan_of(Problem.dense(197, 768, 3100, "tf32", b_t=True)).kernel.split_k > 1
@@ -2473,28 +2478,45 @@ def test_a_fed_from_registers_takes_64_row_tiles_as_c_transposed_unsplit_at_any_
             assert dict(k.macros)["A_MN"] == 1 and bool(dict(k.macros).get("TMA_STORE")) == want, (epilogue, rows64)
 
 
-def test_a_fed_from_registers_splits_on_64_row_tiles_only_under_rows64_a_mn_split():
-    """``rows64_a_mn_split`` (off until measured, NOTES run 43): A_MN's 64-row tiles take the
-    64-row split rule as a K-major A's do, and also where the 128-row tile's rule would split
-    (those products move to 64-row splits); products the rule leaves unsplit stay as they are;
-    explain's "unsplit" sentence goes with it. Off, nothing changes."""
+def test_a_fed_from_registers_splits_on_64_row_tiles_where_its_k_steps_outlast_streaming():
+    """``rows64_a_mn_split`` (on: ROWS64_A_MN_SPLIT): A_MN's 64-row tiles take the 64-row split
+    rule as a K-major A's do; above ROWS64_MAX_M rows as launched only where the launch's M + N
+    is at most ROWS64_A_MN_SPLIT_MAX_LINES (a tile's chain of k-steps then outlasts streaming both
+    operands; with more lines the product runs at memory speed unsplit); and also where the 128-row tile's rule would split (those
+    products move to 64-row tiles); A_MN keeps the mid-size rule only up to ROWS64_MID_A_MN_MAX_K
+    (largeK stays with tf32_mma's deep split); explain's "unsplit" sentence goes with the field.
+    Off, the 64-row tile runs unsplit above ROWS64_MAX_M rows and the 128-row splits stay."""
     dev = DEV["sm_90"]
-    on = WgmmaTf32(rows64_a_mn_split=True)
+    off = WgmmaTf32(rows64_a_mn_split=False)
     plan_of = lambda p, *v: select(p, dev, force="wgmma_tf32", variants=v).kernel  # noqa: E731
-    # (M, N, K) of g @ W (W row-major, C^T) -> (tile, slices) with the field on
-    for (M, N, K), want in (((197, 768, 3072), ((64, 128), 4)), ((700, 300, 6000), ((64, 128), 4)),
-                            ((4096, 48, 8192), ((64, 128), 4)), ((48, 4096, 11008), ((64, 128), 2)),
-                            ((511, 1536, 8960), ((64, 128), 1)), ((1024, 768, 3072), ((64, 128), 1))):
-        p = Problem.dense(M, N, K, "tf32")
-        k, default = plan_of(p, on), plan_of(p)
+    assert WgmmaTf32().rows64_a_mn_split and ROWS64_A_MN_SPLIT_MAX_LINES == 2048
+    # (M, N, K) of g @ W (W row-major, C^T: the launch is N x M) or of g.t() @ x (a_t) -> (tile, slices)
+    for (M, N, K, a_t), want in (((197, 768, 3072, False), ((64, 128), 4)), ((700, 300, 6000, False), ((64, 128), 4)),
+                                 ((320, 768, 3072, True), ((64, 128), 3)),
+                                 # 4000+ lines above ROWS64_MAX_M rows as launched: unsplit (C^T 4096 x 48-64)
+                                 ((48, 4096, 11008, False), ((64, 64), 1)), ((64, 4096, 4096, False), ((64, 64), 1)),
+                                 # at most ROWS64_MAX_M rows as launched (C^T 48 x 4096): the 64-row rule's split
+                                 ((4096, 48, 8192, False), ((64, 128), 4)), ((4096, 48, 14336, False), ((64, 128), 4)),
+                                 # tiles that fill half the SMs, or K short of ROWS64_MID_SPLIT_MIN_K: unsplit
+                                 ((511, 1536, 8960, False), ((64, 128), 1)), ((1024, 768, 3072, False), ((64, 128), 1))):
+        p = Problem.dense(M, N, K, "tf32", a_t=a_t)
+        k, unsplit = plan_of(p), plan_of(p, off)
         assert dict(k.macros)["A_MN"] == 1 and (k.tile[:2], k.split_k) == want, (M, N, K, k.tile, k.split_k)
-        assert "unsplit" not in dict(k.details)["tile rows"]
-        # the default: unsplit on 64 rows, or the 128-row tile's own split kept
-        assert default.split_k == 1 or default.tile[0] == 128, (M, N, K)
+        lines = "lines of K (> 2048): unsplit" in dict(k.details)["tile rows"]  # (explain says why unsplit)
+        assert lines == (k.split_k == 1 and M + N > 2048 and N > 64), (M, N, K, dict(k.details)["tile rows"])
+        assert "at any K, unsplit" not in dict(k.details)["tile rows"]
+        assert unsplit.split_k == 1 or unsplit.tile[0] == 128, (M, N, K)  # (off: never a 64-row split here)
+    # the lines bound: C^T 1984 x 64 splits (31 tiles), 1984 x 65 (62 tiles, one line more) does not
+    assert plan_of(Problem.dense(64, 1984, 3072, "tf32")).split_k == 4
+    assert plan_of(Problem.dense(65, 1984, 3072, "tf32")).split_k == 1
+    # largeK as given (row-major B, A_MN): past ROWS64_MID_A_MN_MAX_K, 128 rows; the planner: tf32_mma
+    large = Problem.dense(256, 256, 65536, "tf32")
+    assert 65536 >= ROWS64_MID_A_MN_MAX_K and plan_of(large).tile[0] == 128
+    assert select(large, dev).kernel.family == "tf32_mma"
     # the K-major A's plans do not change
-    for M, N, K in ((197, 768, 3100), (511, 1536, 8960), (300, 700, 1100)):
+    for M, N, K in ((197, 768, 3100), (511, 1536, 8960), (300, 700, 1100), (64, 4096, 4096)):
         p = Problem.dense(M, N, K, "tf32", b_t=True)
-        assert plan_of(p, on).macros == plan_of(p).macros
+        assert plan_of(p, off).macros == plan_of(p).macros
 
 
 def test_tf32x3_splits_a_in_registers_only_under_x3_a_regs_and_then_stages_b_alone():

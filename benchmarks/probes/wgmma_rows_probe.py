@@ -14,7 +14,7 @@ must be TF32-level, or fp32-level for tf32x3 (checked: the probe stops on one th
 ``--a-mn``: also the planner with ``rows64_a_mn`` flipped from its default (A fed from registers on
 64-row tiles where C is written along m; on since run 42), for the "rm" products (grad_x with a
 row-major W) above all. ``--a-mn-split``: also the planner with ``rows64_a_mn_split`` flipped
-(A_MN's 64-row tiles split by the 64-row rule; off until measured, NOTES run 43).
+(A_MN's 64-row tiles split by the 64-row rule; on since NOTES run 44).
 """
 from __future__ import annotations
 
@@ -35,7 +35,8 @@ from fastmm.runtime.device import device_facts  # noqa: E402
 from fastmm.shapes import analyse, build_problem  # noqa: E402
 from probe_util import compile_plans, need_gpu, rel_err, time_us  # noqa: E402
 
-#: (name, batch, M, N, K, layout): "wt" = x @ W.t() (W stored [N, K]); "bt" = a batch of A @ B^T
+#: (name, batch, M, N, K, layout): "wt" = x @ W.t() (W stored [N, K]); "bt" = a batch of A @ B^T;
+#: "rm" = g @ W, W row-major; "mn" = A and B transposed views; "at" = A a transposed view, B row-major
 PRODUCTS = (("dec64_up", 1, 64, 14336, 4096, "wt"), ("dec48_down", 1, 48, 4096, 11008, "wt"),
             ("dec32_down", 1, 32, 4096, 14336, "wt"), ("dec64_4k", 1, 64, 4096, 4096, "wt"),
             ("dec32_qwen", 1, 32, 3584, 18944, "wt"), ("dec24_gemma_up", 1, 24, 16384, 2048, "wt"),
@@ -81,7 +82,17 @@ PRODUCTS = (("dec64_up", 1, 64, 14336, 4096, "wt"), ("dec48_down", 1, 48, 4096, 
             ("gx_tall_6000", 1, 700, 300, 6000, "rm"), ("gx_tok2k_kv", 1, 2048, 512, 2048, "rm"),
             ("gx_n48_8k", 1, 4096, 48, 8192, "rm"),
             # (run 43) decode-sized grad_x with a row-major W: 48 rows, K = 11008 (C^T: 4096 x 48)
-            ("gx_dec48_down", 1, 48, 4096, 11008, "rm"))
+            ("gx_dec48_down", 1, 48, 4096, 11008, "rm"),
+            # (run 44) plans rows64_a_mn_split moves: a decode grad_x as C^T 4096 x 64, a grad_W (g.t() @ x,
+            # "at": A a transposed view, B row-major), and largeK, which it must leave to tf32_mma's deep split
+            ("gx_dec64_4k", 1, 64, 4096, 4096, "rm"), ("gw_tok320", 1, 320, 768, 3072, "at"),
+            ("largeK_rm", 1, 256, 256, 65536, "rm"),
+            # A_MN 64-row plans unsplit over a long K that wgmma's heuristic_reason leaves to tf32_mma (its
+            # estimate counts 128 x 64 tiles of the product as given; 4096 x 48 x 8192 ran 58.5 us unsplit
+            # on 64-row tiles, tf32_mma 82.7)
+            ("gx_n48_14k", 1, 4096, 48, 14336, "rm"), ("gx_384_2816", 1, 384, 256, 2816, "rm"),
+            ("gx_65_14k", 1, 65, 2816, 14336, "rm"), ("gx_511_11k", 1, 511, 768, 11008, "rm"),
+            ("gw_512_11k", 1, 512, 768, 11008, "at"))
 
 #: --a-mn's variant: the planner with rows64_a_mn the other way from its default
 A_MN_FLIPPED = WgmmaTf32(rows64_a_mn=not WgmmaTf32().rows64_a_mn)
@@ -105,7 +116,7 @@ def main() -> int:
                     "(A fed from registers on 64-row tiles as C^T)")
     ap.add_argument("--a-mn-split", action="store_true",
                     help="also time the planner with rows64_a_mn_split flipped from its default (A_MN's "
-                    "64-row tiles split by the 64-row rule; NOTES run 43)")
+                    "64-row tiles split by the 64-row rule; NOTES runs 43-44)")
     o = ap.parse_args()
     if not need_gpu("wgmma_rows_probe.py"):
         return 2
@@ -126,6 +137,8 @@ def main() -> int:
             return torch.randn(M, K, device="cuda"), torch.randn(N, K, device="cuda").t()
         if layout == "rm":
             return torch.randn(M, K, device="cuda"), torch.randn(K, N, device="cuda")
+        if layout == "at":
+            return torch.randn(K, M, device="cuda").t(), torch.randn(K, N, device="cuda")
         if layout == "mn":
             return torch.randn(K, M, device="cuda").t(), torch.randn(N, K, device="cuda").t()
         return torch.randn(batch, M, K, device="cuda"), torch.randn(batch, N, K, device="cuda").transpose(1, 2)

@@ -182,26 +182,45 @@ ROWS64_MID_MAX_K = 8192
 ROWS64_MID_PARTIAL_L2_SHARE = 0.5
 #: A fed from registers (A_MN) on 64-row tiles (``rows64_a_mn``, a_mn_step: each k-step's fragments
 #: loaded during the step before) where the kernel writes C along m: a row-major B into a
-#: row-major C is launched so, as C^T (each Linear's grad_x g @ W), and where the 128-row A_MN
-#: tile's own rule does not split it (few tall tiles over a long K: those plans stay, unmeasured
-#: against 64 rows; :meth:`WgmmaTf32.a_mn_rows64`). Measured (H100, `probes/wgmma_rows_probe.py
-#: --a-mn`, NOTES run 42, GPU us, the 128-row plan -> 64 rows unsplit; torch tf32): 1024 x 768 x 3072 32.0 -> 25.6
-#: (25.0), 1500 x 384 x 1536 17.8 -> 14.6 (16.4), 1024 x 1024 x 2816 30.0 -> 24.5 (30.4), 1024^3
-#: 13.8 -> 11.6 (14.8), 512 x 1024 x 4096 41.3 -> 28.1 (29.1), 197 x 3072 x 768 12.2 -> 11.1 (11.7),
-#: 511 x 1536 x 8960 86.2 -> 65.6 (59.6), 300 x 1100 x 700 10.8 -> 10.8: at the same tile count too
-#: (the 128-row A_MN tile waits for each step's wgmmas before loading the next fragments), so the
-#: mid-size rule's width without its K bound (ROWS64_MID_MAX_K: at K = 8960 no split beat the
-#: 64-row tile unsplit). Not split there: no split of an A_MN tile, either height, beat the 64-row
-#: tile unsplit; most were 1.3-3.3x slower than the same tile unsplit (1024^3 64 x 128 11.6 against
-#: 37.7 in 2 slices; 197 x 768 x 3072 64 x 64 20.9 unsplit, 64 x 128 in 4 slices 29.9-32.1, tf32_mma
-#: 22.4), and where a 128-row split paid it stayed behind (512 x 1024 x 4096 128 x 64 41.3 -> 34.1
-#: in 2, 64 x 64 unsplit 28.1). (At most ROWS64_MAX_M rows, not measured for A_MN, the 64-row
-#: rule's split stands: a few tiles over a long K, where unsplit leaves most SMs idle.)
+#: row-major C is launched so, as C^T (each Linear's grad_x g @ W). Measured (H100,
+#: `probes/wgmma_rows_probe.py --a-mn`, NOTES run 42, GPU us, the 128-row plan -> 64 rows unsplit;
+#: torch tf32): 1024 x 768 x 3072 32.0 -> 25.6 (25.0), 1500 x 384 x 1536 17.8 -> 14.6 (16.4), 1024 x
+#: 1024 x 2816 30.0 -> 24.5 (30.4), 1024^3 13.8 -> 11.6 (14.8), 512 x 1024 x 4096 41.3 -> 28.1
+#: (29.1), 197 x 3072 x 768 12.2 -> 11.1 (11.7), 511 x 1536 x 8960 86.2 -> 65.6 (59.6), 300 x 1100 x
+#: 700 10.8 -> 10.8: at the same tile count too (the 128-row A_MN tile waits for each step's wgmmas
+#: before loading the next fragments), so the mid-size rule's width, and a longer K
+#: (ROWS64_MID_A_MN_MAX_K: at K = 8960 no split beat the 64-row tile unsplit).
 #: Not where the kernel writes C along n (an m-contiguous A read in place into a row-major C):
 #: 1000 x 700 x 1100 ran 19.0 on 64 x 128 against 17.8 on 128 x 64, the one such product measured.
 #: (The launch's strides decide, not the operands' story: a transposed ``out`` turns either case
 #: into the other, and the kernel then runs exactly the measured form of the other.)
-ROWS64_A_MN_SPLIT = False
+#: ``rows64_a_mn_split`` (ROWS64_A_MN_SPLIT): A_MN's 64-row tiles split by the K-major A's rule
+#: (_rows64_split), the 128-row plans that split before left behind. Off until the split's
+#: workspace ran along C's contiguous dim (split_workspace; before, an A_MN split stored single
+#: floats with C^T's odd row stride and ran 1.3-3.3x slower than unsplit, NOTES run 42-43). With
+#: it (H100, NOTES run 44, the planner before -> with the split; torch tf32): 197 x 768 x 3072
+#: 22.5 (tf32_mma 128 x 128 in 6) -> 17.5 (64 x 128 in 4; 15.5), 700 x 300 x 6000 41.1 (128 x
+#: 128 in 5) -> 33.1 (64 x 128 in 4; 36.7), 4096 x 48 x 8192 90.0 (128 x 256 in 8) -> 62.4 (64 x
+#: 128 in 4; 60.5); ncu, 511 x 1536 x 8960 in 2 slices: L2 write sectors 1.20M -> 0.44M, 123.9 ->
+#: 114.9 us (unsplit 111.1: the rule leaves it unsplit).
+ROWS64_A_MN_SPLIT = True
+#: ... but above ROWS64_MAX_M rows only where M + N (the launch's: the lines of K both operands
+#: stream) is at most this: there a tile's chain of k-steps (~0.22 us each on a 64-row A_MN tile:
+#: 197 x 768 x 3072 ran 21.1 us unsplit over 96) takes 4-5x as long as streaming both operands
+#: once from memory, and a split shortens the chain. With 4000+ lines (decode's grad_x, C^T 4096 x
+#: 48-64) the two are about even (1.1-1.2x): unsplit already runs at memory speed and a split adds
+#: its workspace (H100, NOTES run 44, unsplit / the split: 64 x 4096 x 4096 29.9 / 32.1 in 2, 48 x
+#: 4096 x 11008 68.4 / 68.9 in 2), where 965-1088 lines paid (197 x 768 x 3072 21.4 / 18.7 in 4,
+#: 700 x 300 x 6000 38.8 / 32.7 in 4, 320 x 768 x 3072 as g.t() @ x 25.2 / 24.1 in 3). At most
+#: ROWS64_MAX_M rows (launched: C^T of 48 columns) the 64-row rule's split stands, as for a K-major
+#: A: 4096 x 48 x 8192 62.3 in 4 against 59.0 unsplit, 14336 deep 95.5 against 100.7 (and unsplit,
+#: heuristic_reason would send them to tf32_mma: 82.9, 137.9).
+ROWS64_A_MN_SPLIT_MAX_LINES = 2048
+#: A_MN's 64-row tiles lift the mid-size rule's K bound (ROWS64_MID_MAX_K) up to this K: unsplit
+#: at 8960 and split at 8192-11008 they beat the 128-row plans (above); over few tiles and a far
+#: longer K (256 x 256 x 65536: 16 tiles, 4 slices at most, 64 blocks of 16384 k) tf32_mma's deep
+#: split over every SM stays (ROWS64_MID_MAX_K's note).
+ROWS64_MID_A_MN_MAX_K = 16384
 #: tf32x3 on 64-row tiles: how explain words its loads.
 X3_SPLIT_B_LOADS = ("A: TMA tiles of its staged big and small TF32 halves; B: fp32 TMA tiles (of B where the copy "
                     "engine reads it, else of its fp32 K-major copy), split into big and small TF32 halves in shared "
@@ -307,8 +326,8 @@ def mid_rows64_width(p: Problem, dev: DeviceFacts, a_mn: bool = False) -> int | 
     so 64-row tiles go as wide as keeps them to one wave, 64 (128 a k-step) where that fits,
     else 128 (192, a tie that goes to 64 rows: 1000^3 ran 12.9 us on 64 x 128 against 13.8 on 128
     x 64); beyond one wave they would load more than the 128-row plan. ``a_mn``: an A fed from
-    registers, which has no bound on K (ROWS64_A_MN_SPLIT)."""
-    if p.batch_total != 1 or p.M <= ROWS64_MAX_M or (not a_mn and p.K >= ROWS64_MID_MAX_K) \
+    registers, whose K bound is longer (ROWS64_MID_A_MN_MAX_K)."""
+    if p.batch_total != 1 or p.M <= ROWS64_MAX_M or p.K >= (ROWS64_MID_A_MN_MAX_K if a_mn else ROWS64_MID_MAX_K) \
             or tiles_of(p, 128, 64) >= dev.sm_count:
         return None
     if p.M % 64 and 4 * p.N * p.K > ROWS64_MID_PARTIAL_L2_SHARE * dev.l2_bytes:
@@ -419,13 +438,13 @@ class WgmmaTf32(Family):
     #: The same rule for an m-contiguous A fed from registers (A_MN) where the kernel writes C
     #: along m (a row-major B into a row-major C, as C^T) and the 128-row tile is not split, on
     #: the 64-row tile that loads each k-step's fragments during the step before (a_mn_step in the
-    #: kernel), without the K bound and unsplit (ROWS64_A_MN_SPLIT, :meth:`a_mn_rows64`). False:
-    #: A_MN takes 128-row tiles (a variant for probes).
+    #: kernel), with a longer K bound (ROWS64_MID_A_MN_MAX_K, :meth:`a_mn_rows64`). False: A_MN
+    #: takes 128-row tiles (a variant for probes).
     rows64_a_mn: bool = True
     #: A_MN's 64-row tiles split by the 64-row rule, as K-major ones are (ROWS64_SPLIT_*,
     #: ROWS64_MID_SPLIT_MIN_K), and taken where the 128-row tile's rule would split too (so those
-    #: products move from 128-row splits to 64-row ones). Off until measured: the workspace along
-    #: m (split_workspace) that should make such splits pay has had no GPU run (NOTES run 43).
+    #: products move from 128-row splits to 64-row ones; ROWS64_A_MN_SPLIT has the numbers). False:
+    #: unsplit above ROWS64_MAX_M rows, and the 128-row plans that split kept (a variant for probes).
     rows64_a_mn_split: bool = ROWS64_A_MN_SPLIT
     #: tf32x3: k-steps between promotions of the big products (PROMOTE_EVERY); None: X3_SHORT_K's
     #: rule (for probes: the accuracy and speed of each)
@@ -519,9 +538,8 @@ class WgmmaTf32(Family):
     def a_mn_rows64(self, p: Problem, dev: DeviceFacts) -> bool:
         """Whether the rules of 64-row tiles apply to an A fed from registers (A_MN): under
         ``rows64_a_mn``, where the kernel writes C along m (a row-major B into a row-major C is
-        launched so, as C^T: each Linear's grad_x) and the 128-row tile would not be split (its
-        rule's or a forced split: those plans stay as they were, unmeasured against 64 rows;
-        ROWS64_A_MN_SPLIT says why)."""
+        launched so, as C^T: each Linear's grad_x); without ``rows64_a_mn_split``, only where the
+        128-row tile would not be split (ROWS64_A_MN_SPLIT says why)."""
         return (self.rows64_a_mn and p.c_strides[0] == 1 and p.c_strides[1] != 1
                 and (self.rows64_a_mn_split or self.split_choice(p, dev, self.tile_options(False), bm=128) is None))
 
@@ -719,9 +737,20 @@ class WgmmaTf32(Family):
             if a_mn and not self.rows64_a_mn_split and self.split is True:
                 why += ("; A fed from registers: at any K, unsplit (no split of such a tile was measured faster "
                         "than the 64-row tile unsplit)")
+            elif a_mn and self.split is True and self.split_kept_by_lines(p, dev):
+                why += (f"; A fed from registers over M + N = {p.M + p.N} lines of K (> {ROWS64_A_MN_SPLIT_MAX_LINES}): "
+                        "unsplit, as its tiles' k-steps take about as long as streaming the operands once, which a "
+                        "split would not shorten")
         else:
             why = "asked for (rows64='always')"
         return ("tile rows", f"64 (one consumer warpgroup): {why}")
+
+    def split_kept_by_lines(self, p: Problem, dev: DeviceFacts) -> bool:
+        """Whether the 64-row rule would split A_MN launch problem ``p`` but for its M + N lines
+        (ROWS64_A_MN_SPLIT_MAX_LINES): for explain."""
+        return (self.rows64_a_mn_split and p.M > ROWS64_MAX_M and p.M + p.N > ROWS64_A_MN_SPLIT_MAX_LINES
+                and p.K >= max(SPLIT_MIN_K, ROWS64_MID_SPLIT_MIN_K) and tiles_of(p, 64, 64) < dev.sm_count // 2
+                and self._rows64_split(p, dev, self.tile_options(False)) is not None)
 
     def split_choice(self, p: Problem, dev: DeviceFacts, options, bm: int | None = None
                      ) -> tuple[tuple[int, int], int] | None:
@@ -743,8 +772,9 @@ class WgmmaTf32(Family):
         if p.K < SPLIT_MIN_K or (p.precision != "tf32" and bm != 64):  # (tf32x3: on 64-row tiles only)
             return None
         if bm == 64:
-            if self.rows64 is True and self.reads_a_mn(p) and p.M > ROWS64_MAX_M and not self.rows64_a_mn_split:
-                return None  # (see ROWS64_A_MN_SPLIT)
+            if self.rows64 is True and self.reads_a_mn(p) and p.M > ROWS64_MAX_M and (
+                    not self.rows64_a_mn_split or p.M + p.N > ROWS64_A_MN_SPLIT_MAX_LINES):
+                return None  # (see ROWS64_A_MN_SPLIT, ROWS64_A_MN_SPLIT_MAX_LINES)
             if self.rows64 is True and p.M > ROWS64_MAX_M and (
                     p.K < ROWS64_MID_SPLIT_MIN_K or tiles_of(p, 64, 64) >= dev.sm_count // 2):
                 return None  # (see ROWS64_MID_SPLIT_MIN_K)
@@ -774,11 +804,14 @@ class WgmmaTf32(Family):
         half the SMs and the 64-wide ones are more."""
         want = dev.sm_count // ROWS64_SPLIT_FILL
         best = None
+        narrowest = min((o[0] for o in options if o[0] in ROWS64_SPLIT_WIDTHS), default=None)
         for width in ROWS64_SPLIT_WIDTHS:
             option = next((o for o in options if o[0] == width), None)
             if option is None:
                 continue
             tiles = tiles_of(p, 64, width)
+            if width != narrowest and tiles == tiles_of(p, 64, narrowest):
+                continue  # (N within the narrow width: the wide tile computes padding for nothing)
             if tiles >= want:  # (the 128-wide tiles fill half the SMs: unsplit)
                 if best is None:
                     return None
