@@ -44,6 +44,7 @@ def _entry(a, b, out, precision):
 
 SPLIT_SHAPES = [(16, 4096, 4096, "ieee", "skinny"), (16, 4096, 4096, "tf32", "skinny"),
                 (64, 64, 16384, "ieee", "simt_cp_async"), (64, 64, 8192, "tf32", "tf32_mma"),
+                (4096, 48, 8192, "tf32", "wgmma_tf32"),  # computed as C^T: 48 rows, K split over the SMs
                 (700, 300, 6000, "tf32", "wgmma_tf32"),  # computed as C^T: 64-row tiles, K split in 4
                 (256, 256, 65536, "ieee", "simt_cp_async")]
 

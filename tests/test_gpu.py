@@ -1067,8 +1067,9 @@ def test_wgmma_split_k_sums_every_tiles_slices_in_order(case, rel_err):
     registers, a swapped product, tf32x3), right into NaN-poisoned contiguous and transposed
     outputs; a second call into a fresh output gives the same bits (the slices are added in slice
     order, and the arrival counters are back at zero after each launch), and so does the
-    transposed output where it runs the same kernel (A_MN writes a transposed C along n, which
-    can take another tile and slices)."""
+    transposed output wherever it runs as many slices (each output sums the same k-steps in the
+    same order whatever the tile's height or C's form; A_MN writing a transposed C along n can
+    take other slices)."""
     needs_sm90()
     a, b, precision, slices = WGMMA_SPLIT_CASES[case]()
     if isinstance(slices, WgmmaTf32):
@@ -1088,7 +1089,7 @@ def test_wgmma_split_k_sums_every_tiles_slices_in_order(case, rel_err):
         outs.append(out)
         kernels.append((plan.kernel.macros, plan.kernel.grid))
     assert kernels[0] == kernels[2] and torch.equal(outs[0], outs[2])
-    assert kernels[1] != kernels[0] or torch.equal(outs[0], outs[1])
+    assert kernels[1][1][1] != kernels[0][1][1] or torch.equal(outs[0], outs[1])  # (grid[1]: the slices)
 
 
 #: Products of at most 64 rows (and one of more), both operands K-major: the 64-row tile (BM = 64,

@@ -20,7 +20,8 @@ from fastmm.families import (FAMILIES, LOAD_ELEM_FAST, LOAD_ELEM_K, LOAD_NAMES, 
                              split_k_for, stream_k_head_config)
 from fastmm.families.simt_core import FUSED_SPLIT_MAX, STAGE_MIN_FLOP_PER_BYTE
 from fastmm.families.simt_cp_async import short_rows_first
-from fastmm.families.wgmma_tf32 import ROWS64_A_MN_SPLIT_MAX_LINES, ROWS64_MID_A_MN_MAX_K, wave_cost
+from fastmm.families import wgmma_tf32
+from fastmm.families.wgmma_tf32 import ROWS64_A_MN_SPLIT_MAX_K, ROWS64_A_MN_SPLIT_MAX_LINES, tiles_of, wave_cost
 from fastmm.families.work_split import MIN_KTILES_PER_SPLIT, split_time
 from fastmm.plan import INT32_MAX, MIN_CC, TINY_K, TINY_OUTPUTS, Plan, select
 from fastmm.problem import EPILOGUE_D, DeviceFacts, Problem
@@ -2420,8 +2421,8 @@ def test_the_mid_size_rule_leaves_batches_tf32x3_row_major_b_and_a_disabled_rows
 def test_a_fed_from_registers_takes_64_row_tiles_as_c_transposed():
     """A_MN on 64-row tiles (fragments loaded a k-step ahead, a_mn_step) where C is written along
     m: a row-major B into a row-major C, as C^T (each Linear's grad_x). The K-major A's rules
-    (ROWS64_MAX_M, the mid-size rule's widths, 128 rows where the tiles fill the SMs) with a
-    longer K bound (ROWS64_MID_A_MN_MAX_K); these products' tiles fill half the SMs or their K is
+    (ROWS64_MAX_M, the mid-size rule's widths, 128 rows where the tiles fill the SMs) without the
+    mid-size rule's K bound; these products' tiles fill half the SMs or their K is
     short, so they run unsplit (splits: the next test); an m-contiguous A read in place (C along
     n) keeps 128 rows; ``rows64_a_mn=False`` gives 128 rows, ``rows64="always"`` 64; explain says
     how the fragments are loaded; without ``rows64_a_mn_split`` the 128-row tile's own split
@@ -2478,45 +2479,81 @@ def test_a_fed_from_registers_takes_64_row_tiles_as_c_transposed():
             assert dict(k.macros)["A_MN"] == 1 and bool(dict(k.macros).get("TMA_STORE")) == want, (epilogue, rows64)
 
 
-def test_a_fed_from_registers_splits_on_64_row_tiles_where_its_k_steps_outlast_streaming():
+def test_a_fed_from_registers_splits_on_64_row_tiles_where_its_k_steps_outlast_streaming(monkeypatch):
     """``rows64_a_mn_split`` (on: ROWS64_A_MN_SPLIT): A_MN's 64-row tiles take the 64-row split
     rule as a K-major A's do; above ROWS64_MAX_M rows as launched only where the launch's M + N
     is at most ROWS64_A_MN_SPLIT_MAX_LINES (a tile's chain of k-steps then outlasts streaming both
-    operands; with more lines the product runs at memory speed unsplit); and also where the 128-row tile's rule would split (those
-    products move to 64-row tiles); A_MN keeps the mid-size rule only up to ROWS64_MID_A_MN_MAX_K
-    (largeK stays with tf32_mma's deep split); explain's "unsplit" sentence goes with the field.
-    Off, the 64-row tile runs unsplit above ROWS64_MAX_M rows and the 128-row splits stay."""
+    operands; with more lines the product runs at memory speed unsplit) and K is under
+    ROWS64_A_MN_SPLIT_MAX_K (largeK stays with tf32_mma's deep split). Where they split they
+    replace the 128-row tile's split; where they do not, that split stays. explain says when the
+    lines alone keep the tile unsplit. Off, the 64-row tile runs unsplit above ROWS64_MAX_M rows
+    and every 128-row split stays."""
     dev = DEV["sm_90"]
     off = WgmmaTf32(rows64_a_mn_split=False)
     plan_of = lambda p, *v: select(p, dev, force="wgmma_tf32", variants=v).kernel  # noqa: E731
     assert WgmmaTf32().rows64_a_mn_split and ROWS64_A_MN_SPLIT_MAX_LINES == 2048
-    # (M, N, K) of g @ W (W row-major, C^T: the launch is N x M) or of g.t() @ x (a_t) -> (tile, slices)
-    for (M, N, K, a_t), want in (((197, 768, 3072, False), ((64, 128), 4)), ((700, 300, 6000, False), ((64, 128), 4)),
-                                 ((320, 768, 3072, True), ((64, 128), 3)),
-                                 # 4000+ lines above ROWS64_MAX_M rows as launched: unsplit (C^T 4096 x 48-64)
-                                 ((48, 4096, 11008, False), ((64, 64), 1)), ((64, 4096, 4096, False), ((64, 64), 1)),
-                                 # at most ROWS64_MAX_M rows as launched (C^T 48 x 4096): the 64-row rule's split
-                                 ((4096, 48, 8192, False), ((64, 128), 4)), ((4096, 48, 14336, False), ((64, 128), 4)),
-                                 # tiles that fill half the SMs, or K short of ROWS64_MID_SPLIT_MIN_K: unsplit
-                                 ((511, 1536, 8960, False), ((64, 128), 1)), ((1024, 768, 3072, False), ((64, 128), 1))):
+    cases = (  # (M, N, K) of g @ W (W row-major, C^T: the launch is N x M) or of g.t() @ x (a_t) -> (tile, slices)
+        ((197, 768, 3072, False), ((64, 128), 4)), ((700, 300, 6000, False), ((64, 128), 4)),
+        ((320, 768, 3072, True), ((64, 128), 3)),
+        # 4000+ lines above ROWS64_MAX_M rows as launched: unsplit (C^T 4096 x 48-64)
+        ((48, 4096, 11008, False), ((64, 64), 1)), ((64, 4096, 4096, False), ((64, 64), 1)),
+        # at most ROWS64_MAX_M rows as launched (C^T 48 x 4096): the 64-row rule's split, at any K
+        ((4096, 48, 8192, False), ((64, 128), 4)), ((4096, 48, 14336, False), ((64, 128), 4)),
+        ((511, 8, 16384, False), ((64, 64), 4)),
+        # tiles that fill half the SMs, or K short of ROWS64_MID_SPLIT_MIN_K: unsplit
+        ((511, 1536, 8960, False), ((64, 128), 1)), ((1024, 768, 3072, False), ((64, 128), 1)),
+        ((192, 1984, 4096, False), ((64, 64), 1)))
+    plans = {}
+    for (M, N, K, a_t), want in cases:
         p = Problem.dense(M, N, K, "tf32", a_t=a_t)
         k, unsplit = plan_of(p), plan_of(p, off)
         assert dict(k.macros)["A_MN"] == 1 and (k.tile[:2], k.split_k) == want, (M, N, K, k.tile, k.split_k)
-        lines = "lines of K (> 2048): unsplit" in dict(k.details)["tile rows"]  # (explain says why unsplit)
-        assert lines == (k.split_k == 1 and M + N > 2048 and N > 64), (M, N, K, dict(k.details)["tile rows"])
         assert "at any K, unsplit" not in dict(k.details)["tile rows"]
-        assert unsplit.split_k == 1 or unsplit.tile[0] == 128, (M, N, K)  # (off: never a 64-row split here)
+        launch_rows = select(p, dev, force="wgmma_tf32").launch_problem.M
+        # (off: no 64-row split above ROWS64_MAX_M rows as launched)
+        assert unsplit.split_k == 1 or unsplit.tile[0] == 128 or launch_rows <= 64, (M, N, K)
+        plans[(M, N, K, a_t)] = k
+    # explain names the lines exactly where lifting the bound would split the tile
+    monkeypatch.setattr(wgmma_tf32, "ROWS64_A_MN_SPLIT_MAX_LINES", 10 ** 9)
+    for (M, N, K, a_t), k in plans.items():
+        lifted = plan_of(Problem.dense(M, N, K, "tf32", a_t=a_t))
+        said = "lines of K (> 2048): unsplit" in dict(k.details)["tile rows"]
+        assert said == (k.split_k == 1 and lifted.split_k > 1), (M, N, K, dict(k.details)["tile rows"])
+    assert "lines of K" in dict(plans[(48, 4096, 11008, False)].details)["tile rows"]  # (the rule's own case)
+    monkeypatch.undo()
+    # with a forced width the 64-row rule cannot split (256 wide is not one of its widths): not the lines' doing
+    forced = plan_of(Problem.dense(128, 2048, 4096, "tf32"), WgmmaTf32(force_bn=256))
+    assert forced.split_k == 1 and "lines of K" not in dict(forced.details)["tile rows"]
     # the lines bound: C^T 1984 x 64 splits (31 tiles), 1984 x 65 (62 tiles, one line more) does not
     assert plan_of(Problem.dense(64, 1984, 3072, "tf32")).split_k == 4
     assert plan_of(Problem.dense(65, 1984, 3072, "tf32")).split_k == 1
-    # largeK as given (row-major B, A_MN): past ROWS64_MID_A_MN_MAX_K, 128 rows; the planner: tf32_mma
+    # where the 64-row tile does not split, a 128-row split stays (64 x 64 tiles would fill half the
+    # SMs: 700 x 384; 2176 lines: 2048 x 128)
+    for M, N, K in ((700, 384, 5120), (2048, 128, 8192)):
+        p = Problem.dense(M, N, K, "tf32")
+        k = plan_of(p)
+        assert k.tile[0] == 128 and k.split_k > 1 and k.macros == plan_of(p, off).macros, (M, N, K)
+    # largeK as given (row-major B, A_MN): K past ROWS64_A_MN_SPLIT_MAX_K, no 64-row split; the planner: tf32_mma
     large = Problem.dense(256, 256, 65536, "tf32")
-    assert 65536 >= ROWS64_MID_A_MN_MAX_K and plan_of(large).tile[0] == 128
+    assert 65536 >= ROWS64_A_MN_SPLIT_MAX_K and plan_of(large).macros == plan_of(large, off).macros
     assert select(large, dev).kernel.family == "tf32_mma"
-    # the K-major A's plans do not change
-    for M, N, K in ((197, 768, 3100), (511, 1536, 8960), (300, 700, 1100), (64, 4096, 4096)):
-        p = Problem.dense(M, N, K, "tf32", b_t=True)
-        assert plan_of(p, off).macros == plan_of(p).macros
+
+
+def test_64_row_split_of_a_fed_from_registers_takes_the_narrow_width_where_n_fits_it():
+    """_rows64_split's ``skip_padded`` (A_MN only, where it was measured): where N fits 64
+    columns, the 128-wide tile gives as many tiles with half of each padding, so the split takes
+    64 wide; a K-major A keeps the rule's 128-wide preference."""
+    dev = DEV["sm_90"]
+    options = WgmmaTf32().tile_options(False)
+    launch = Problem.dense(1984, 64, 3072, "tf32")  # 31 tiles at either width
+    assert tiles_of(launch, 64, 128) == tiles_of(launch, 64, 64) == 31
+    assert WgmmaTf32._rows64_split(launch, dev, options)[0][0] == 128
+    assert WgmmaTf32._rows64_split(launch, dev, options, skip_padded=True)[0][0] == 64
+    # the planner: C^T 1984 x 64 of g @ W (A_MN) 64 wide; x @ W.t() with N = 64 (K-major) 128 wide
+    k = select(Problem.dense(64, 1984, 3072, "tf32"), dev, force="wgmma_tf32").kernel
+    assert dict(k.macros)["A_MN"] == 1 and k.tile[:2] == (64, 64) and k.split_k == 4
+    k = select(Problem.dense(511, 64, 3072, "tf32", b_t=True), dev, force="wgmma_tf32").kernel
+    assert dict(k.macros)["A_MN"] == 0 and k.tile[:2] == (64, 128) and k.split_k > 1
 
 
 def test_tf32x3_splits_a_in_registers_only_under_x3_a_regs_and_then_stages_b_alone():

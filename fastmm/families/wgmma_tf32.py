@@ -189,13 +189,14 @@ ROWS64_MID_PARTIAL_L2_SHARE = 0.5
 #: (29.1), 197 x 3072 x 768 12.2 -> 11.1 (11.7), 511 x 1536 x 8960 86.2 -> 65.6 (59.6), 300 x 1100 x
 #: 700 10.8 -> 10.8: at the same tile count too (the 128-row A_MN tile waits for each step's wgmmas
 #: before loading the next fragments), so the mid-size rule's width, and a longer K
-#: (ROWS64_MID_A_MN_MAX_K: at K = 8960 no split beat the 64-row tile unsplit).
+#: and no bound on K (at K = 8960 no split beat the 64-row tile unsplit).
 #: Not where the kernel writes C along n (an m-contiguous A read in place into a row-major C):
 #: 1000 x 700 x 1100 ran 19.0 on 64 x 128 against 17.8 on 128 x 64, the one such product measured.
 #: (The launch's strides decide, not the operands' story: a transposed ``out`` turns either case
 #: into the other, and the kernel then runs exactly the measured form of the other.)
 #: ``rows64_a_mn_split`` (ROWS64_A_MN_SPLIT): A_MN's 64-row tiles split by the K-major A's rule
-#: (_rows64_split), the 128-row plans that split before left behind. Off until the split's
+#: (_rows64_split), and where they split the 128-row plans that split before are left behind
+#: (where they do not, those stay: unmeasured against 64 rows unsplit). Off until the split's
 #: workspace ran along C's contiguous dim (split_workspace; before, an A_MN split stored single
 #: floats with C^T's odd row stride and ran 1.3-3.3x slower than unsplit, NOTES run 42-43). With
 #: it (H100, NOTES run 44, the planner before -> with the split; torch tf32): 197 x 768 x 3072
@@ -216,11 +217,12 @@ ROWS64_A_MN_SPLIT = True
 #: A: 4096 x 48 x 8192 62.3 in 4 against 59.0 unsplit, 14336 deep 95.5 against 100.7 (and unsplit,
 #: heuristic_reason would send them to tf32_mma: 82.9, 137.9).
 ROWS64_A_MN_SPLIT_MAX_LINES = 2048
-#: A_MN's 64-row tiles lift the mid-size rule's K bound (ROWS64_MID_MAX_K) up to this K: unsplit
-#: at 8960 and split at 8192-11008 they beat the 128-row plans (above); over few tiles and a far
-#: longer K (256 x 256 x 65536: 16 tiles, 4 slices at most, 64 blocks of 16384 k) tf32_mma's deep
-#: split over every SM stays (ROWS64_MID_MAX_K's note).
-ROWS64_MID_A_MN_MAX_K = 16384
+#: A_MN's 64-row tiles above ROWS64_MAX_M rows split only below this K (measured paying at K =
+#: 3072-6000 there, and at 8192-14336 with at most ROWS64_MAX_M rows, which this bound leaves
+#: alone): over few tiles and a far longer K (256 x 256 x 65536: 16 tiles, 4 slices at most, 64
+#: blocks of 16384 k) the 128-row plan (there tf32_mma's deep split over every SM) stays
+#: (ROWS64_MID_MAX_K's note).
+ROWS64_A_MN_SPLIT_MAX_K = 16384
 #: tf32x3 on 64-row tiles: how explain words its loads.
 X3_SPLIT_B_LOADS = ("A: TMA tiles of its staged big and small TF32 halves; B: fp32 TMA tiles (of B where the copy "
                     "engine reads it, else of its fp32 K-major copy), split into big and small TF32 halves in shared "
@@ -326,8 +328,8 @@ def mid_rows64_width(p: Problem, dev: DeviceFacts, a_mn: bool = False) -> int | 
     so 64-row tiles go as wide as keeps them to one wave, 64 (128 a k-step) where that fits,
     else 128 (192, a tie that goes to 64 rows: 1000^3 ran 12.9 us on 64 x 128 against 13.8 on 128
     x 64); beyond one wave they would load more than the 128-row plan. ``a_mn``: an A fed from
-    registers, whose K bound is longer (ROWS64_MID_A_MN_MAX_K)."""
-    if p.batch_total != 1 or p.M <= ROWS64_MAX_M or p.K >= (ROWS64_MID_A_MN_MAX_K if a_mn else ROWS64_MID_MAX_K) \
+    registers, which has no bound on K (a bound on its split instead: ROWS64_A_MN_SPLIT_MAX_K)."""
+    if p.batch_total != 1 or p.M <= ROWS64_MAX_M or (not a_mn and p.K >= ROWS64_MID_MAX_K) \
             or tiles_of(p, 128, 64) >= dev.sm_count:
         return None
     if p.M % 64 and 4 * p.N * p.K > ROWS64_MID_PARTIAL_L2_SHARE * dev.l2_bytes:
@@ -436,15 +438,16 @@ class WgmmaTf32(Family):
     #: wherever the kernel allows them (tf32 with either A form, the cooperative form): for probes.
     rows64: bool | str = True
     #: The same rule for an m-contiguous A fed from registers (A_MN) where the kernel writes C
-    #: along m (a row-major B into a row-major C, as C^T) and the 128-row tile is not split, on
+    #: along m (a row-major B into a row-major C, as C^T), on
     #: the 64-row tile that loads each k-step's fragments during the step before (a_mn_step in the
-    #: kernel), with a longer K bound (ROWS64_MID_A_MN_MAX_K, :meth:`a_mn_rows64`). False: A_MN
-    #: takes 128-row tiles (a variant for probes).
+    #: kernel), without the K bound, and not where the 128-row tile would split and the 64-row one
+    #: would not (:meth:`a_mn_rows64`). False: A_MN takes 128-row tiles (a variant for probes).
     rows64_a_mn: bool = True
     #: A_MN's 64-row tiles split by the 64-row rule, as K-major ones are (ROWS64_SPLIT_*,
-    #: ROWS64_MID_SPLIT_MIN_K), and taken where the 128-row tile's rule would split too (so those
-    #: products move from 128-row splits to 64-row ones; ROWS64_A_MN_SPLIT has the numbers). False:
-    #: unsplit above ROWS64_MAX_M rows, and the 128-row plans that split kept (a variant for probes).
+    #: ROWS64_MID_SPLIT_MIN_K), within ROWS64_A_MN_SPLIT_MAX_LINES and ROWS64_A_MN_SPLIT_MAX_K, and
+    #: taken where the 128-row tile's rule would split too if they split (those products move from
+    #: 128-row splits to 64-row ones; ROWS64_A_MN_SPLIT has the numbers). False: unsplit above
+    #: ROWS64_MAX_M rows, and every 128-row plan that splits kept (a variant for probes).
     rows64_a_mn_split: bool = ROWS64_A_MN_SPLIT
     #: tf32x3: k-steps between promotions of the big products (PROMOTE_EVERY); None: X3_SHORT_K's
     #: rule (for probes: the accuracy and speed of each)
@@ -538,10 +541,15 @@ class WgmmaTf32(Family):
     def a_mn_rows64(self, p: Problem, dev: DeviceFacts) -> bool:
         """Whether the rules of 64-row tiles apply to an A fed from registers (A_MN): under
         ``rows64_a_mn``, where the kernel writes C along m (a row-major B into a row-major C is
-        launched so, as C^T: each Linear's grad_x); without ``rows64_a_mn_split``, only where the
-        128-row tile would not be split (ROWS64_A_MN_SPLIT says why)."""
-        return (self.rows64_a_mn and p.c_strides[0] == 1 and p.c_strides[1] != 1
-                and (self.rows64_a_mn_split or self.split_choice(p, dev, self.tile_options(False), bm=128) is None))
+        launched so, as C^T: each Linear's grad_x), except where the 128-row tile would be split and
+        the 64-row one would not (under ``rows64_a_mn_split``; without it, wherever the 128-row
+        tile would be split): those 128-row splits stay, unmeasured against 64 rows
+        (ROWS64_A_MN_SPLIT)."""
+        if not (self.rows64_a_mn and p.c_strides[0] == 1 and p.c_strides[1] != 1):
+            return False
+        options = self.tile_options(False)
+        return (self.split_choice(p, dev, options, bm=128) is None
+                or (self.rows64_a_mn_split and self.split_choice(p, dev, options, bm=64) is not None))
 
     def x3_splits_b(self, p: Problem) -> bool:
         """tf32x3 on 64-row tiles, B read as fp32 and split into its TF32 halves by the kernel
@@ -748,9 +756,11 @@ class WgmmaTf32(Family):
     def split_kept_by_lines(self, p: Problem, dev: DeviceFacts) -> bool:
         """Whether the 64-row rule would split A_MN launch problem ``p`` but for its M + N lines
         (ROWS64_A_MN_SPLIT_MAX_LINES): for explain."""
+        options = tuple(o for o in self.tile_options(False) if not self.force_bn or o[0] == self.force_bn)
         return (self.rows64_a_mn_split and p.M > ROWS64_MAX_M and p.M + p.N > ROWS64_A_MN_SPLIT_MAX_LINES
-                and p.K >= max(SPLIT_MIN_K, ROWS64_MID_SPLIT_MIN_K) and tiles_of(p, 64, 64) < dev.sm_count // 2
-                and self._rows64_split(p, dev, self.tile_options(False)) is not None)
+                and max(SPLIT_MIN_K, ROWS64_MID_SPLIT_MIN_K) <= p.K < ROWS64_A_MN_SPLIT_MAX_K
+                and tiles_of(p, 64, 64) < dev.sm_count // 2
+                and self._rows64_split(p, dev, options, skip_padded=True) is not None)
 
     def split_choice(self, p: Problem, dev: DeviceFacts, options, bm: int | None = None
                      ) -> tuple[tuple[int, int], int] | None:
@@ -772,13 +782,14 @@ class WgmmaTf32(Family):
         if p.K < SPLIT_MIN_K or (p.precision != "tf32" and bm != 64):  # (tf32x3: on 64-row tiles only)
             return None
         if bm == 64:
-            if self.rows64 is True and self.reads_a_mn(p) and p.M > ROWS64_MAX_M and (
-                    not self.rows64_a_mn_split or p.M + p.N > ROWS64_A_MN_SPLIT_MAX_LINES):
-                return None  # (see ROWS64_A_MN_SPLIT, ROWS64_A_MN_SPLIT_MAX_LINES)
+            a_mn = self.reads_a_mn(p)
+            if self.rows64 is True and a_mn and p.M > ROWS64_MAX_M and (not self.rows64_a_mn_split or (
+                    p.M + p.N > ROWS64_A_MN_SPLIT_MAX_LINES or p.K >= ROWS64_A_MN_SPLIT_MAX_K)):
+                return None  # (see ROWS64_A_MN_SPLIT, ROWS64_A_MN_SPLIT_MAX_LINES, ROWS64_A_MN_SPLIT_MAX_K)
             if self.rows64 is True and p.M > ROWS64_MAX_M and (
                     p.K < ROWS64_MID_SPLIT_MIN_K or tiles_of(p, 64, 64) >= dev.sm_count // 2):
                 return None  # (see ROWS64_MID_SPLIT_MIN_K)
-            return self._rows64_split(p, dev, options)
+            return self._rows64_split(p, dev, options, skip_padded=a_mn)
         tall = p.M > SPLIT_MAX_M
         if tall and (p.N < SPLIT_TALL_WIDTH or p.N < p.M):  # (see SPLIT_TALL_WIDTH)
             return None
@@ -798,10 +809,13 @@ class WgmmaTf32(Family):
         return None if best is None else (best[1], best[2])
 
     @staticmethod
-    def _rows64_split(p: Problem, dev: DeviceFacts, options) -> tuple[tuple[int, int], int] | None:
+    def _rows64_split(p: Problem, dev: DeviceFacts, options, skip_padded: bool = False
+                      ) -> tuple[tuple[int, int], int] | None:
         """The 64-row tile's split (ROWS64_SPLIT_*): unsplit where the 128-wide tiles fill half the
         SMs; else 128 wide in slices, or 64 wide where those (tile, slice) blocks still fill under
-        half the SMs and the 64-wide ones are more."""
+        half the SMs and the 64-wide ones are more. ``skip_padded`` (A_MN, where it was measured):
+        not 128 wide where N fits 64 (as many tiles, half of each computing padding: C^T 4096 x
+        48 ran 86.0 us in 2 slices 128 wide, 68.9 64 wide; NOTES run 44)."""
         want = dev.sm_count // ROWS64_SPLIT_FILL
         best = None
         narrowest = min((o[0] for o in options if o[0] in ROWS64_SPLIT_WIDTHS), default=None)
@@ -810,7 +824,7 @@ class WgmmaTf32(Family):
             if option is None:
                 continue
             tiles = tiles_of(p, 64, width)
-            if width != narrowest and tiles == tiles_of(p, 64, narrowest):
+            if skip_padded and width != narrowest and tiles == tiles_of(p, 64, narrowest):
                 continue  # (N within the narrow width: the wide tile computes padding for nothing)
             if tiles >= want:  # (the 128-wide tiles fill half the SMs: unsplit)
                 if best is None:
