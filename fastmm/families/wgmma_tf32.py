@@ -188,8 +188,8 @@ ROWS64_MID_PARTIAL_L2_SHARE = 0.5
 #: 1024 x 2816 30.0 -> 24.5 (30.4), 1024^3 13.8 -> 11.6 (14.8), 512 x 1024 x 4096 41.3 -> 28.1
 #: (29.1), 197 x 3072 x 768 12.2 -> 11.1 (11.7), 511 x 1536 x 8960 86.2 -> 65.6 (59.6), 300 x 1100 x
 #: 700 10.8 -> 10.8: at the same tile count too (the 128-row A_MN tile waits for each step's wgmmas
-#: before loading the next fragments), so the mid-size rule's width, and a longer K
-#: and no bound on K (at K = 8960 no split beat the 64-row tile unsplit).
+#: before loading the next fragments), so the mid-size rule's width, without its bound on K (at
+#: K = 8960 no split beat the 64-row tile unsplit).
 #: Not where the kernel writes C along n (an m-contiguous A read in place into a row-major C):
 #: 1000 x 700 x 1100 ran 19.0 on 64 x 128 against 17.8 on 128 x 64, the one such product measured.
 #: (The launch's strides decide, not the operands' story: a transposed ``out`` turns either case
@@ -521,6 +521,12 @@ class WgmmaTf32(Family):
         """A block's threads: the producer warpgroup and one consumer warpgroup a 64 rows."""
         return 128 * (1 + bm // 64)
 
+    @staticmethod
+    def writes_c_along_m(p: Problem) -> bool:
+        """Whether launch problem ``p``'s C is m-contiguous (a row-major C launched as C^T): where
+        A_MN's adjacent row pairs go out along m."""
+        return p.c_strides[0] == 1 and p.c_strides[1] != 1
+
     def reads_a_mn(self, p: Problem) -> bool:
         """tf32 feeds an m-contiguous A from registers (A_MN) where it cannot read it K-major."""
         return p.precision == "tf32" and not self.a_ready(p) and self.a_mn_ready(p)
@@ -545,7 +551,7 @@ class WgmmaTf32(Family):
         the 64-row one would not (under ``rows64_a_mn_split``; without it, wherever the 128-row
         tile would be split): those 128-row splits stay, unmeasured against 64 rows
         (ROWS64_A_MN_SPLIT)."""
-        if not (self.rows64_a_mn and p.c_strides[0] == 1 and p.c_strides[1] != 1):
+        if not (self.rows64_a_mn and self.writes_c_along_m(p)):
             return False
         options = self.tile_options(False)
         return (self.split_choice(p, dev, options, bm=128) is None
@@ -756,18 +762,16 @@ class WgmmaTf32(Family):
     def split_kept_by_lines(self, p: Problem, dev: DeviceFacts) -> bool:
         """Whether the 64-row rule would split A_MN launch problem ``p`` but for its M + N lines
         (ROWS64_A_MN_SPLIT_MAX_LINES): for explain."""
-        options = tuple(o for o in self.tile_options(False) if not self.force_bn or o[0] == self.force_bn)
-        return (self.rows64_a_mn_split and p.M > ROWS64_MAX_M and p.M + p.N > ROWS64_A_MN_SPLIT_MAX_LINES
-                and max(SPLIT_MIN_K, ROWS64_MID_SPLIT_MIN_K) <= p.K < ROWS64_A_MN_SPLIT_MAX_K
-                and tiles_of(p, 64, 64) < dev.sm_count // 2
-                and self._rows64_split(p, dev, options, skip_padded=True) is not None)
+        return (p.M > ROWS64_MAX_M and p.M + p.N > ROWS64_A_MN_SPLIT_MAX_LINES
+                and self.split_choice(p, dev, self.tile_options(False), bm=64, lines_bound=False) is not None)
 
-    def split_choice(self, p: Problem, dev: DeviceFacts, options, bm: int | None = None
+    def split_choice(self, p: Problem, dev: DeviceFacts, options, bm: int | None = None, lines_bound: bool = True
                      ) -> tuple[tuple[int, int], int] | None:
         """((BN, STAGES), slices) of a split plan for ``p``, or None for an unsplit one: the rule
         of SPLIT_MAX_M and the constants beside it (on 64-row tiles, ROWS64_SPLIT_*), or a forced
         number of slices (``split``, with ``force_bn``'s width or the widest) wherever the batch is
-        1. ``bm``: the tile's rows (default: :meth:`tile_rows`'s)."""
+        1. ``bm``: the tile's rows (default: :meth:`tile_rows`'s). ``lines_bound=False``: without
+        ROWS64_A_MN_SPLIT_MAX_LINES (for explain: :meth:`split_kept_by_lines`)."""
         if bm is None:
             bm = self.tile_rows(p, p.precision == "tf32x3", self.reads_a_mn(p), dev)
         if self.split is False or p.batch_total != 1 or (self.split is not True and int(self.split) <= 1):
@@ -784,7 +788,7 @@ class WgmmaTf32(Family):
         if bm == 64:
             a_mn = self.reads_a_mn(p)
             if self.rows64 is True and a_mn and p.M > ROWS64_MAX_M and (not self.rows64_a_mn_split or (
-                    p.M + p.N > ROWS64_A_MN_SPLIT_MAX_LINES or p.K >= ROWS64_A_MN_SPLIT_MAX_K)):
+                    lines_bound and p.M + p.N > ROWS64_A_MN_SPLIT_MAX_LINES) or p.K >= ROWS64_A_MN_SPLIT_MAX_K):
                 return None  # (see ROWS64_A_MN_SPLIT, ROWS64_A_MN_SPLIT_MAX_LINES, ROWS64_A_MN_SPLIT_MAX_K)
             if self.rows64 is True and p.M > ROWS64_MAX_M and (
                     p.K < ROWS64_MID_SPLIT_MIN_K or tiles_of(p, 64, 64) >= dev.sm_count // 2):
@@ -838,7 +842,6 @@ class WgmmaTf32(Family):
         return best[0], best[1]
 
     @staticmethod
-    @staticmethod
     def split_workspace(p: Problem, cfg: KernelConfig) -> tuple[int, int, int]:
         """(sWm, sWn, slice): the SPLIT kernel's workspace for launch problem ``p``, in floats.
         Each slice is contiguous along C's contiguous dim: m where the kernel stores the adjacent
@@ -864,8 +867,7 @@ class WgmmaTf32(Family):
         stages = self.fit_stages(dev, bn, stages, x3, 0, bm, a_regs)
         # (float2 pairs along the workspace's padded lines at any M, N: along m where A_MN writes
         # an m-contiguous C, else along n; split_workspace)
-        sCm, sCn = p.c_strides
-        c_vec = 2 if a_mn and sCm == 1 and sCn != 1 else 1
+        c_vec = 2 if a_mn and self.writes_c_along_m(p) else 1
         macros = (("BN", bn), ("STAGES", stages), ("C_VEC", c_vec), ("PRECISION_X3", int(x3)), ("A_MN", int(a_mn)),
                   ("SPLIT", 1)) + self.row_macros(bm, x3)
         if x3:
