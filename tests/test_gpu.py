@@ -1089,7 +1089,8 @@ def test_wgmma_split_k_sums_every_tiles_slices_in_order(case, rel_err):
         outs.append(out)
         kernels.append((plan.kernel.macros, plan.kernel.grid))
     assert kernels[0] == kernels[2] and torch.equal(outs[0], outs[2])
-    assert kernels[1][1][1] != kernels[0][1][1] or torch.equal(outs[0], outs[1])  # (grid[1]: the slices)
+    contiguous_slices, transposed_slices = kernels[0][1][1], kernels[1][1][1]  # (grid[1])
+    assert transposed_slices != contiguous_slices or torch.equal(outs[0], outs[1])
 
 
 #: Products of at most 64 rows (and one of more), both operands K-major: the 64-row tile (BM = 64,
