@@ -518,6 +518,11 @@ def wgmma_cases(dev: DeviceFacts, precision: str, quick: bool) -> list[Case]:
         add("rows64", 130, 452, 970)
         add("rows64", 1000, 700, 1100, a_t=True, b_t=True, variants=always)
         add("rows64", 40, 40000, 100, variants=always)
+        # the planner's A_MN split below ROWS64_MID_SPLIT_MIN_K (ROWS64_A_MN_SPLIT_MIN_K; NOTES run
+        # 45): C^T 256 x 384 in 4 uneven slices (rows of 2081 floats: copied K-major first), and
+        # g.t() @ x (C^T 256 x 65)
+        add("rows64", 384, 256, 2081)
+        add("rows64", 65, 256, 2050, a_t=True)
     if precision == "tf32x3":
         add("rows64", 40, 4100, 4100, b_t=True)
         # A split in registers on 128-row tiles (x3_a_regs: X3_A_REGS; NOTES run 41): A in place at

@@ -21,7 +21,8 @@ from fastmm.families import (FAMILIES, LOAD_ELEM_FAST, LOAD_ELEM_K, LOAD_NAMES, 
 from fastmm.families.simt_core import FUSED_SPLIT_MAX, STAGE_MIN_FLOP_PER_BYTE
 from fastmm.families.simt_cp_async import short_rows_first
 from fastmm.families import wgmma_tf32
-from fastmm.families.wgmma_tf32 import ROWS64_A_MN_SPLIT_MAX_K, ROWS64_A_MN_SPLIT_MAX_LINES, tiles_of, wave_cost
+from fastmm.families.wgmma_tf32 import (ROWS64_A_MN_SPLIT_MAX_K, ROWS64_A_MN_SPLIT_MAX_LINES, ROWS64_A_MN_SPLIT_MIN_K,
+                                        ROWS64_MID_SPLIT_MIN_K, tiles_of, wave_cost)
 from fastmm.families.work_split import MIN_KTILES_PER_SPLIT, split_time
 from fastmm.plan import INT32_MAX, MIN_CC, TINY_K, TINY_OUTPUTS, Plan, select
 from fastmm.problem import EPILOGUE_D, DeviceFacts, Problem
@@ -2500,7 +2501,7 @@ def test_a_fed_from_registers_splits_on_64_row_tiles_where_its_k_steps_outlast_s
         # at most ROWS64_MAX_M rows as launched (C^T 48 x 4096): the 64-row rule's split, at any K
         ((4096, 48, 8192, False), ((64, 128), 4)), ((4096, 48, 14336, False), ((64, 128), 4)),
         ((511, 8, 16384, False), ((64, 64), 4)),
-        # tiles that fill half the SMs, or K short of ROWS64_MID_SPLIT_MIN_K: unsplit
+        # tiles that fill half the SMs: unsplit
         ((511, 1536, 8960, False), ((64, 128), 1)), ((1024, 768, 3072, False), ((64, 128), 1)),
         ((192, 1984, 4096, False), ((64, 64), 1)))
     plans = {}
@@ -2537,6 +2538,46 @@ def test_a_fed_from_registers_splits_on_64_row_tiles_where_its_k_steps_outlast_s
     large = Problem.dense(256, 256, 65536, "tf32")
     assert 65536 >= ROWS64_A_MN_SPLIT_MAX_K and plan_of(large).macros == plan_of(large, off).macros
     assert select(large, dev).kernel.family == "tf32_mma"
+
+
+def test_a_fed_from_registers_splits_its_64_row_tiles_from_a_shorter_k_than_a_k_major_a():
+    """ROWS64_A_MN_SPLIT_MIN_K: above ROWS64_MAX_M rows, A_MN's 64-row tiles split from K = 2048
+    (its k-steps run slower, so a split of few tiles pays sooner), a K-major A's from
+    ROWS64_MID_SPLIT_MIN_K; below that, only where the split is on 64-wide tiles (where the
+    128-wide split would be taken, the 64 x 64 tile unsplit measured faster). The guard on 64 x
+    64 tiles filling half the SMs holds for both. The planner then takes wgmma's split over
+    tf32_mma's (384 x 256 x 2816 g @ W, measured 1.75x)."""
+    dev = DEV["sm_90"]
+    plan_of = lambda p, *v: select(p, dev, force="wgmma_tf32", variants=v).kernel  # noqa: E731
+    old = WgmmaTf32(rows64_a_mn_split_min_k=ROWS64_MID_SPLIT_MIN_K)
+    assert ROWS64_A_MN_SPLIT_MIN_K == 2048 < ROWS64_MID_SPLIT_MIN_K == 3072
+    # g @ W (W row-major: C^T, A_MN) and g.t() @ x at K = 2048-3071 with few 64 x 64 tiles: 64 wide in
+    # 4 slices; the old bound: unsplit
+    for M, N, K, a_t in ((384, 256, 2816, False), (66, 768, 2048, False), (1000, 96, 2304, False),
+                         (197, 300, 2816, True), (65, 256, 2048, True)):
+        p = Problem.dense(M, N, K, "tf32", a_t=a_t)
+        k, before = plan_of(p), plan_of(p, old)
+        assert dict(k.macros)["A_MN"] == 1 and (k.tile[:2], k.split_k) == ((64, 64), 4), (M, N, K, k.tile, k.split_k)
+        assert before.tile[0] == 64 and before.split_k == 1, (M, N, K)
+    # where the 64-row rule would split 128 wide (the 128-wide tiles in slices fill half the SMs):
+    # unsplit below ROWS64_MID_SPLIT_MIN_K, split from it
+    for M, N, K, a_t in ((192, 700, 2304, False), (512, 512, 2048, False), (197, 1000, 2048, True)):
+        k = plan_of(Problem.dense(M, N, K, "tf32", a_t=a_t))
+        assert dict(k.macros)["A_MN"] == 1 and (k.tile[:2], k.split_k) == ((64, 64), 1), (M, N, K, k.tile, k.split_k)
+        longer = plan_of(Problem.dense(M, N, ROWS64_MID_SPLIT_MIN_K, "tf32", a_t=a_t))
+        assert longer.tile[:2] == (64, 128) and longer.split_k > 1, (M, N, longer.tile, longer.split_k)
+    assert select(Problem.dense(384, 256, 2816, "tf32"), dev).kernel.family == "wgmma_tf32"
+    assert select(Problem.dense(384, 256, 2816, "tf32"), dev, variants=(old,)).kernel.family == "tf32_mma"
+    # just under 2048: unsplit (no split is planned below SPLIT_MIN_K)
+    assert plan_of(Problem.dense(384, 256, 2047, "tf32")).split_k == 1
+    # the K-major twin of the launch (x @ W.t(), 256 x 384 x 2816): unsplit below ROWS64_MID_SPLIT_MIN_K
+    k = plan_of(Problem.dense(256, 384, 2816, "tf32", b_t=True))
+    assert dict(k.macros)["A_MN"] == 0 and k.tile[0] == 64 and k.split_k == 1
+    # 64 x 64 tiles filling half the SMs: unsplit for A_MN too (C^T 768 x 511: 96 of them)
+    k = plan_of(Problem.dense(511, 768, 11008, "tf32"))
+    assert dict(k.macros)["A_MN"] == 1 and tiles_of(select(Problem.dense(511, 768, 11008, "tf32"), dev,
+                                                           force="wgmma_tf32").launch_problem, 64, 64) >= 66
+    assert k.tile[0] == 64 and k.split_k == 1
 
 
 def test_64_row_split_of_a_fed_from_registers_takes_the_narrow_width_where_n_fits_it():

@@ -14,7 +14,8 @@ must be TF32-level, or fp32-level for tf32x3 (checked: the probe stops on one th
 ``--a-mn``: also the planner with ``rows64_a_mn`` flipped from its default (A fed from registers on
 64-row tiles where C is written along m; on since run 42), for the "rm" products (grad_x with a
 row-major W) above all. ``--a-mn-split``: also the planner with ``rows64_a_mn_split`` flipped
-(A_MN's 64-row tiles split by the 64-row rule; on since NOTES run 44).
+(A_MN's 64-row tiles split by the 64-row rule; on since NOTES run 44). ``--a-mn-k``: also the planner
+with A_MN's 64-row split from K-major A's K bound (``rows64_a_mn_split_min_k``, lowered in NOTES run 45).
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ import torch  # noqa: E402
 
 from fastmm import dispatch  # noqa: E402
 from fastmm.families import WgmmaTf32  # noqa: E402
+from fastmm.families.wgmma_tf32 import ROWS64_MID_SPLIT_MIN_K  # noqa: E402
 from fastmm.plan import select  # noqa: E402
 from fastmm.runtime.device import device_facts  # noqa: E402
 from fastmm.shapes import analyse, build_problem  # noqa: E402
@@ -92,11 +94,27 @@ PRODUCTS = (("dec64_up", 1, 64, 14336, 4096, "wt"), ("dec48_down", 1, 48, 4096, 
             # on 64-row tiles, tf32_mma 82.7)
             ("gx_n48_14k", 1, 4096, 48, 14336, "rm"), ("gx_384_2816", 1, 384, 256, 2816, "rm"),
             ("gx_65_14k", 1, 65, 2816, 14336, "rm"), ("gx_511_11k", 1, 511, 768, 11008, "rm"),
-            ("gw_512_11k", 1, 512, 768, 11008, "at"))
+            ("gw_512_11k", 1, 512, 768, 11008, "at"),
+            # (run 45) A_MN products the K-major mid-size split guards held unsplit (ROWS64_A_MN_SPLIT_MIN_K)
+            ("gx_66_2k", 1, 66, 768, 2048, "rm"), ("gx_tok300_4k", 1, 300, 1024, 4096, "rm"),
+            ("gw_tok320_4k", 1, 320, 1024, 4096, "at"), ("rm_512_2k", 1, 512, 512, 2048, "rm"),
+            # (run 45) a sample of the 1686 plans (of a 405,224-plan grid) that ROWS64_A_MN_SPLIT_MIN_K moves, each
+            # kind: from tf32_mma's split or the 64-row tile unsplit, A read in place (rm) or staged (at)
+            ("k45_rm_128_320", 1, 128, 320, 2048, "rm"), ("k45_rm_768_96", 1, 768, 96, 2816, "rm"),
+            ("k45_rm_192_700", 1, 192, 700, 2304, "rm"), ("k45_rm_320_320", 1, 320, 320, 2304, "rm"),
+            ("k45_rm_1000_96", 1, 1000, 96, 2304, "rm"), ("k45_rm_300_768", 1, 300, 768, 2816, "rm"),
+            ("k45_at_256_384", 1, 256, 384, 2816, "at"), ("k45_at_128_512", 1, 128, 512, 2304, "at"),
+            ("k45_at_197_300", 1, 197, 300, 2816, "at"), ("k45_at_65_256", 1, 65, 256, 2048, "at"),
+            ("k45_at_197_1000", 1, 197, 1000, 2048, "at"))
 
 #: --a-mn's variant: the planner with rows64_a_mn the other way from its default
 A_MN_FLIPPED = WgmmaTf32(rows64_a_mn=not WgmmaTf32().rows64_a_mn)
 A_MN_SPLIT_FLIPPED = WgmmaTf32(rows64_a_mn_split=not WgmmaTf32().rows64_a_mn_split)
+A_MN_K_OLD = WgmmaTf32(rows64_a_mn_split_min_k=ROWS64_MID_SPLIT_MIN_K)
+#: the planner variants each --a-mn* flag adds: (label, variant, the field it flips)
+FLIPS = {"a_mn": ("a_mn_flipped", A_MN_FLIPPED, "rows64_a_mn"),
+         "a_mn_split": ("a_mn_split_flipped", A_MN_SPLIT_FLIPPED, "rows64_a_mn_split"),
+         "a_mn_k": ("a_mn_k_old", A_MN_K_OLD, "rows64_a_mn_split_min_k")}
 BOUND = {"tf32": 2e-3, "tf32x3": 1e-5}  # relative error: TF32 ~3e-4 at these K, tf32x3 ~1e-7
 
 
@@ -117,6 +135,9 @@ def main() -> int:
     ap.add_argument("--a-mn-split", action="store_true",
                     help="also time the planner with rows64_a_mn_split flipped from its default (A_MN's "
                     "64-row tiles split by the 64-row rule; NOTES runs 43-44)")
+    ap.add_argument("--a-mn-k", action="store_true",
+                    help="also time the planner with rows64_a_mn_split_min_k = ROWS64_MID_SPLIT_MIN_K (A_MN's "
+                    "64-row tiles above 64 rows split from K-major A's K bound, as before NOTES run 45)")
     o = ap.parse_args()
     if not need_gpu("wgmma_rows_probe.py"):
         return 2
@@ -153,10 +174,9 @@ def main() -> int:
         plans.append(select(p, dev))
         if o.rule128:
             plans.append(select(p, dev, variants=(WgmmaTf32(rows64=False),)))
-        if o.a_mn:
-            plans.append(select(p, dev, variants=(A_MN_FLIPPED,)))
-        if o.a_mn_split:
-            plans.append(select(p, dev, variants=(A_MN_SPLIT_FLIPPED,)))
+        for flag, (_, variant, _) in FLIPS.items():
+            if getattr(o, flag):
+                plans.append(select(p, dev, variants=(variant,)))
         for kw in [{"force": "wgmma_tf32", "variants": (v,)} for v in variants.values()] + [{"force": f} for f in families]:
             try:
                 plans.append(select(p, dev, **kw))
@@ -191,10 +211,9 @@ def main() -> int:
         add("planner")
         if o.rule128:  # the planner without 64-row tiles: its plan before the mid-size rule, for M > 64
             add("rule128", variants=(WgmmaTf32(rows64=False),))
-        if o.a_mn:  # the planner with rows64_a_mn flipped (A_MN on 64-row tiles as C^T, or not)
-            add("a_mn_flipped", variants=(A_MN_FLIPPED,))
-        if o.a_mn_split:  # the planner with rows64_a_mn_split flipped (A_MN's 64-row tiles split, or not)
-            add("a_mn_split_flipped", variants=(A_MN_SPLIT_FLIPPED,))
+        for flag, (label, variant, _) in FLIPS.items():  # the planner with one field flipped
+            if getattr(o, flag):
+                add(label, variants=(variant,))
         for label, v in variants.items():
             add(label, force="wgmma_tf32", variants=(v,))
         for f in families:
@@ -205,7 +224,7 @@ def main() -> int:
             for label, fn in runs.items():
                 rounds[label].append(time_us(fn))
         t = {label: statistics.median(r) for label, r in rounds.items()}
-        forced = [lab for lab in t if lab not in ("planner", "torch", "rule128", "a_mn_flipped", "a_mn_split_flipped")]
+        forced = [lab for lab in t if lab not in ("planner", "torch", "rule128") + tuple(x[0] for x in FLIPS.values())]
         if forced:
             best = min(forced, key=t.get)
             w_bytes = 4.0 * N * K * (batch if layout == "bt" else 1)  # B's bytes (TB/s = bytes / us / 1e6)
@@ -218,16 +237,11 @@ def main() -> int:
             print(f"  A/B {name}: planner {t['planner']:.1f} us ({descs['planner']}) against {t['rule128']:.1f} "
                   "without "
                   f"64-row tiles ({descs['rule128']}): {t['rule128'] / t['planner']:.2f}x; torch {t['torch']:.1f}")
-        if "a_mn_flipped" in t:
-            print(f"  A/B {name}: planner {t['planner']:.1f} us ({descs['planner']}) against {t['a_mn_flipped']:.1f} "
-                  f"with rows64_a_mn={A_MN_FLIPPED.rows64_a_mn} ({descs['a_mn_flipped']}): "
-                  f"{t['a_mn_flipped'] / t['planner']:.2f}x the planner's speed; "
-                  f"torch {t['torch']:.1f}")
-        if "a_mn_split_flipped" in t:
-            print(f"  A/B {name}: planner {t['planner']:.1f} us ({descs['planner']}) against "
-                  f"{t['a_mn_split_flipped']:.1f} with rows64_a_mn_split={A_MN_SPLIT_FLIPPED.rows64_a_mn_split} "
-                  f"({descs['a_mn_split_flipped']}): {t['a_mn_split_flipped'] / t['planner']:.2f}x the planner's "
-                  f"speed; torch {t['torch']:.1f}")
+        for label, variant, field in FLIPS.values():
+            if label in t:
+                print(f"  A/B {name}: planner {t['planner']:.1f} us ({descs['planner']}) against {t[label]:.1f} "
+                      f"with {field}={getattr(variant, field)} ({descs[label]}): "
+                      f"{t[label] / t['planner']:.2f}x the planner's speed; torch {t['torch']:.1f}")
     return 0
 
 

@@ -223,6 +223,23 @@ ROWS64_A_MN_SPLIT_MAX_LINES = 2048
 #: blocks of 16384 k) the 128-row plan (there tf32_mma's deep split over every SM) stays
 #: (ROWS64_MID_MAX_K's note).
 ROWS64_A_MN_SPLIT_MAX_K = 16384
+#: A_MN's 64-row tiles above ROWS64_MAX_M rows split from this K on (no split is planned below
+#: SPLIT_MIN_K, 2048, anyway), not from ROWS64_MID_SPLIT_MIN_K as a K-major A's do: A fed from
+#: registers walks its chain of k-steps slower (~0.22 us a step), so a split of few tiles pays at
+#: shorter K. Below ROWS64_MID_SPLIT_MIN_K only where the split is on 64-wide tiles (the 128-wide
+#: tiles in slices would leave half the SMs idle: at most ~32 tiles of 64 x 64); where the 128-wide
+#: split would be taken, the 64 x 64 tile unsplit ran faster. H100 (NOTES run 45, GPU us, the plan
+#: before -> the 64 x 64 tile in 4 slices; torch tf32): g @ W (A_MN as C^T) 384 x 256 x 2816 tf32_mma
+#: 23.3 -> 13.3 (11.6), 128 x 320 x 2048 21.3 -> 11.5 (8.8), 768 x 96 x 2816 28.8 -> 14.3 (11.1),
+#: 66 x 768 x 2048 unsplit 15.5 -> 12.4 (10.3), 320 x 320 x 2304 16.8 -> 12.2 (11.5), 1000 x 96 x
+#: 2304 16.9 -> 13.6 (11.1); g.t() @ x (A staged) 256 x 384 x 2816 tf32_mma 23.2 -> 17.0 (11.9),
+#: 128 x 512 x 2304 22.8 -> 15.3, 197 x 300 x 2816 39.7 -> 18.4, 65 x 256 x 2048 34.5 -> 15.0. The
+#: 128-wide splits, not taken: 192 x 700 x 2304 unsplit 17.1 against 20.1 in 4 slices, 197 x 1000 x
+#: 2048 (g.t() @ x) 19.1 / 23.0, 300 x 768 x 2816 19.9 / 20.5 in 3, 512 x 512 x 2048 15.6 / 15.8.
+#: The other guard, 64 x 64 tiles filling half the SMs, stays for A_MN: dropping it too was
+#: measured mixed (511 x 768 x 11008 g @ W tf32_mma 66.1 -> 53.5 in 2, but 300 x 1024 x 4096 27.1 ->
+#: 27.9, and g.t() @ x 512 x 768 x 11008, B staged, 61.5 -> 69.8).
+ROWS64_A_MN_SPLIT_MIN_K = 2048
 #: tf32x3 on 64-row tiles: how explain words its loads.
 X3_SPLIT_B_LOADS = ("A: TMA tiles of its staged big and small TF32 halves; B: fp32 TMA tiles (of B where the copy "
                     "engine reads it, else of its fp32 K-major copy), split into big and small TF32 halves in shared "
@@ -443,12 +460,16 @@ class WgmmaTf32(Family):
     #: kernel), without the K bound, and not where the 128-row tile would split and the 64-row one
     #: would not (:meth:`a_mn_rows64`). False: A_MN takes 128-row tiles (a variant for probes).
     rows64_a_mn: bool = True
-    #: A_MN's 64-row tiles split by the 64-row rule, as K-major ones are (ROWS64_SPLIT_*,
-    #: ROWS64_MID_SPLIT_MIN_K), within ROWS64_A_MN_SPLIT_MAX_LINES and ROWS64_A_MN_SPLIT_MAX_K, and
-    #: taken where the 128-row tile's rule would split too if they split (those products move from
-    #: 128-row splits to 64-row ones; ROWS64_A_MN_SPLIT has the numbers). False: unsplit above
+    #: A_MN's 64-row tiles split by the 64-row rule, as K-major ones are (ROWS64_SPLIT_*, the
+    #: mid-size rule's fill guard; from ROWS64_A_MN_SPLIT_MIN_K), within ROWS64_A_MN_SPLIT_MAX_LINES
+    #: and ROWS64_A_MN_SPLIT_MAX_K, and taken where the 128-row tile's rule would split too if they
+    #: split (those products move from 128-row splits to 64-row ones; ROWS64_A_MN_SPLIT has the
+    #: numbers). False: unsplit above
     #: ROWS64_MAX_M rows, and every 128-row plan that splits kept (a variant for probes).
     rows64_a_mn_split: bool = ROWS64_A_MN_SPLIT
+    #: The K from which A_MN's 64-row tiles above ROWS64_MAX_M rows split (ROWS64_A_MN_SPLIT_MIN_K;
+    #: ROWS64_MID_SPLIT_MIN_K: the rule before NOTES run 45, a variant for probes).
+    rows64_a_mn_split_min_k: int = ROWS64_A_MN_SPLIT_MIN_K
     #: tf32x3: k-steps between promotions of the big products (PROMOTE_EVERY); None: X3_SHORT_K's
     #: rule (for probes: the accuracy and speed of each)
     promote_every: int | None = None
@@ -790,10 +811,15 @@ class WgmmaTf32(Family):
             if self.rows64 is True and a_mn and p.M > ROWS64_MAX_M and (not self.rows64_a_mn_split or (
                     lines_bound and p.M + p.N > ROWS64_A_MN_SPLIT_MAX_LINES) or p.K >= ROWS64_A_MN_SPLIT_MAX_K):
                 return None  # (see ROWS64_A_MN_SPLIT, ROWS64_A_MN_SPLIT_MAX_LINES, ROWS64_A_MN_SPLIT_MAX_K)
+            min_k = self.rows64_a_mn_split_min_k if a_mn else ROWS64_MID_SPLIT_MIN_K
             if self.rows64 is True and p.M > ROWS64_MAX_M and (
-                    p.K < ROWS64_MID_SPLIT_MIN_K or tiles_of(p, 64, 64) >= dev.sm_count // 2):
-                return None  # (see ROWS64_MID_SPLIT_MIN_K)
-            return self._rows64_split(p, dev, options, skip_padded=a_mn)
+                    p.K < min_k or tiles_of(p, 64, 64) >= dev.sm_count // 2):
+                return None  # (see ROWS64_MID_SPLIT_MIN_K, ROWS64_A_MN_SPLIT_MIN_K)
+            choice = self._rows64_split(p, dev, options, skip_padded=a_mn)
+            if (choice is not None and a_mn and self.rows64 is True and p.M > ROWS64_MAX_M
+                    and p.K < ROWS64_MID_SPLIT_MIN_K and choice[0][0] != min(ROWS64_SPLIT_WIDTHS)):
+                return None  # (below ROWS64_MID_SPLIT_MIN_K, the narrow tile's split only: ROWS64_A_MN_SPLIT_MIN_K)
+            return choice
         tall = p.M > SPLIT_MAX_M
         if tall and (p.N < SPLIT_TALL_WIDTH or p.N < p.M):  # (see SPLIT_TALL_WIDTH)
             return None
