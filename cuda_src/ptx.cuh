@@ -49,11 +49,6 @@ __device__ __forceinline__ void cluster_arrive_relaxed() {
 __device__ __forceinline__ void cluster_wait() {
     asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
 }
-// Every thread of the cluster, not necessarily converged (no .aligned): after a warp's lanes took
-// different paths (a block's producer thread and its idle warp-mates).
-__device__ __forceinline__ void cluster_sync_any() {
-    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
-}
 __device__ __forceinline__ void cluster_sync() {
     asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
@@ -176,24 +171,6 @@ __device__ __forceinline__ void tma_load_4d(unsigned dst, const TensorMap* map, 
     asm volatile(
         "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, %6}], [%2];\n"
         :: "r"(dst), "l"(map), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3) : "memory");
-}
-// The same copy multicast (sm_90a): the box lands at the same shared-memory offset in every block
-// of the cluster whose bit is set in ``cta_mask``, completing on the mbarrier at ``bar``'s offset
-// in each of them: one L2 read feeds several SMs.
-__device__ __forceinline__ void tma_load_4d_multicast(unsigned dst, const TensorMap* map, unsigned bar,
-                                                      int c0, int c1, int c2, int c3, unsigned short cta_mask) {
-    asm volatile(
-        "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
-        " [%0], [%1, {%3, %4, %5, %6}], [%2], %7;\n"
-        :: "r"(dst), "l"(map), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "h"(cta_mask) : "memory");
-}
-// Arrive on the mbarrier at ``bar``'s offset in block ``rank`` of the cluster (this block's too),
-// with mbarrier.arrive's default (release, CTA scope) semantics: what it orders here are the
-// tensor core's reads of a slot, already complete (wgmma.wait_group) when a consumer frees it.
-__device__ __forceinline__ void mbar_arrive_cluster(unsigned bar, unsigned rank) {
-    unsigned remote;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(bar), "r"(rank));
-    asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" :: "r"(remote) : "memory");
 }
 __device__ __forceinline__ void tma_prefetch_map(const TensorMap* map) {
     asm volatile("prefetch.tensormap [%0];\n" :: "l"(map) : "memory");

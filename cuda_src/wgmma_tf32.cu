@@ -41,16 +41,6 @@
 // Out through the epilogue (the same bits every run; split_finish below). One launch: no reduce
 // pass.
 //
-// CLUSTER_M = 2 (128-row tiles, not SPLIT, not X3_SPLIT_B / X3_A_REGS): blocks run in thread-block
-// clusters of 2 that walk tile pairs (2 tm + rank, tn): both tiles of a pair read the same B tile
-// each k-step, so each block's copy engine loads half of it (BN / 2 rows of B^T) multicast into
-// both blocks' slot. Each block's "full" barrier still expects the slot's whole bytes; a slot is
-// free again only when the consumers of both blocks are done with it (the peer's copy writes into
-// it), so every consumer warp arrives on the "empty" barrier of both blocks. At K = 768-1024 a
-// 128 x 128 tile's k-steps read ~32 KiB each from L2 at about the rate L2 delivers it to all SMs;
-// the pair reads 24 KiB a block. The block of a pair past the last row of tiles (odd tiles_m)
-// computes on zeros and stores nothing (rows past M), but loads and frees as its partner does.
-//
 // Operands are K-major in shared memory (TF32 wgmma reads nothing else from there): the A map
 // walks (k, m), the B map walks (k, n), i.e. B^T row-major. An n-contiguous B is never read here
 // as such: the host computes C^T = B^T A^T instead, with B^T as an A_MN operand (below). Rows are 32 floats = 128 bytes with the 128-byte swizzle, which the copy engine
@@ -142,20 +132,6 @@
 #if SPLIT && (PINGPONG || TMA_STORE)
 #error "SPLIT stores its slices from registers into workspace slices (along m where C_VEC = 2, else along n), in the cooperative form"
 #endif
-#ifndef CLUSTER_M
-#define CLUSTER_M 1
-#endif
-#if CLUSTER_M != 1 && CLUSTER_M != 2
-#error "CLUSTER_M is 1 or 2 (tile pairs along m sharing B)"
-#endif
-#if CLUSTER_M == 2 && (SPLIT || (defined(BM) && BM != 128))
-#error "CLUSTER_M = 2 pairs 128-row tiles of an unsplit plan"
-#endif
-#if CLUSTER_M == 2
-#define CLUSTER_ATTR __cluster_dims__(2, 1, 1)
-#else
-#define CLUSTER_ATTR
-#endif
 #define ORDER_BAR 2  // PINGPONG: named barriers 2 and 3 (0: __syncthreads, 1: consumer_sync)
 #ifndef C_BOXES
 #define C_BOXES 4  // TMA_STORE: 32-column boxes of C staged at once (BM x 32 floats each)
@@ -199,9 +175,6 @@
 #if X3_SPLIT_B && !(PRECISION_X3 && BM == 64)
 #error "X3_SPLIT_B splits B into tf32x3's halves on 64-row tiles"
 #endif
-#if CLUSTER_M == 2 && (X3_SPLIT_B || X3_A_REGS)
-#error "CLUSTER_M = 2 multicasts B's staged tiles (tf32, or tf32x3 with both halves staged)"
-#endif
 #if X3_SPLIT_B && STAGES < 2
 #error "X3_SPLIT_B splits the next slot while a step's wgmmas read this one: STAGES >= 2"
 #endif
@@ -227,18 +200,6 @@
 #else
 #define C_STAGE_BYTES 0
 #endif
-
-// A consumer warp is done with ring slot ``bar``'s tiles (``bar``: the slot's "empty" barrier).
-// CLUSTER_M = 2: the partner's copy engine writes half of each slot here, so both blocks' barriers
-// hear it (each counts the consumer warps of both).
-__device__ __forceinline__ void free_slot(unsigned bar) {
-#if CLUSTER_M == 2
-    mbar_arrive(bar);
-    mbar_arrive_cluster(bar, cluster_rank() ^ 1u);
-#else
-    mbar_arrive(bar);
-#endif
-}
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
@@ -453,7 +414,7 @@ __device__ __forceinline__ void x3_step(float* step, float* small, unsigned base
     reg_fence(ab);  // (read by the wgmmas until the wait)
     reg_fence(as);
 #endif
-    if (lane == 0) free_slot(bars + 8 * (STAGES + s));
+    if (lane == 0) mbar_arrive(bars + 8 * (STAGES + s));
 }
 #endif
 
@@ -545,7 +506,7 @@ __device__ __forceinline__ void a_mn_step(float* d, unsigned (&cur)[BK / 8][4], 
 #pragma unroll
     for (int i = 0; i < ACC; ++i) reg_fence(d[i]);
     reg_fence(nxt);  // (read by the step before's wgmmas: live until they are done)
-    if (kt > 0 && lane == 0) free_slot(bars + 8 * (STAGES + (it - 1) % STAGES));
+    if (kt > 0 && lane == 0) mbar_arrive(bars + 8 * (STAGES + (it - 1) % STAGES));
     if (kt + 1 < k_tiles) {
         const int s = (it + 1) % STAGES;
         mbar_wait(bars + 8 * s, ((it + 1) / STAGES) & 1);
@@ -711,34 +672,17 @@ __device__ __forceinline__ void split_finish(const float* W, i64 sWm, i64 sWn, i
 #define MAP_PARAMS const __grid_constant__ TensorMap mapA, const __grid_constant__ TensorMap mapB MAP_C
 #endif
 
-// The producer's copy of a k-step's B tile (BN rows of B^T from n = tn BN, BK of k from kc) into
-// ``dst``. CLUSTER_M = 2: this block's half (rows rank BN / 2 on: the map's boxes are BN / 2 rows),
-// multicast into both blocks of the pair at the same offset (BN / 2 rows are whole 1024-byte swizzle
-// groups at every BN, so the halves keep the copy engine's layout).
-__device__ __forceinline__ void load_b(unsigned dst, const TensorMap* map, unsigned full, int kc, int tn, int b2, int b3,
-                                       int rank) {
-#if CLUSTER_M == 2
-    tma_load_4d_multicast(dst + rank * (B_BYTES / 2), map, full, kc, tn * BN + rank * (BN / 2), b2, b3, 0x3);
-#else
-    tma_load_4d(dst, map, full, kc, tn * BN, b2, b3);
-#endif
-}
-
 // The block's work items are w = blockIdx.x, + gridDim.x, ... over (tile, batch entry) pairs,
 // tiles in grouped order (tile_coords) and the batch outermost. The host launches one block per
 // work item, or (persistent) one per SM: then the producer fills the ring with the next item's
 // first k-steps while the consumers store this one's tile, instead of every tile starting from an
-// empty pipeline after its epilogue. CLUSTER_M = 2: the items are tile pairs, walked by the
-// clusters (blockIdx.x / 2, + gridDim.x / 2, ...), rows of pairs ``walk_m``; block ``rank`` takes
-// tile row 2 tm + rank of its pair.
-__device__ __forceinline__ void work_item(long long w, int tiles, int tiles_m, int tiles_n, int rank, int& z, int& tm,
-                                          int& tn) {
+// empty pipeline after its epilogue.
+__device__ __forceinline__ void work_item(long long w, int tiles, int tiles_m, int tiles_n, int& z, int& tm, int& tn) {
     z = (int)(w / tiles);
     tile_coords<8>((int)(w - (long long)z * tiles), tiles_m, tiles_n, tm, tn);
-    tm = tm * CLUSTER_M + rank;
 }
 
-extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(THREADS, 1) fastmm_wgmma_tf32(
+extern "C" __global__ void __launch_bounds__(THREADS, 1) fastmm_wgmma_tf32(
     MAP_PARAMS, float* __restrict__ C,
     i64 M_, i64 N_, i64 K_, i64 sCm, i64 sCn, i64 batch_inner_, i64 batch_total_, i64 sC0, i64 sC1, i64 bcast
     SPLIT_PARAMS FASTMM_EPILOGUE_PARAMS) {
@@ -750,16 +694,8 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(THREADS, 1) fastmm_wgm
     const unsigned c_stage = base + STAGES * STAGE_BYTES;  // TMA_STORE: C's boxes (1024-aligned)
     const unsigned bars = c_stage + C_STAGE_BYTES;  // full[STAGES], then empty[STAGES]
     const int wg = threadIdx.x / 128;
-    const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
-#if CLUSTER_M == 2
-    const int rank = (int)cluster_rank();
-#else
-    const int rank = 0;
-#endif
-    // (CLUSTER_M = 2: rows of tile pairs; the block of a pair past tiles_m computes on zeros)
-    const int walk_m = (tiles_m + CLUSTER_M - 1) / CLUSTER_M, walk = walk_m * tiles_n;
-    const long long work = (long long)walk * batch_total;  // (tile or tile pair, batch entry) items
-    const long long item0 = blockIdx.x / CLUSTER_M, items = gridDim.x / CLUSTER_M;  // this block's first, the stride
+    const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN, tiles = tiles_m * tiles_n;
+    const long long work = (long long)tiles * batch_total;  // (tile, batch entry) pairs
 #if SPLIT
     int k_first, k_end;  // this block's k-tiles: slice blockIdx.y of gridDim.y
     split_range(K, BK, k_first, k_end);
@@ -771,16 +707,11 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(THREADS, 1) fastmm_wgm
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(bars + 8 * s, 1);                     // the producer's arrive + the bytes
-            // one arrive per consuming warp (of both blocks of a cluster: free_slot)
-            mbar_init(bars + 8 * (STAGES + s), (PINGPONG ? 1 : CONSUMERS) * 4 * CLUSTER_M);
+            mbar_init(bars + 8 * (STAGES + s), (PINGPONG ? 1 : CONSUMERS) * 4);  // one arrive per consuming warp
         }
         mbar_init_fence();
     }
-#if CLUSTER_M == 2
-    cluster_sync_any();  // (both blocks' barriers initialised before either's copies or arrivals reach them)
-#else
     __syncthreads();
-#endif
 
     if (wg == 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
@@ -788,9 +719,9 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(THREADS, 1) fastmm_wgm
             tma_prefetch_map(&mapA);
             tma_prefetch_map(&mapB);
             int it = 0;
-            for (long long w = item0; w < work; w += items) {
+            for (long long w = blockIdx.x; w < work; w += gridDim.x) {
                 int z, tm, tn;
-                work_item(w, walk, walk_m, tiles_n, rank, z, tm, tn);
+                work_item(w, tiles, tiles_m, tiles_n, z, tm, tn);
                 const int z0 = z / batch_inner, z1 = z % batch_inner;
                 const int a2 = (bcast & 1) ? z1 : 0, a3 = (bcast & 2) ? z0 : 0;
                 const int b2 = (bcast & 4) ? z1 : 0, b3 = (bcast & 8) ? z0 : 0;
@@ -812,12 +743,12 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(THREADS, 1) fastmm_wgm
 #if !X3_A_REGS
                     tma_load_4d(dst + A_BYTES, &mapA2, full, kc, tm * BM, a2, a3);
 #endif
-                    load_b(dst + B_OFFSET, &mapB, full, kc, tn, b2, b3, rank);
+                    tma_load_4d(dst + B_OFFSET, &mapB, full, kc, tn * BN, b2, b3);
 #if !X3_SPLIT_B
-                    load_b(dst + B_OFFSET + B_BYTES, &mapB2, full, kc, tn, b2, b3, rank);
+                    tma_load_4d(dst + B_OFFSET + B_BYTES, &mapB2, full, kc, tn * BN, b2, b3);
 #endif
 #else
-                    load_b(dst + A_BYTES, &mapB, full, kc, tn, b2, b3, rank);
+                    tma_load_4d(dst + A_BYTES, &mapB, full, kc, tn * BN, b2, b3);
 #endif
                 }
             }
@@ -829,10 +760,10 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(THREADS, 1) fastmm_wgm
         const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
         float d[ACC], d2[ACC];  // the tile's rows 0-63 and 64-127
         for (long long j = cw;; j += 2) {
-            const long long w = item0 + j * items;
+            const long long w = blockIdx.x + j * gridDim.x;
             if (w >= work) break;
             int z, tm, tn;
-            work_item(w, walk, walk_m, tiles_n, rank, z, tm, tn);
+            work_item(w, tiles, tiles_m, tiles_n, z, tm, tn);
             int it = (int)(j * k_tiles);  // this item's first position in the ring
             if (j > 0) order_wait(ORDER_BAR + cw);  // the other warpgroup has issued its last k-step
 #pragma unroll
@@ -853,15 +784,15 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(THREADS, 1) fastmm_wgm
                 wgmma_wait<1>();  // the previous k-step's slot is read: hand it back
 #pragma unroll
                 for (int i = 0; i < ACC; ++i) { reg_fence(d[i]); reg_fence(d2[i]); }
-                if (kt > 0 && lane == 0) free_slot(bars + 8 * (STAGES + (it - 1) % STAGES));
+                if (kt > 0 && lane == 0) mbar_arrive(bars + 8 * (STAGES + (it - 1) % STAGES));
             }
             // Every slot of this item has been waited for: the other warpgroup may start waiting on
             // the next item's (its wgmmas queue behind these).
-            if (w + items < work) order_signal(ORDER_BAR + 1 - cw);
+            if (w + gridDim.x < work) order_signal(ORDER_BAR + 1 - cw);
             wgmma_wait<0>();
 #pragma unroll
             for (int i = 0; i < ACC; ++i) { reg_fence(d[i]); reg_fence(d2[i]); }
-            if (lane == 0) free_slot(bars + 8 * (STAGES + (it - 1) % STAGES));
+            if (lane == 0) mbar_arrive(bars + 8 * (STAGES + (it - 1) % STAGES));
 
             float* Cb = C + (i64)(z / batch_inner) * sC0 + (i64)(z % batch_inner) * sC1;
             const int row = tm * BM + warp * 16 + lane / 4;
@@ -887,16 +818,16 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(THREADS, 1) fastmm_wgm
 #endif
 #if PRECISION_X3
         float step[ACC], small[ACC];
-        // the k-steps this block takes: its work items' (item0, + items, ...)
-        const int it_end = work > item0 ? (int)((work - 1 - item0) / items + 1) * k_tiles : 0;
+        // the k-steps this block takes: its work items' (blockIdx.x, + gridDim.x, ...)
+        const int it_end = work > blockIdx.x ? (int)((work - 1 - blockIdx.x) / gridDim.x + 1) * k_tiles : 0;
 #if X3_SPLIT_B
         if (it_end > 0) split_b_slot(base, bars, 0);
 #endif
 #endif
         int it = 0;  // k-steps consumed so far, over every work item: the ring's position
-        for (long long w = item0; w < work; w += items) {
+        for (long long w = blockIdx.x; w < work; w += gridDim.x) {
             int z, tm, tn;
-            work_item(w, walk, walk_m, tiles_n, rank, z, tm, tn);
+            work_item(w, tiles, tiles_m, tiles_n, z, tm, tn);
 #pragma unroll
             for (int i = 0; i < ACC; ++i) d[i] = 0.f;
 #if PRECISION_X3
@@ -931,7 +862,7 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(THREADS, 1) fastmm_wgm
                 for (int i = 0; i < ACC; ++i) reg_fence(d[i]);
                 reg_fence(fa0);
                 reg_fence(fa1);
-                if (lane == 0) free_slot(bars + 8 * (STAGES + (it - 1) % STAGES));
+                if (lane == 0) mbar_arrive(bars + 8 * (STAGES + (it - 1) % STAGES));
             }
 #else
             for (int kt = 0; kt < k_tiles; ++kt, ++it) {
@@ -955,7 +886,7 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(THREADS, 1) fastmm_wgm
 #pragma unroll
                 for (int i = 0; i < ACC; ++i) reg_fence(d[i]);
                 reg_fence(fa);
-                if (lane == 0) free_slot(bars + 8 * (STAGES + s));
+                if (lane == 0) mbar_arrive(bars + 8 * (STAGES + s));
             }
 #else
                 const unsigned a_tile = slot + cw * 64 * 128;
@@ -971,12 +902,12 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(THREADS, 1) fastmm_wgm
                 wgmma_wait<1>();
 #pragma unroll
                 for (int i = 0; i < ACC; ++i) reg_fence(d[i]);
-                if (kt > 0 && lane == 0) free_slot(bars + 8 * (STAGES + (it - 1) % STAGES));
+                if (kt > 0 && lane == 0) mbar_arrive(bars + 8 * (STAGES + (it - 1) % STAGES));
             }
             wgmma_wait<0>();
 #pragma unroll
             for (int i = 0; i < ACC; ++i) reg_fence(d[i]);
-            if (lane == 0) free_slot(bars + 8 * (STAGES + (it - 1) % STAGES));
+            if (lane == 0) mbar_arrive(bars + 8 * (STAGES + (it - 1) % STAGES));
 #endif  // A_MN
 #endif  // PRECISION_X3
 
@@ -1192,9 +1123,4 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(THREADS, 1) fastmm_wgm
 #endif
 #endif  // PINGPONG
     }
-#if CLUSTER_M == 2
-    // A block's shared memory must outlive its partner's last multicast copies into it and last
-    // arrivals on its barriers: neither block leaves before both are done.
-    cluster_sync_any();
-#endif
 }

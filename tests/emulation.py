@@ -306,8 +306,6 @@ def emulate_wgmma(cfg, maps, args) -> None:
     pc, M, N, K, scm, scn, inner, total, sc0, sc1, bits = args
     assert M > 0 and N > 0 and K > 0 and 1 <= inner <= total and total % inner == 0
     work = -(-M // bm) * -(-N // bn) * total
-    cluster = macros.get("CLUSTER_M", 1)  # 2: block pairs along m sharing B's tile (each loads half)
-    assert cluster in (1, 2) and (cluster == 1 or (bm == 128 and split == 1 and not split_b and not a_regs)), cfg.macros
     if split > 1:  # one block a (tile, slice); the workspace: split M x N slices along C's
         # contiguous dim (m where A_MN writes an m-contiguous C: C_VEC 2; else n), lines padded to 4 floats
         assert total == 1 and cfg.grid == (work, split, 1) and cfg.work_items == work * split, (cfg.grid, args)
@@ -317,10 +315,7 @@ def emulate_wgmma(cfg, maps, args) -> None:
         want = (1, pad(M), pad(M) * N) if c_vec == 2 else (pad(N), 1, pad(N) * M)
         assert (scm, scn, sc0, sc1) == want + (0,) and not macros.get("TMA_STORE"), args
     else:  # a 1-D grid walking (tile, batch entry) pairs: one block each, or fewer (persistent) taking turns
-        pairs = -(-M // (2 * bm)) * -(-N // bn) * total
-        most = work if cluster == 1 else 2 * pairs  # (a pair past the last row of tiles: a block on zeros)
-        assert cfg.work_items == work and 1 <= cfg.grid[0] <= most and cfg.grid[0] % cluster == 0, (cfg.grid, args)
-        assert cfg.grid[1:] == (1, 1), cfg.grid
+        assert cfg.work_items == work and 1 <= cfg.grid[0] <= work and cfg.grid[1:] == (1, 1), (cfg.grid, args)
     parts = 2 if x3 else 1
     a_parts = 1 if a_regs else parts
     b_parts = 1 if split_b else parts
@@ -336,7 +331,7 @@ def emulate_wgmma(cfg, maps, args) -> None:
         assert m.spec.box == ((32, 32, 1, 1) if a_mn else (32, bm, 1, 1)), m.spec
         assert m.tf32 == (not x3)
     for m in b_maps:
-        assert m.spec.box == (32, bn // cluster, 1, 1), m.spec
+        assert m.spec.box == (32, bn, 1, 1), m.spec
         assert m.tf32 == (not x3)  # (X3_SPLIT_B: B itself in fp32; X3_A_REGS: A)
     assert all(m.spec == a_maps[0].spec for m in a_maps) and all(m.spec == b_maps[0].spec for m in b_maps)
     if c_vec == 1:  # float2 stores along n (a split's padded workspace lines take the pair past an odd N)

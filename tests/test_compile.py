@@ -217,23 +217,7 @@ def _configs():
                     if key not in seen:
                         seen.add(key)
                         out.append((arch, cfg))
-        if "wgmma_tf32" in families:  # tile pairs sharing B (cluster_m=2, not the planner's yet): each form
-            for p, variant in _wgmma_cluster_problems():
-                for cfg in select(p, dev, force="wgmma_tf32", variants=(variant,)).kernels():
-                    key = (arch, cfg.source, cfg.macros)
-                    if key not in seen:
-                        seen.add(key)
-                        out.append((arch, cfg))
     return out
-
-
-def _wgmma_cluster_problems() -> list[tuple[Problem, WgmmaTf32]]:
-    """The wgmma kernel's tile pairs in clusters (CLUSTER_M) in each of its forms: the consumers
-    taking turns and sharing tiles (C by the copy engine), A fed from registers, tf32x3."""
-    pair = WgmmaTf32(cluster_m=2, rows64=False)
-    shared = WgmmaTf32(cluster_m=2, rows64=False, pingpong=False)
-    return [(Problem.dense(4728, 3072, 768, "tf32", b_t=True), pair), (Problem.dense(4728, 3072, 768, "tf32", b_t=True), shared),
-            (Problem.dense(1000, 1000, 1000, "tf32"), pair), (Problem.dense(4096, 3072, 1024, "tf32x3", b_t=True), pair)]
 
 
 def _features(cfg) -> set:

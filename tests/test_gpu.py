@@ -1036,61 +1036,6 @@ def test_wgmma_pingpong_consumers_compute_every_tile(case, bn, rel_err):
     assert torch.equal(outs[0], outs[1])
 
 
-#: (a, b, precision, WgmmaTf32 fields): tile pairs along m in thread-block clusters sharing B's
-#: tile (cluster_m=2, CLUSTER_M), on 128-row tiles in each form the kernel has
-WGMMA_CLUSTER_CASES = {
-    "cooperative-256-wide": lambda: (randn(1000, 1000), randn(1000, 1000).t(), "tf32", {"force_bn": 256}),
-    "copy-engine-stores": lambda: (randn(1030, 700), randn(520, 700).t(), "tf32", {"force_bn": 128, "tma_store": True}),
-    "pingpong": lambda: (randn(1408, 96), randn(2100, 96).t(), "tf32", {"force_bn": 128, "pingpong": "always"}),
-    # 3 rows of tiles: the second pair's second block runs past M on zeros and stores nothing
-    "odd-tile-rows": lambda: (randn(300, 1004), randn(390, 1004).t(), "tf32", {"force_bn": 64}),
-    "one-k-step": lambda: (randn(260, 32), randn(390, 32).t(), "tf32", {"force_bn": 192}),
-    "a-fed-from-registers": lambda: (randn(700, 512), randn(512, 900), "tf32", {}),  # C^T, A_MN
-    "many-tiles-persistent": lambda: (randn(4100, 256), randn(2100, 256).t(), "tf32", {"persistent": "always"}),
-    "batched": lambda: (randn(3, 300, 260), randn(3, 200, 260).transpose(1, 2), "tf32", {}),
-    "broadcast-b": lambda: (randn(2, 390, 300), randn(300, 520), "tf32", {}),
-    "tf32x3": lambda: (randn(700, 1000), randn(600, 1000).t(), "tf32x3", {"force_bn": 128}),
-}
-
-
-@pytest.mark.parametrize("case", sorted(WGMMA_CLUSTER_CASES))
-def test_wgmma_tile_pairs_sharing_b_give_the_unpaired_bits(case, rel_err):
-    """cluster_m=2 (CLUSTER_M): blocks in cluster pairs walking tile pairs along m, each loading
-    half of the k-step's B tile multicast into both: right into NaN-poisoned outputs, the same
-    bits as one block a tile (the same k-steps in the same order), nothing written outside C
-    (a pair's block past the last row of tiles stores nothing), and a fused bias matches float64."""
-    needs_sm90()
-    a, b, precision, fields = WGMMA_CLUSTER_CASES[case]()
-    shape = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1])
-
-    def run(cluster_m, out=None):
-        out = torch.full(shape, NAN, device="cuda") if out is None else out
-        variant = WgmmaTf32(rows64=False, cluster_m=cluster_m, **fields)
-        result, plan, reason = dispatch.matmul_fastmm(a, b, out, precision, force="wgmma_tf32", variants=(variant,))
-        assert reason is None and result is out and plan.kernel.tile[0] == 128, reason
-        m = dict(plan.kernel.macros)
-        assert m.get("CLUSTER_M", 1) == cluster_m and plan.kernel.grid[0] % cluster_m == 0, plan.describe()
-        check(out, a, b, precision, rel_err)
-        return out, plan
-
-    paired, plan = run(2)
-    single, _ = run(1)
-    assert torch.equal(paired, single), plan.describe()
-    if case == "pingpong":
-        assert dict(plan.kernel.macros).get("PINGPONG") == 1
-    if len(shape) == 2:
-        out, out2, untouched = guarded_outputs(*shape)
-        for o in (out, out2):
-            run(2, o)
-        assert untouched() and torch.equal(out, single) and torch.equal(out2, single)
-        d = randn(shape[-1])
-        result, plan, reason = dispatch.matmul_fused(a, b, d, 1.0, 1.0, precision, force="wgmma_tf32",
-                                                     variants=(WgmmaTf32(rows64=False, cluster_m=2, **fields),))
-        assert reason is None and dict(plan.kernel.macros).get("CLUSTER_M") == 2, plan.describe()
-        want = a.double() @ b.double() + d.double()
-        assert ((result.double() - want).norm() / want.norm()).item() <= TOL[precision], plan.describe()
-
-
 #: (a, b, precision, forced slices or None for the planner's rule): K split over blocks (SPLIT)
 WGMMA_SPLIT_CASES = {
     "decode-linear-rule": lambda: (randn(48, 11008), randn(4096, 11008).t(), "tf32", None),  # x @ W.t()

@@ -57,9 +57,3 @@ def test_tf32x3_splitting_b_on_64_row_tiles_gpu_test_runs_on_the_emulated_gpu(gp
 @pytest.mark.parametrize("case", sorted(test_gpu.WGMMA_SPLIT_CASES))
 def test_split_k_gpu_test_runs_on_the_emulated_gpu(gpu_test_on_cpu, case, rel_err):
     test_gpu.test_wgmma_split_k_sums_every_tiles_slices_in_order(case, rel_err)
-
-
-@pytest.mark.parametrize("case", sorted(test_gpu.WGMMA_CLUSTER_CASES))
-def test_tile_pairs_gpu_test_runs_on_the_emulated_gpu(gpu_test_on_cpu, case, rel_err):
-    test_gpu.test_wgmma_tile_pairs_sharing_b_give_the_unpaired_bits(case, rel_err)
-    assert any(dict(x.cfg.macros).get("CLUSTER_M") == 2 for x in gpu_test_on_cpu.launches)

@@ -13,9 +13,7 @@ For each product and precision: GPU us per call (probe_util.time_us) of
   (``WgmmaTf32(force_bn=BN)``);
 - the planner's plan (which width ``wave_cost`` picks), and torch (TF32 allowed for tf32;
   full fp32 for tf32x3);
-then the planner's choice against the best width and against "fill". ``--cluster`` (NOTES run 45)
-instead times each plan with its 128-row tiles in cluster pairs sharing B's tile (``cluster_m=2``)
-against the same plan without: the planner's, and each width (bits compared too). Every output is checked
+then the planner's choice against the best width and against "fill". Every output is checked
 against float64 (relative Frobenius error) and every width's bits against the planner's: each
 output sums its k-steps in the same order whatever the tile, so they must be equal.
 The kernels are compiled first, on every core (into fastmm's disk cache).
@@ -103,9 +101,6 @@ def main() -> int:
     ap.add_argument("--precisions", default="tf32,tf32x3")
     ap.add_argument("--only", default="")
     ap.add_argument("--pingpong", action="store_true", help="also each width with the consumers taking turns")
-    ap.add_argument("--cluster", action="store_true",
-                    help="each plan against itself with its tiles in cluster pairs sharing B (cluster_m=2)")
-    ap.add_argument("--widths", default="128,192,256", help="with --cluster: the forced widths")
     o = ap.parse_args()
     if not need_gpu("wgmma_waves_probe.py"):
         return 2
@@ -113,8 +108,6 @@ def main() -> int:
     dev = dispatch.device_facts(torch.cuda.current_device())
     rows = [r for r in PRODUCTS if not o.only or r[0] in o.only.split(",")]
     precs = o.precisions.split(",")
-    if o.cluster:
-        return cluster_table(rows, precs, dev, [int(w) for w in o.widths.split(",")])
     jobs = []
     for prec in precs:
         for v in variants_for(prec == "tf32x3", o.pingpong).values():
@@ -161,51 +154,6 @@ def main() -> int:
                 f"{wave_cost(plan.launch_problem or plan.problem, dev, int(n[2:])):8.1f}" if n.startswith("bn") else f"{'':>8}"
                 for n in names), flush=True)
     print(f"\nrows wrong or differing between widths: {bad}")
-    return 1 if bad else 0
-
-
-def cluster_table(rows, precs, dev, widths) -> int:
-    """--cluster: per product and precision, GPU us of each plan (the planner's, each forced width)
-    alone and with cluster_m=2, the speed-up, torch; the pair's bits must equal the plan's."""
-    def plans(x3):
-        out = {"planner": {}}
-        for bn in widths:
-            if bn <= (128 if x3 else 256):
-                out[f"bn{bn}"] = {"force_bn": bn}
-        return out
-    jobs = [(Problem.dense(M, N, K, prec, batch=batch or 1, b_t=layout == "wt"), WgmmaTf32(cluster_m=c, **kw))
-            for prec in precs for kw in plans(prec == "tf32x3").values() for c in (1, 2)
-            for name, batch, M, N, K, layout in rows]
-    precompile(jobs, dev)
-    bad = 0
-    for prec in precs:
-        torch.backends.cuda.matmul.allow_tf32 = prec == "tf32"
-        print(f"\n{prec}: GPU us per call, plan alone / in cluster pairs (speed-up); torch")
-        for name, batch, M, N, K, layout in rows:
-            a, b = operands(batch, M, N, K, layout)
-            out = torch.empty(*((batch,) if batch else ()), M, N, device="cuda")
-            cells = []
-            for label, kw in plans(prec == "tf32x3").items():
-                t, bits, desc = {}, {}, ""
-                for c in (1, 2):
-                    v = (WgmmaTf32(cluster_m=c, **kw),)
-                    res = torch.full_like(out, float("nan"))
-                    _, pl, _ = dispatch.matmul_fastmm(a, b, res, prec, force="wgmma_tf32", variants=v)
-                    err = rel_err(res, a, b)
-                    bad += err > (5e-3 if prec == "tf32" else 1e-5)
-                    bits[c] = res
-                    if c == 2:
-                        k = pl.kernel
-                        desc = f"{k.tile[0]}x{k.tile[1]}{' pp' if dict(k.macros).get('PINGPONG') else ''}" + (
-                            "" if dict(k.macros).get("CLUSTER_M") else " (no pair)")
-                    t[c] = time_us(lambda: dispatch.matmul_fastmm(a, b, out, prec, force="wgmma_tf32", variants=v))
-                same = torch.equal(bits[1], bits[2])
-                bad += not same
-                cells.append(f"{label} {desc} {t[1]:.1f} / {t[2]:.1f} ({t[1] / t[2]:.3f}){'' if same else ' BITS DIFFER'}")
-            tt = time_us(lambda: torch.matmul(a, b, out=out))
-            shape = (f"{batch}x" if batch else "") + f"{M}x{N}x{K}" + (" W^T" if layout == "wt" else "")
-            print(f"{name:<16} {shape:<20} " + "; ".join(cells) + f"; torch {tt:.1f}", flush=True)
-    print(f"\nrows wrong or differing: {bad}")
     return 1 if bad else 0
 
 

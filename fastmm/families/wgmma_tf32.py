@@ -479,12 +479,6 @@ class WgmmaTf32(Family):
     #: NOTES run 42: 0.80-0.93x, e.g. 8192 x 2816 x 1024 537.5 -> 647.0 us; 4 ring slots the same):
     #: the fragment loads and splits before each step's wgmmas cost more than the pass saves.
     x3_a_regs: bool = False
-    #: 2: 128-row tiles of an unsplit plan in thread-block clusters of two blocks that walk tile
-    #: pairs along m and share each k-step's B tile, each block's copy engine loading half of it
-    #: multicast into both (CLUSTER_M in the kernel): fewer bytes from L2 a k-step (128 x 128: 24
-    #: KiB a block, not 32). 1: one block a tile. Not the planner's yet: a variant for probes
-    #: until measured (NOTES run 45).
-    cluster_m: int = 1
 
     name, source, entry = "wgmma_tf32", "wgmma_tf32.cu", "fastmm_wgmma_tf32"
     min_cc = (9, 0)
@@ -721,18 +715,11 @@ class WgmmaTf32(Family):
                                        f"{SHORT_K_NARROW_MAX_K} with both operands K-major: measured faster than the "
                                        "wider tiles there (see SHORT_K_NARROW_MIN_K)"),)
         persistent = pingpong or self.persistent == "always" or (self.persistent and persistent_pays(p, dev, work))
-        threads = self.threads_for(bm)
-        if self.cluster_m == 2 and bm == 128 and not a_regs:  # (see cluster_m)
-            macros += (("CLUSTER_M", 2),)
-            pairs = -(-p.M // (2 * bm)) * -(-p.N // bn) * p.batch_total  # (tile pairs along m)
-            grid = 2 * max(1, min(pairs, dev.sm_count // 2 if persistent else MAX_GRID_X // 2))
-            details += (("clusters", f"pairs of blocks along m ({pairs} tile pairs) share each k-step's B tile: "
-                                     "each block's copy engine loads half of it, multicast into both (TMA)"),)
-        else:
-            grid = max(1, min(work, dev.sm_count if persistent else MAX_GRID_X))
-        details += (("schedule", f"persistent: {grid} blocks (one an SM) walk {work} tiles"
+        details += (("schedule", f"persistent: {min(work, dev.sm_count)} blocks (one an SM) walk {work} tiles"
                                  if persistent else f"one block a tile ({work} tiles)"),)
-        return KernelConfig(self.name, self.source, self.entry, macros, threads, (threads, 1, 1), (grid, 1, 1),
+        threads = self.threads_for(bm)
+        return KernelConfig(self.name, self.source, self.entry, macros, threads, (threads, 1, 1),
+                            (max(1, min(work, dev.sm_count if persistent else MAX_GRID_X)), 1, 1),
                             self.smem_bytes(bn, stages, x3, c_boxes, bm, a_regs), (bm, bn, self.bk), details,
                             arch_suffix="a", work_items=work)
 
@@ -935,15 +922,12 @@ class WgmmaTf32(Family):
         batch_outer) for a K-major operand, (rows, K, ...) with 32-row boxes for the m-contiguous
         A of A_MN; a broadcast batch dim collapsed to size 1; and the kernel's broadcast bits (bit
         set: that operand walks that batch dim)."""
-        macros = dict(cfg.macros)
-        a_mn = macros.get("A_MN", 0) == 1
+        a_mn = dict(cfg.macros).get("A_MN", 0) == 1
         bits = 0
         specs = []
-        # (CLUSTER_M: each block of a pair loads half of B's tile, multicast into both)
-        b_box = cfg.tile[1] // macros.get("CLUSTER_M", 1)
         for i, (rows, pitch, batch_strides, box_rows, mn) in enumerate((
                 (p.M, p.a_strides[1] if a_mn else p.a_strides[0], p.a_batch_strides, cfg.tile[0], a_mn),
-                (p.N, p.b_strides[1], p.b_batch_strides, b_box, False))):
+                (p.N, p.b_strides[1], p.b_batch_strides, cfg.tile[1], False))):
             extent = max((p.K if mn else rows) * pitch * 4, 16)
             (inner_n, outer_n), (inner_s, outer_s) = _batch_dims(p, batch_strides, extent)
             bits |= (1 if inner_n > 1 else 0) << (2 * i)
