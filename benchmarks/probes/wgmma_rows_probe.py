@@ -105,7 +105,13 @@ PRODUCTS = (("dec64_up", 1, 64, 14336, 4096, "wt"), ("dec48_down", 1, 48, 4096, 
             ("k45_rm_1000_96", 1, 1000, 96, 2304, "rm"), ("k45_rm_300_768", 1, 300, 768, 2816, "rm"),
             ("k45_at_256_384", 1, 256, 384, 2816, "at"), ("k45_at_128_512", 1, 128, 512, 2304, "at"),
             ("k45_at_197_300", 1, 197, 300, 2816, "at"), ("k45_at_65_256", 1, 65, 256, 2048, "at"),
-            ("k45_at_197_1000", 1, 197, 1000, 2048, "at"))
+            ("k45_at_197_1000", 1, 197, 1000, 2048, "at"),
+            # (run 45) decode-sized grad_x (g @ W, 24-65 tokens) over 2048+ lines that the A_MN lines bound
+            # (ROWS64_A_MN_SPLIT_MAX_LINES) keeps off the 64-row split, from each family the planner gives them
+            ("l45_48_3072_2816", 1, 48, 3072, 2816, "rm"), ("l45_48_2816_8192", 1, 48, 2816, 8192, "rm"),
+            ("l45_48_2048_8192", 1, 48, 2048, 8192, "rm"), ("l45_24_4096_8192", 1, 24, 4096, 8192, "rm"),
+            ("l45_32_2048_11008", 1, 32, 2048, 11008, "rm"), ("l45_65_2048_4096", 1, 65, 2048, 4096, "rm"),
+            ("l45_48_3584_14336", 1, 48, 3584, 14336, "rm"))
 
 #: --a-mn's variant: the planner with rows64_a_mn the other way from its default
 A_MN_FLIPPED = WgmmaTf32(rows64_a_mn=not WgmmaTf32().rows64_a_mn)
