@@ -2568,8 +2568,16 @@ def test_a_fed_from_registers_splits_its_64_row_tiles_from_a_shorter_k_than_a_k_
         assert longer.tile[:2] == (64, 128) and longer.split_k > 1, (M, N, longer.tile, longer.split_k)
     assert select(Problem.dense(384, 256, 2816, "tf32"), dev).kernel.family == "wgmma_tf32"
     assert select(Problem.dense(384, 256, 2816, "tf32"), dev, variants=(old,)).kernel.family == "tf32_mma"
-    # just under 2048: unsplit (no split is planned below SPLIT_MIN_K)
-    assert plan_of(Problem.dense(384, 256, 2047, "tf32")).split_k == 1
+    # at most ROWS64_MAX_M rows as launched (C^T 48 x 4096), and rows64="always": the 64-row rule as before
+    k = plan_of(Problem.dense(4096, 48, 2048, "tf32"))
+    assert dict(k.macros)["A_MN"] == 1 and (k.tile[:2], k.split_k) == ((64, 128), 4), (k.tile, k.split_k)
+    k = plan_of(Problem.dense(192, 700, 2304, "tf32"), WgmmaTf32(rows64="always"))
+    assert (k.tile[:2], k.split_k) == ((64, 128), 4), (k.tile, k.split_k)
+    # a forced width is judged by the rule's own width: 64 wide forced where the rule would split 128
+    # wide stays unsplit (65 x 1536 x 2048: 33 tiles of 64 x 64), and 128 wide forced where it splits 64 wide splits
+    assert plan_of(Problem.dense(65, 1536, 2048, "tf32"), WgmmaTf32(force_bn=64)).split_k == 1
+    k = plan_of(Problem.dense(384, 256, 2816, "tf32"), WgmmaTf32(force_bn=128))
+    assert (k.tile[:2], k.split_k) == ((64, 128), 4), (k.tile, k.split_k)
     # the K-major twin of the launch (x @ W.t(), 256 x 384 x 2816): unsplit below ROWS64_MID_SPLIT_MIN_K
     k = plan_of(Problem.dense(256, 384, 2816, "tf32", b_t=True))
     assert dict(k.macros)["A_MN"] == 0 and k.tile[0] == 64 and k.split_k == 1

@@ -95,11 +95,14 @@ PRODUCTS = (("dec64_up", 1, 64, 14336, 4096, "wt"), ("dec48_down", 1, 48, 4096, 
             ("gx_n48_14k", 1, 4096, 48, 14336, "rm"), ("gx_384_2816", 1, 384, 256, 2816, "rm"),
             ("gx_65_14k", 1, 65, 2816, 14336, "rm"), ("gx_511_11k", 1, 511, 768, 11008, "rm"),
             ("gw_512_11k", 1, 512, 768, 11008, "at"),
-            # (run 45) A_MN products the K-major mid-size split guards held unsplit (ROWS64_A_MN_SPLIT_MIN_K)
+            # (run 45) A_MN products the K-major mid-size split's two guards held unsplit (K < 3072, and at
+            # K = 4096 the fill guard, which stays)
             ("gx_66_2k", 1, 66, 768, 2048, "rm"), ("gx_tok300_4k", 1, 300, 1024, 4096, "rm"),
             ("gw_tok320_4k", 1, 320, 1024, 4096, "at"), ("rm_512_2k", 1, 512, 512, 2048, "rm"),
-            # (run 45) a sample of the 1686 plans (of a 405,224-plan grid) that ROWS64_A_MN_SPLIT_MIN_K moves, each
-            # kind: from tf32_mma's split or the 64-row tile unsplit, A read in place (rm) or staged (at)
+            # (run 45) a sample of the plans (of a 405,224-plan grid) that lowering A_MN's split K bound moved
+            # with 128-wide splits allowed (1686), each kind: from tf32_mma's split or the 64-row tile
+            # unsplit, in place (rm) or staged (at); the final rule (1182) leaves the 128-wide ones
+            # (192 x 700, 300 x 768, 197 x 1000) unsplit
             ("k45_rm_128_320", 1, 128, 320, 2048, "rm"), ("k45_rm_768_96", 1, 768, 96, 2816, "rm"),
             ("k45_rm_192_700", 1, 192, 700, 2304, "rm"), ("k45_rm_320_320", 1, 320, 320, 2304, "rm"),
             ("k45_rm_1000_96", 1, 1000, 96, 2304, "rm"), ("k45_rm_300_768", 1, 300, 768, 2816, "rm"),

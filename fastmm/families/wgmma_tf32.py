@@ -238,7 +238,7 @@ ROWS64_A_MN_SPLIT_MAX_K = 16384
 #: 2048 (g.t() @ x) 19.1 / 23.0, 300 x 768 x 2816 19.9 / 20.5 in 3, 512 x 512 x 2048 15.6 / 15.8.
 #: The other guard, 64 x 64 tiles filling half the SMs, stays for A_MN: dropping it too was
 #: measured mixed (511 x 768 x 11008 g @ W tf32_mma 66.1 -> 53.5 in 2, but 300 x 1024 x 4096 27.1 ->
-#: 27.9, and g.t() @ x 512 x 768 x 11008, B staged, 61.5 -> 69.8).
+#: 27.9, and g.t() @ x 512 x 768 x 11008, A staged, 61.5 -> 69.8).
 ROWS64_A_MN_SPLIT_MIN_K = 2048
 #: tf32x3 on 64-row tiles: how explain words its loads.
 X3_SPLIT_B_LOADS = ("A: TMA tiles of its staged big and small TF32 halves; B: fp32 TMA tiles (of B where the copy "
@@ -461,7 +461,8 @@ class WgmmaTf32(Family):
     #: would not (:meth:`a_mn_rows64`). False: A_MN takes 128-row tiles (a variant for probes).
     rows64_a_mn: bool = True
     #: A_MN's 64-row tiles split by the 64-row rule, as K-major ones are (ROWS64_SPLIT_*, the
-    #: mid-size rule's fill guard; from ROWS64_A_MN_SPLIT_MIN_K), within ROWS64_A_MN_SPLIT_MAX_LINES
+    #: mid-size rule's fill guard; from ROWS64_A_MN_SPLIT_MIN_K, below ROWS64_MID_SPLIT_MIN_K on
+    #: 64-wide tiles only), within ROWS64_A_MN_SPLIT_MAX_LINES
     #: and ROWS64_A_MN_SPLIT_MAX_K, and taken where the 128-row tile's rule would split too if they
     #: split (those products move from 128-row splits to 64-row ones; ROWS64_A_MN_SPLIT has the
     #: numbers). False: unsplit above
@@ -797,6 +798,7 @@ class WgmmaTf32(Family):
             bm = self.tile_rows(p, p.precision == "tf32x3", self.reads_a_mn(p), dev)
         if self.split is False or p.batch_total != 1 or (self.split is not True and int(self.split) <= 1):
             return None
+        every_width = options
         if self.force_bn:
             options = tuple(o for o in options if o[0] == self.force_bn)
         if not options:
@@ -815,11 +817,13 @@ class WgmmaTf32(Family):
             if self.rows64 is True and p.M > ROWS64_MAX_M and (
                     p.K < min_k or tiles_of(p, 64, 64) >= dev.sm_count // 2):
                 return None  # (see ROWS64_MID_SPLIT_MIN_K, ROWS64_A_MN_SPLIT_MIN_K)
-            choice = self._rows64_split(p, dev, options, skip_padded=a_mn)
-            if (choice is not None and a_mn and self.rows64 is True and p.M > ROWS64_MAX_M
-                    and p.K < ROWS64_MID_SPLIT_MIN_K and choice[0][0] != min(ROWS64_SPLIT_WIDTHS)):
-                return None  # (below ROWS64_MID_SPLIT_MIN_K, the narrow tile's split only: ROWS64_A_MN_SPLIT_MIN_K)
-            return choice
+            if a_mn and self.rows64 is True and p.M > ROWS64_MAX_M and p.K < ROWS64_MID_SPLIT_MIN_K:
+                # (the narrow tile's split only, judged on every width whatever force_bn asks: see
+                # ROWS64_A_MN_SPLIT_MIN_K)
+                rule = self._rows64_split(p, dev, every_width, skip_padded=True)
+                if rule is None or rule[0][0] != min(ROWS64_SPLIT_WIDTHS):
+                    return None
+            return self._rows64_split(p, dev, options, skip_padded=a_mn)
         tall = p.M > SPLIT_MAX_M
         if tall and (p.N < SPLIT_TALL_WIDTH or p.N < p.M):  # (see SPLIT_TALL_WIDTH)
             return None
