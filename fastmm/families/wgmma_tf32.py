@@ -462,10 +462,9 @@ class WgmmaTf32(Family):
     rows64_a_mn: bool = True
     #: A_MN's 64-row tiles split by the 64-row rule, as K-major ones are (ROWS64_SPLIT_*, the
     #: mid-size rule's fill guard; from ROWS64_A_MN_SPLIT_MIN_K, below ROWS64_MID_SPLIT_MIN_K on
-    #: 64-wide tiles only), within ROWS64_A_MN_SPLIT_MAX_LINES
-    #: and ROWS64_A_MN_SPLIT_MAX_K, and taken where the 128-row tile's rule would split too if they
-    #: split (those products move from 128-row splits to 64-row ones; ROWS64_A_MN_SPLIT has the
-    #: numbers). False: unsplit above
+    #: 64-wide tiles only), within ROWS64_A_MN_SPLIT_MAX_LINES and ROWS64_A_MN_SPLIT_MAX_K, and
+    #: taken where the 128-row tile's rule would split too if they split (those products move from
+    #: 128-row splits to 64-row ones; ROWS64_A_MN_SPLIT has the numbers). False: unsplit above
     #: ROWS64_MAX_M rows, and every 128-row plan that splits kept (a variant for probes).
     rows64_a_mn_split: bool = ROWS64_A_MN_SPLIT
     #: The K from which A_MN's 64-row tiles above ROWS64_MAX_M rows split (ROWS64_A_MN_SPLIT_MIN_K;
