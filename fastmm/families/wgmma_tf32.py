@@ -809,20 +809,22 @@ class WgmmaTf32(Family):
             return None
         if bm == 64:
             a_mn = self.reads_a_mn(p)
-            if self.rows64 is True and a_mn and p.M > ROWS64_MAX_M and (not self.rows64_a_mn_split or (
-                    lines_bound and p.M + p.N > ROWS64_A_MN_SPLIT_MAX_LINES) or p.K >= ROWS64_A_MN_SPLIT_MAX_K):
-                return None  # (see ROWS64_A_MN_SPLIT, ROWS64_A_MN_SPLIT_MAX_LINES, ROWS64_A_MN_SPLIT_MAX_K)
-            min_k = self.rows64_a_mn_split_min_k if a_mn else ROWS64_MID_SPLIT_MIN_K
-            if self.rows64 is True and p.M > ROWS64_MAX_M and (
-                    p.K < min_k or tiles_of(p, 64, 64) >= dev.sm_count // 2):
-                return None  # (see ROWS64_MID_SPLIT_MIN_K, ROWS64_A_MN_SPLIT_MIN_K)
-            if a_mn and self.rows64 is True and p.M > ROWS64_MAX_M and p.K < ROWS64_MID_SPLIT_MIN_K:
-                # (the narrow tile's split only, judged on every width whatever force_bn asks: see
-                # ROWS64_A_MN_SPLIT_MIN_K)
-                rule = self._rows64_split(p, dev, every_width, skip_padded=True)
+            choice = self._rows64_split(p, dev, options, skip_padded=a_mn)
+            if self.rows64 is not True or p.M <= ROWS64_MAX_M:  # (the 64-row rule alone)
+                return choice
+            # mid-size tiles (more than ROWS64_MAX_M rows): the guards of ROWS64_MID_SPLIT_MIN_K, and for
+            # A_MN those of ROWS64_A_MN_SPLIT, ROWS64_A_MN_SPLIT_MAX_LINES, _MAX_K and _MIN_K
+            if a_mn and (not self.rows64_a_mn_split or (lines_bound and p.M + p.N > ROWS64_A_MN_SPLIT_MAX_LINES)
+                         or p.K >= ROWS64_A_MN_SPLIT_MAX_K):
+                return None
+            if p.K < (self.rows64_a_mn_split_min_k if a_mn else ROWS64_MID_SPLIT_MIN_K) or \
+                    tiles_of(p, 64, 64) >= dev.sm_count // 2:
+                return None
+            if a_mn and p.K < ROWS64_MID_SPLIT_MIN_K:  # (the narrow tile's split only, judged on every width)
+                rule = choice if options is every_width else self._rows64_split(p, dev, every_width, skip_padded=True)
                 if rule is None or rule[0][0] != min(ROWS64_SPLIT_WIDTHS):
                     return None
-            return self._rows64_split(p, dev, options, skip_padded=a_mn)
+            return choice
         tall = p.M > SPLIT_MAX_M
         if tall and (p.N < SPLIT_TALL_WIDTH or p.N < p.M):  # (see SPLIT_TALL_WIDTH)
             return None
