@@ -523,6 +523,8 @@ def wgmma_cases(dev: DeviceFacts, precision: str, quick: bool) -> list[Case]:
         # g.t() @ x (C^T 256 x 65)
         add("rows64", 384, 256, 2081)
         add("rows64", 65, 256, 2050, a_t=True)
+        # over more than 2048 lines (the bound lifted in NOTES run 46): C^T 3000 x 50 in 2 slices
+        add("rows64", 50, 3000, 4100)
     if precision == "tf32x3":
         add("rows64", 40, 4100, 4100, b_t=True)
         # A split in registers on 128-row tiles (x3_a_regs: X3_A_REGS; NOTES run 41): A in place at

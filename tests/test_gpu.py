@@ -1122,6 +1122,8 @@ WGMMA_A_MN_ROWS64_CASES = {
     "row-major-b-split": lambda: (randn(197, 3100), randn(3100, 768)),  # (the rule splits it: C^T 768 x 197, 4 slices)
     # below ROWS64_MID_SPLIT_MIN_K (ROWS64_A_MN_SPLIT_MIN_K): C^T 256 x 384 on 64 x 64 tiles, 4 uneven slices
     "row-major-b-short-k-split": lambda: (randn(384, 2084), randn(2084, 256)),
+    # over more than 2048 lines (C^T 3000 x 50: decode's grad_x): 64 x 64 tiles in 2 slices
+    "row-major-b-many-lines-split": lambda: (randn(50, 4100), randn(4100, 3000)),
     "m-contiguous-a": lambda: (randn(1100, 1000).t(), randn(700, 1100).t()),
     "m-contiguous-a-odd-n": lambda: (randn(996, 1000).t(), randn(1001, 996).t()),  # C by single floats
 }
@@ -1130,7 +1132,10 @@ WGMMA_A_MN_ROWS64_CASES = {
 #: The cases whose planner's plan takes 64-row tiles (A_MN: where C is written along m, the C^T of
 #: a row-major B; an m-contiguous A read in place keeps 128 rows)
 WGMMA_ROWS64_RULE_CASES = {"one-row", "17-rows-odd-n", "64-rows", "mid-300-rows", "mid-999-rows", "mid-197-rows-split",
-                           "row-major-b", "row-major-b-split", "row-major-b-short-k-split"}
+                           "row-major-b", "row-major-b-split", "row-major-b-short-k-split",
+                           "row-major-b-many-lines-split"}
+#: the planner's slices of the A_MN rule cases (unsplit where not named)
+WGMMA_A_MN_RULE_SPLITS = {"row-major-b-split": 4, "row-major-b-short-k-split": 4, "row-major-b-many-lines-split": 2}
 
 
 @pytest.mark.parametrize("case", sorted(WGMMA_ROWS64_CASES) + sorted(WGMMA_A_MN_ROWS64_CASES))
@@ -1193,7 +1198,7 @@ def test_wgmma_64_row_tiles_compute_every_output(case, rel_err):
         out, plan = run(WgmmaTf32())
         assert plan.kernel.tile[0] == 64, plan.describe()
         if a_mn:
-            assert plan.swap_ab and plan.kernel.split_k == (4 if case.endswith("split") else 1), plan.describe()
+            assert plan.swap_ab and plan.kernel.split_k == WGMMA_A_MN_RULE_SPLITS.get(case, 1), plan.describe()
             unsplit = run(WgmmaTf32(rows64_a_mn_split=False))[1].kernel
             assert unsplit.tile[0] == 64 and unsplit.split_k == 1
             assert run(WgmmaTf32(rows64_a_mn=False))[1].kernel.tile[0] == 128

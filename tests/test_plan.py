@@ -20,8 +20,7 @@ from fastmm.families import (FAMILIES, LOAD_ELEM_FAST, LOAD_ELEM_K, LOAD_NAMES, 
                              split_k_for, stream_k_head_config)
 from fastmm.families.simt_core import FUSED_SPLIT_MAX, STAGE_MIN_FLOP_PER_BYTE
 from fastmm.families.simt_cp_async import short_rows_first
-from fastmm.families import wgmma_tf32
-from fastmm.families.wgmma_tf32 import (ROWS64_A_MN_SPLIT_MAX_K, ROWS64_A_MN_SPLIT_MAX_LINES, ROWS64_A_MN_SPLIT_MIN_K,
+from fastmm.families.wgmma_tf32 import (ROWS64_A_MN_SPLIT_MAX_K, ROWS64_A_MN_SPLIT_MIN_K, ROWS64_A_MN_SPLIT_OLD_MAX_LINES,
                                         ROWS64_MID_SPLIT_MIN_K, tiles_of, wave_cost)
 from fastmm.families.work_split import MIN_KTILES_PER_SPLIT, split_time
 from fastmm.plan import INT32_MAX, MIN_CC, TINY_K, TINY_OUTPUTS, Plan, select
@@ -2480,24 +2479,26 @@ def test_a_fed_from_registers_takes_64_row_tiles_as_c_transposed():
             assert dict(k.macros)["A_MN"] == 1 and bool(dict(k.macros).get("TMA_STORE")) == want, (epilogue, rows64)
 
 
-def test_a_fed_from_registers_splits_on_64_row_tiles_where_its_k_steps_outlast_streaming(monkeypatch):
+def test_a_fed_from_registers_splits_on_64_row_tiles_over_any_number_of_lines():
     """``rows64_a_mn_split`` (on: ROWS64_A_MN_SPLIT): A_MN's 64-row tiles take the 64-row split
-    rule as a K-major A's do; above ROWS64_MAX_M rows as launched only where the launch's M + N
-    is at most ROWS64_A_MN_SPLIT_MAX_LINES (a tile's chain of k-steps then outlasts streaming both
-    operands; with more lines the product runs at memory speed unsplit) and K is under
+    rule as a K-major A's do, over any launch M + N (the bound of 2048 lines, measured wrong on
+    the H200 and mostly wrong on the H100, is only a probe variant now), with K under
     ROWS64_A_MN_SPLIT_MAX_K (largeK stays with tf32_mma's deep split). Where they split they
-    replace the 128-row tile's split; where they do not, that split stays. explain says when the
-    lines alone keep the tile unsplit. Off, the 64-row tile runs unsplit above ROWS64_MAX_M rows
-    and every 128-row split stays."""
+    replace the 128-row tile's split; where they do not, that split stays. With the old bound
+    set, explain says when the lines alone keep the tile unsplit. Off, the 64-row tile runs
+    unsplit above ROWS64_MAX_M rows and every 128-row split stays."""
     dev = DEV["sm_90"]
     off = WgmmaTf32(rows64_a_mn_split=False)
+    bounded = WgmmaTf32(rows64_a_mn_split_max_lines=ROWS64_A_MN_SPLIT_OLD_MAX_LINES)
     plan_of = lambda p, *v: select(p, dev, force="wgmma_tf32", variants=v).kernel  # noqa: E731
-    assert WgmmaTf32().rows64_a_mn_split and ROWS64_A_MN_SPLIT_MAX_LINES == 2048
+    assert WgmmaTf32().rows64_a_mn_split and WgmmaTf32().rows64_a_mn_split_max_lines is None
     cases = (  # (M, N, K) of g @ W (W row-major, C^T: the launch is N x M) or of g.t() @ x (a_t) -> (tile, slices)
         ((197, 768, 3072, False), ((64, 128), 4)), ((700, 300, 6000, False), ((64, 128), 4)),
         ((320, 768, 3072, True), ((64, 128), 3)),
-        # 4000+ lines above ROWS64_MAX_M rows as launched: unsplit (C^T 4096 x 48-64)
-        ((48, 4096, 11008, False), ((64, 64), 1)), ((64, 4096, 4096, False), ((64, 64), 1)),
+        # 4000+ lines above ROWS64_MAX_M rows as launched (C^T 4096 x 48-64): split as well (H200:
+        # 68.9 -> 52.7 and 28.9 -> 25.8 us in 2 slices, NOTES run 45)
+        ((48, 4096, 11008, False), ((64, 64), 2)), ((64, 4096, 4096, False), ((64, 64), 2)),
+        ((65, 1984, 3072, False), ((64, 128), 4)),
         # at most ROWS64_MAX_M rows as launched (C^T 48 x 4096): the 64-row rule's split, at any K
         ((4096, 48, 8192, False), ((64, 128), 4)), ((4096, 48, 14336, False), ((64, 128), 4)),
         ((511, 8, 16384, False), ((64, 64), 4)),
@@ -2509,31 +2510,39 @@ def test_a_fed_from_registers_splits_on_64_row_tiles_where_its_k_steps_outlast_s
         p = Problem.dense(M, N, K, "tf32", a_t=a_t)
         k, unsplit = plan_of(p), plan_of(p, off)
         assert dict(k.macros)["A_MN"] == 1 and (k.tile[:2], k.split_k) == want, (M, N, K, k.tile, k.split_k)
-        assert "at any K, unsplit" not in dict(k.details)["tile rows"]
+        assert "at any K, unsplit" not in dict(k.details)["tile rows"] and "lines of K" not in dict(k.details)["tile rows"]
         launch_rows = select(p, dev, force="wgmma_tf32").launch_problem.M
         # (off: no 64-row split above ROWS64_MAX_M rows as launched)
         assert unsplit.split_k == 1 or unsplit.tile[0] == 128 or launch_rows <= 64, (M, N, K)
         plans[(M, N, K, a_t)] = k
-    # explain names the lines exactly where lifting the bound would split the tile
-    monkeypatch.setattr(wgmma_tf32, "ROWS64_A_MN_SPLIT_MAX_LINES", 10 ** 9)
+    # the old bound (a variant): unsplit over more than 2048 lines above ROWS64_MAX_M rows as
+    # launched, and explain names the lines exactly where the bound is what keeps the tile unsplit
     for (M, N, K, a_t), k in plans.items():
-        lifted = plan_of(Problem.dense(M, N, K, "tf32", a_t=a_t))
-        said = "lines of K (> 2048): unsplit" in dict(k.details)["tile rows"]
-        assert said == (k.split_k == 1 and lifted.split_k > 1), (M, N, K, dict(k.details)["tile rows"])
-    assert "lines of K" in dict(plans[(48, 4096, 11008, False)].details)["tile rows"]  # (the rule's own case)
-    monkeypatch.undo()
+        p = Problem.dense(M, N, K, "tf32", a_t=a_t)
+        old = plan_of(p, bounded)
+        launch = select(p, dev, force="wgmma_tf32").launch_problem
+        over = launch.M > 64 and launch.M + launch.N > ROWS64_A_MN_SPLIT_OLD_MAX_LINES
+        assert (old.split_k, old.tile) == ((1, (64, 64, 32)) if over and k.split_k > 1 and k.tile[0] == 64
+                                           else (k.split_k, k.tile)), (M, N, K)
+        said = "lines of K (> 2048): unsplit" in dict(old.details)["tile rows"]
+        assert said == (old.split_k == 1 and k.split_k > 1), (M, N, K, dict(old.details)["tile rows"])
+    assert "lines of K" in dict(plan_of(Problem.dense(48, 4096, 11008, "tf32"), bounded).details)["tile rows"]
     # with a forced width the 64-row rule cannot split (256 wide is not one of its widths): not the lines' doing
-    forced = plan_of(Problem.dense(128, 2048, 4096, "tf32"), WgmmaTf32(force_bn=256))
+    forced = plan_of(Problem.dense(128, 2048, 4096, "tf32"), WgmmaTf32(force_bn=256, rows64_a_mn_split_max_lines=2048))
     assert forced.split_k == 1 and "lines of K" not in dict(forced.details)["tile rows"]
-    # the lines bound: C^T 1984 x 64 splits (31 tiles), 1984 x 65 (62 tiles, one line more) does not
-    assert plan_of(Problem.dense(64, 1984, 3072, "tf32")).split_k == 4
-    assert plan_of(Problem.dense(65, 1984, 3072, "tf32")).split_k == 1
+    # the old bound's edge: C^T 1984 x 64 splits (31 tiles), 1984 x 65 (62 tiles, one line more) did not
+    assert plan_of(Problem.dense(64, 1984, 3072, "tf32"), bounded).split_k == 4
+    assert plan_of(Problem.dense(65, 1984, 3072, "tf32"), bounded).split_k == 1
     # where the 64-row tile does not split, a 128-row split stays (64 x 64 tiles would fill half the
-    # SMs: 700 x 384; 2176 lines: 2048 x 128)
-    for M, N, K in ((700, 384, 5120), (2048, 128, 8192)):
-        p = Problem.dense(M, N, K, "tf32")
-        k = plan_of(p)
-        assert k.tile[0] == 128 and k.split_k > 1 and k.macros == plan_of(p, off).macros, (M, N, K)
+    # SMs: 700 x 384); where it splits, it replaces one (C^T 128 x 2048, 2176 lines: 128 x 128 in 8
+    # before, and under the old bound)
+    p = Problem.dense(700, 384, 5120, "tf32")
+    k = plan_of(p)
+    assert k.tile[0] == 128 and k.split_k > 1 and k.macros == plan_of(p, off).macros
+    p = Problem.dense(2048, 128, 8192, "tf32")
+    k, before = plan_of(p), plan_of(p, bounded)
+    assert (k.tile[:2], k.split_k) == ((64, 128), 4) and dict(k.macros)["A_MN"] == 1
+    assert before.tile[0] == 128 and before.split_k == 8 and before.macros == plan_of(p, off).macros
     # largeK as given (row-major B, A_MN): K past ROWS64_A_MN_SPLIT_MAX_K, no 64-row split; the planner: tf32_mma
     large = Problem.dense(256, 256, 65536, "tf32")
     assert 65536 >= ROWS64_A_MN_SPLIT_MAX_K and plan_of(large).macros == plan_of(large, off).macros

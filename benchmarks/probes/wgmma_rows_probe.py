@@ -16,6 +16,8 @@ must be TF32-level, or fp32-level for tf32x3 (checked: the probe stops on one th
 row-major W) above all. ``--a-mn-split``: also the planner with ``rows64_a_mn_split`` flipped
 (A_MN's 64-row tiles split by the 64-row rule; on since NOTES run 44). ``--a-mn-k``: also the planner
 with A_MN's 64-row split from K-major A's K bound (``rows64_a_mn_split_min_k``, lowered in NOTES run 45).
+``--a-mn-lines``: also the planner with ``rows64_a_mn_split_max_lines`` the other way (the bound of 2048
+M + N lines on A_MN's 64-row split where the planner has none, as since NOTES run 46; none where it has one).
 """
 from __future__ import annotations
 
@@ -31,14 +33,15 @@ import torch  # noqa: E402
 
 from fastmm import dispatch  # noqa: E402
 from fastmm.families import WgmmaTf32  # noqa: E402
-from fastmm.families.wgmma_tf32 import ROWS64_MID_SPLIT_MIN_K  # noqa: E402
+from fastmm.families.wgmma_tf32 import ROWS64_A_MN_SPLIT_OLD_MAX_LINES, ROWS64_MID_SPLIT_MIN_K  # noqa: E402
 from fastmm.plan import select  # noqa: E402
 from fastmm.runtime.device import device_facts  # noqa: E402
 from fastmm.shapes import analyse, build_problem  # noqa: E402
 from probe_util import compile_plans, need_gpu, rel_err, time_us  # noqa: E402
 
 #: (name, batch, M, N, K, layout): "wt" = x @ W.t() (W stored [N, K]); "bt" = a batch of A @ B^T;
-#: "rm" = g @ W, W row-major; "mn" = A and B transposed views; "at" = A a transposed view, B row-major
+#: "rm" = g @ W, W row-major; "mn" = A and B transposed views; "at" = A a transposed view, B row-major;
+#: "ct" = A and B transposed views into a transposed C (out = an [N, M] tensor's .t())
 PRODUCTS = (("dec64_up", 1, 64, 14336, 4096, "wt"), ("dec48_down", 1, 48, 4096, 11008, "wt"),
             ("dec32_down", 1, 32, 4096, 14336, "wt"), ("dec64_4k", 1, 64, 4096, 4096, "wt"),
             ("dec32_qwen", 1, 32, 3584, 18944, "wt"), ("dec24_gemma_up", 1, 24, 16384, 2048, "wt"),
@@ -109,21 +112,32 @@ PRODUCTS = (("dec64_up", 1, 64, 14336, 4096, "wt"), ("dec48_down", 1, 48, 4096, 
             ("k45_at_256_384", 1, 256, 384, 2816, "at"), ("k45_at_128_512", 1, 128, 512, 2304, "at"),
             ("k45_at_197_300", 1, 197, 300, 2816, "at"), ("k45_at_65_256", 1, 65, 256, 2048, "at"),
             ("k45_at_197_1000", 1, 197, 1000, 2048, "at"),
-            # (run 45) decode-sized grad_x (g @ W, 24-65 tokens) over 2048+ lines that the A_MN lines bound
-            # (ROWS64_A_MN_SPLIT_MAX_LINES) keeps off the 64-row split, from each family the planner gives them
+            # (run 45) decode-sized grad_x (g @ W, 24-65 tokens) over 2048+ lines that the old A_MN lines
+            # bound (ROWS64_A_MN_SPLIT_OLD_MAX_LINES, lifted in run 46) kept off the 64-row split, from each
+            # family the planner gave them
             ("l45_48_3072_2816", 1, 48, 3072, 2816, "rm"), ("l45_48_2816_8192", 1, 48, 2816, 8192, "rm"),
             ("l45_48_2048_8192", 1, 48, 2048, 8192, "rm"), ("l45_24_4096_8192", 1, 24, 4096, 8192, "rm"),
             ("l45_32_2048_11008", 1, 32, 2048, 11008, "rm"), ("l45_65_2048_4096", 1, 65, 2048, 4096, "rm"),
-            ("l45_48_3584_14336", 1, 48, 3584, 14336, "rm"))
+            ("l45_48_3584_14336", 1, 48, 3584, 14336, "rm"),
+            # (run 46) the other kinds of move lifting that bound made over the grid (1522 plans): from the
+            # 128-row tile's split, to 128-wide 64-row splits, A staged (g.t() @ x: "at"), C^T given ("ct")
+            ("l46_rm_2048_128_11008", 1, 2048, 128, 11008, "rm"), ("l46_rm_128_2048_3072", 1, 128, 2048, 3072, "rm"),
+            ("l46_rm_64_2304_3584", 1, 64, 2304, 3584, "rm"), ("l46_at_64_2304_4096", 1, 64, 2304, 4096, "at"),
+            ("l46_at_48_3584_3584", 1, 48, 3584, 3584, "at"), ("l46_at_24_2816_11008", 1, 24, 2816, 11008, "at"),
+            ("l46_ct_3584_16_14336", 1, 3584, 16, 14336, "ct"), ("l46_ct_2304_24_2048", 1, 2304, 24, 2048, "ct"),
+            ("l46_ct_128_2048_8192", 1, 128, 2048, 8192, "ct"))
 
 #: --a-mn's variant: the planner with rows64_a_mn the other way from its default
 A_MN_FLIPPED = WgmmaTf32(rows64_a_mn=not WgmmaTf32().rows64_a_mn)
 A_MN_SPLIT_FLIPPED = WgmmaTf32(rows64_a_mn_split=not WgmmaTf32().rows64_a_mn_split)
 A_MN_K_OLD = WgmmaTf32(rows64_a_mn_split_min_k=ROWS64_MID_SPLIT_MIN_K)
+A_MN_LINES_FLIPPED = WgmmaTf32(rows64_a_mn_split_max_lines=None if WgmmaTf32().rows64_a_mn_split_max_lines
+                               else ROWS64_A_MN_SPLIT_OLD_MAX_LINES)
 #: the planner variants each --a-mn* flag adds: (label, variant, the field it flips)
 FLIPS = {"a_mn": ("a_mn_flipped", A_MN_FLIPPED, "rows64_a_mn"),
          "a_mn_split": ("a_mn_split_flipped", A_MN_SPLIT_FLIPPED, "rows64_a_mn_split"),
-         "a_mn_k": ("a_mn_k_old", A_MN_K_OLD, "rows64_a_mn_split_min_k")}
+         "a_mn_k": ("a_mn_k_old", A_MN_K_OLD, "rows64_a_mn_split_min_k"),
+         "a_mn_lines": ("a_mn_lines_flipped", A_MN_LINES_FLIPPED, "rows64_a_mn_split_max_lines")}
 BOUND = {"tf32": 2e-3, "tf32x3": 1e-5}  # relative error: TF32 ~3e-4 at these K, tf32x3 ~1e-7
 
 
@@ -147,6 +161,9 @@ def main() -> int:
     ap.add_argument("--a-mn-k", action="store_true",
                     help="also time the planner with rows64_a_mn_split_min_k = ROWS64_MID_SPLIT_MIN_K (A_MN's "
                     "64-row tiles above 64 rows split from K-major A's K bound, as before NOTES run 45)")
+    ap.add_argument("--a-mn-lines", action="store_true",
+                    help="also time the planner with rows64_a_mn_split_max_lines the other way (the old bound of "
+                    "2048 M + N lines on A_MN's 64-row split, lifted in NOTES run 46)")
     o = ap.parse_args()
     if not need_gpu("wgmma_rows_probe.py"):
         return 2
@@ -169,15 +186,20 @@ def main() -> int:
             return torch.randn(M, K, device="cuda"), torch.randn(K, N, device="cuda")
         if layout == "at":
             return torch.randn(K, M, device="cuda").t(), torch.randn(K, N, device="cuda")
-        if layout == "mn":
+        if layout in ("mn", "ct"):
             return torch.randn(K, M, device="cuda").t(), torch.randn(N, K, device="cuda").t()
         return torch.randn(batch, M, K, device="cuda"), torch.randn(batch, N, K, device="cuda").transpose(1, 2)
+
+    def output(a, N, layout):
+        if layout == "ct":
+            return torch.empty(N, a.shape[-2], device="cuda").t()
+        return torch.empty(*a.shape[:-1], N, device="cuda")
 
     # every kernel compiled first, on all cores
     plans = []
     for name, batch, M, N, K, layout in products:
         a, b = operands(batch, M, N, K, layout)
-        out = torch.empty(*a.shape[:-1], N, device="cuda")
+        out = output(a, N, layout)
         sh = analyse(a, b).materialized(a)
         p, _ = build_problem(sh, sh.matrix_view(out), prec)
         plans.append(select(p, dev))
@@ -197,7 +219,7 @@ def main() -> int:
     print(f"{prec}: GPU us per call; forced columns are rows/width/slices")
     for name, batch, M, N, K, layout in products:
         a, b = operands(batch, M, N, K, layout)
-        out = torch.empty(*a.shape[:-1], N, device="cuda")
+        out = output(a, N, layout)
         runs, descs = {}, {}
 
         def add(label, **kw):

@@ -205,18 +205,19 @@ ROWS64_MID_PARTIAL_L2_SHARE = 0.5
 #: 128 in 4; 60.5); ncu, 511 x 1536 x 8960 in 2 slices: L2 write sectors 1.20M -> 0.44M, 123.9 ->
 #: 114.9 us (unsplit 111.1: the rule leaves it unsplit).
 ROWS64_A_MN_SPLIT = True
-#: ... but above ROWS64_MAX_M rows only where M + N (the launch's: the lines of K both operands
-#: stream) is at most this: there a tile's chain of k-steps (~0.22 us each on a 64-row A_MN tile:
-#: 197 x 768 x 3072 ran 21.1 us unsplit over 96) takes 4-5x as long as streaming both operands
-#: once from memory, and a split shortens the chain. With 4000+ lines (decode's grad_x, C^T 4096 x
-#: 48-64) the two are about even (1.1-1.2x): unsplit already runs at memory speed and a split adds
-#: its workspace (H100, NOTES run 44, unsplit / the split: 64 x 4096 x 4096 29.9 / 32.1 in 2, 48 x
-#: 4096 x 11008 68.4 / 68.9 in 2), where 965-1088 lines paid (197 x 768 x 3072 21.4 / 18.7 in 4,
-#: 700 x 300 x 6000 38.8 / 32.7 in 4, 320 x 768 x 3072 as g.t() @ x 25.2 / 24.1 in 3). At most
-#: ROWS64_MAX_M rows (launched: C^T of 48 columns) the 64-row rule's split stands, as for a K-major
-#: A: 4096 x 48 x 8192 62.3 in 4 against 59.0 unsplit, 14336 deep 95.5 against 100.7 (and unsplit,
-#: heuristic_reason would send them to tf32_mma: 82.9, 137.9).
-ROWS64_A_MN_SPLIT_MAX_LINES = 2048
+#: A bound on the launch's M + N (the lines of K both operands stream) above which A_MN's 64-row
+#: tiles above ROWS64_MAX_M rows stayed unsplit until NOTES run 46 (2048; now only the variant
+#: ``rows64_a_mn_split_max_lines``, for probes). Its reason, measured on the H100 (NOTES run 44:
+#: unsplit / in 2 slices, 64 x 4096 x 4096 29.9 / 32.1, 48 x 4096 x 11008 68.4 / 68.9): with 4000+
+#: lines a product streams its operands at memory speed unsplit. It was wrong on the H200 (NOTES
+#: run 45: 28.9 -> 25.8 and 68.9 -> 52.7 in 2 slices; torch 28.4, 53.2), and on the H100 for most
+#: of what it held (NOTES run 46, `wgmma_rows_probe.py --a-mn-lines`, GPU us, the bound / without
+#: it; torch tf32): g @ W 48 x 2816 x 8192 58.6 (tf32_mma) -> 40.0 (42.8), 65 x 2048 x 4096 44.7
+#: (tf32_mma) -> 22.0 (19.8), 32 x 2048 x 11008 50.0 (skinny) -> 39.6 (40.7), 48 x 3584 x 14336 88.8
+#: -> 75.1 (78.5), 48 x 2048 x 8192 36.9 -> 32.4, 48 x 3072 x 2816 19.9 -> 17.8, 24 x 4096 x 8192
+#: 56.3 (skinny) -> 52.8; 48 x 4096 x 11008 68.2 -> 68.4; the one loss 64 x 4096 x 4096 29.6 -> 31.8
+#: (the H200's 1.12x gain).
+ROWS64_A_MN_SPLIT_OLD_MAX_LINES = 2048
 #: A_MN's 64-row tiles above ROWS64_MAX_M rows split only below this K (measured paying at K =
 #: 3072-6000 there, and at 8192-14336 with at most ROWS64_MAX_M rows, which this bound leaves
 #: alone): over few tiles and a far longer K (256 x 256 x 65536: 16 tiles, 4 slices at most, 64
@@ -462,7 +463,7 @@ class WgmmaTf32(Family):
     rows64_a_mn: bool = True
     #: A_MN's 64-row tiles split by the 64-row rule, as K-major ones are (ROWS64_SPLIT_*, the
     #: mid-size rule's fill guard; from ROWS64_A_MN_SPLIT_MIN_K, below ROWS64_MID_SPLIT_MIN_K on
-    #: 64-wide tiles only), within ROWS64_A_MN_SPLIT_MAX_LINES and ROWS64_A_MN_SPLIT_MAX_K, and
+    #: 64-wide tiles only), below ROWS64_A_MN_SPLIT_MAX_K, and
     #: taken where the 128-row tile's rule would split too if they split (those products move from
     #: 128-row splits to 64-row ones; ROWS64_A_MN_SPLIT has the numbers). False: unsplit above
     #: ROWS64_MAX_M rows, and every 128-row plan that splits kept (a variant for probes).
@@ -470,6 +471,10 @@ class WgmmaTf32(Family):
     #: The K from which A_MN's 64-row tiles above ROWS64_MAX_M rows split (ROWS64_A_MN_SPLIT_MIN_K;
     #: ROWS64_MID_SPLIT_MIN_K: the rule before NOTES run 45, a variant for probes).
     rows64_a_mn_split_min_k: int = ROWS64_A_MN_SPLIT_MIN_K
+    #: The most M + N lines over which A_MN's 64-row tiles above ROWS64_MAX_M rows split; None: no
+    #: bound (the rule since NOTES run 46); ROWS64_A_MN_SPLIT_OLD_MAX_LINES: the rule before, a
+    #: variant for probes.
+    rows64_a_mn_split_max_lines: int | None = None
     #: tf32x3: k-steps between promotions of the big products (PROMOTE_EVERY); None: X3_SHORT_K's
     #: rule (for probes: the accuracy and speed of each)
     promote_every: int | None = None
@@ -773,7 +778,7 @@ class WgmmaTf32(Family):
                 why += ("; A fed from registers: at any K, unsplit (no split of such a tile was measured faster "
                         "than the 64-row tile unsplit)")
             elif a_mn and self.split is True and self.split_kept_by_lines(p, dev):
-                why += (f"; A fed from registers over M + N = {p.M + p.N} lines of K (> {ROWS64_A_MN_SPLIT_MAX_LINES}): "
+                why += (f"; A fed from registers over M + N = {p.M + p.N} lines of K (> {self.rows64_a_mn_split_max_lines}): "
                         "unsplit, as its tiles' k-steps take about as long as streaming the operands once, which a "
                         "split would not shorten")
         else:
@@ -782,8 +787,9 @@ class WgmmaTf32(Family):
 
     def split_kept_by_lines(self, p: Problem, dev: DeviceFacts) -> bool:
         """Whether the 64-row rule would split A_MN launch problem ``p`` but for its M + N lines
-        (ROWS64_A_MN_SPLIT_MAX_LINES): for explain."""
-        return (p.M > ROWS64_MAX_M and p.M + p.N > ROWS64_A_MN_SPLIT_MAX_LINES
+        (``rows64_a_mn_split_max_lines``, where set): for explain."""
+        bound = self.rows64_a_mn_split_max_lines
+        return (bound is not None and p.M > ROWS64_MAX_M and p.M + p.N > bound
                 and self.split_choice(p, dev, self.tile_options(False), bm=64, lines_bound=False) is not None)
 
     def split_choice(self, p: Problem, dev: DeviceFacts, options, bm: int | None = None, lines_bound: bool = True
@@ -792,7 +798,7 @@ class WgmmaTf32(Family):
         of SPLIT_MAX_M and the constants beside it (on 64-row tiles, ROWS64_SPLIT_*), or a forced
         number of slices (``split``, with ``force_bn``'s width or the widest) wherever the batch is
         1. ``bm``: the tile's rows (default: :meth:`tile_rows`'s). ``lines_bound=False``: without
-        ROWS64_A_MN_SPLIT_MAX_LINES (for explain: :meth:`split_kept_by_lines`)."""
+        ``rows64_a_mn_split_max_lines`` (for explain: :meth:`split_kept_by_lines`)."""
         if bm is None:
             bm = self.tile_rows(p, p.precision == "tf32x3", self.reads_a_mn(p), dev)
         if self.split is False or p.batch_total != 1 or (self.split is not True and int(self.split) <= 1):
@@ -813,8 +819,9 @@ class WgmmaTf32(Family):
             if self.rows64 is not True or p.M <= ROWS64_MAX_M:  # (the 64-row rule alone)
                 return choice
             # mid-size tiles (more than ROWS64_MAX_M rows): the guards of ROWS64_MID_SPLIT_MIN_K, and for
-            # A_MN those of ROWS64_A_MN_SPLIT, ROWS64_A_MN_SPLIT_MAX_LINES, _MAX_K and _MIN_K
-            if a_mn and (not self.rows64_a_mn_split or (lines_bound and p.M + p.N > ROWS64_A_MN_SPLIT_MAX_LINES)
+            # A_MN those of ROWS64_A_MN_SPLIT, ROWS64_A_MN_SPLIT_MAX_K and _MIN_K (and a lines bound where set)
+            bound = self.rows64_a_mn_split_max_lines if lines_bound else None
+            if a_mn and (not self.rows64_a_mn_split or (bound is not None and p.M + p.N > bound)
                          or p.K >= ROWS64_A_MN_SPLIT_MAX_K):
                 return None
             if p.K < (self.rows64_a_mn_split_min_k if a_mn else ROWS64_MID_SPLIT_MIN_K) or \
