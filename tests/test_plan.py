@@ -2335,8 +2335,8 @@ def test_simt_tiles_do_not_pad_the_output_far_beyond_a_smaller_tile(M, N, K, bat
 
 def test_a_simt_split_variant_sets_the_slices_of_plans_that_may_split():
     """SimtCpAsync(split=S) (a probe's variant): S slices (as split_range deals k-tiles out: never
-    an empty slice), fused up to FUSED_SPLIT_MAX with no second launch, a reduce pass above; a
-    batch is never split; without the variant the wave model's choice stands."""
+    an empty slice), fused up to FUSED_SPLIT_MAX (or ``fused_split_max``) with no second launch, a
+    reduce pass above; a batch is never split; without the variant the wave model's choice stands."""
     dev = DEV["sm_90"]
     p = Problem.dense(300, 700, 1100, "ieee", b_t=True)
     planned = select(p, dev, force="simt_cp_async")
@@ -2350,6 +2350,11 @@ def test_a_simt_split_variant_sets_the_slices_of_plans_that_may_split():
         == -(-k_tiles // -(-k_tiles // 100))
     batched = Problem.dense(300, 700, 1100, "ieee", b_t=True, batch=3)
     assert select(batched, dev, force="simt_cp_async", variants=(SimtCpAsync(split=8),)).kernel.grid[1] == 1
+    # fused_split_max (a probe's variant): the last blocks sum up to that many slices, one launch
+    assert SimtCpAsync().fused_split_max == FUSED_SPLIT_MAX
+    for S, most, fused in ((8, 8, True), (8, 16, True), (8, 6, False), (5, 5, True)):
+        plan = select(p, dev, force="simt_cp_async", variants=(SimtCpAsync(split=S, stream_k=False, fused_split_max=most),))
+        assert macros(plan).get("SPLIT_FUSED", 0) == (S if fused else 0) and (plan.reduce is None) == fused, (S, most)
 
 
 @pytest.mark.parametrize("M,N,K,want", [

@@ -8,10 +8,13 @@ SimtCpAsync(split=S, stream_k=False); up to 4 slices summed by their last block,
 splitk_reduce), GPU us by CUDA graph replay, each checked against float64.
 
     python benchmarks/probes/simt_split_probe.py [--splits 1,2,3,4,6,8,12,16] \\
-        [--shapes FILE [--rows a,b]]
+        [--shapes FILE [--rows a,b]] [--fused-max N]
 
 ``--shapes``: the products of a suite file's model rows (their layouts as bench.py lays them out)
-in place of the list below; every kernel is compiled first, on all cores. A summary line a
+in place of the list below; every kernel is compiled first, on all cores. ``--fused-max N``: the
+swept plans sum up to N slices in their own last blocks (``SimtCpAsync.fused_split_max``; the
+planner's FUSED_SPLIT_MAX is 4), more by splitk_reduce, so that one sweep with N = 16 and one with
+the default put the two sums of the same split side by side (NOTES run 46). A summary line a
 product: the planned split and time, the best swept, torch.
 """
 from __future__ import annotations
@@ -57,6 +60,7 @@ def main(argv=None) -> int:
     ap.add_argument("--splits", default="1,2,3,4,6,8,12,16")
     ap.add_argument("--shapes", default=None)
     ap.add_argument("--rows", default=None)
+    ap.add_argument("--fused-max", type=int, default=None)
     o = ap.parse_args(argv)
     if not need_gpu(ap.prog):
         return 2
@@ -64,7 +68,8 @@ def main(argv=None) -> int:
     items = list(products(o))
     dev = dispatch.device_facts(torch.cuda.current_device())
     planned_plans = [fastmm.explain(a, b, precision="ieee").plan for _, a, b in items]
-    swept = [select(p.problem, dev, "simt_cp_async", None, (SimtCpAsync(split=S, stream_k=False),))
+    fused = {} if o.fused_max is None else {"fused_split_max": o.fused_max}
+    swept = [select(p.problem, dev, "simt_cp_async", None, (SimtCpAsync(split=S, stream_k=False, **fused),))
              for p in planned_plans for S in splits]
     print(f"compiled {compile_plans(planned_plans + swept, dev.arch)} kernels", flush=True)  # all first, on all cores
     summary = []
@@ -80,7 +85,7 @@ def main(argv=None) -> int:
             continue
         row, best = [], (t_plan, planned)
         for S in splits:
-            fam = SimtCpAsync(split=S, stream_k=False)
+            fam = SimtCpAsync(split=S, stream_k=False, **fused)
             out.fill_(float("nan"))
             _, p, reason = dispatch.matmul_fastmm(a, b, out, "ieee", force="simt_cp_async", variants=(fam,))
             if reason is not None:
@@ -89,7 +94,7 @@ def main(argv=None) -> int:
             err = rel_err(out, a, b)
             us = graph_us(lambda: dispatch.matmul_fastmm(a, b, out, "ieee", force="simt_cp_async", variants=(fam,)))
             got = p.kernel.split_slices if p.kernel.split_k > 1 else 1
-            row.append(f"S{got} {us:.1f}{'' if err < 1e-5 else ' ERR%.0e' % err}")
+            row.append(f"S{got}{'f' if p.kernel.split_fused else ''} {us:.1f}{'' if err < 1e-5 else ' ERR%.0e' % err}")
             if err < 1e-5 and us < best[0]:
                 best = (us, got)
         print("    tile " + "x".join(map(str, cfg.tile)) + ": " + ", ".join(row), flush=True)

@@ -41,7 +41,8 @@ from probe_util import compile_plans, need_gpu, rel_err, time_us  # noqa: E402
 
 #: (name, batch, M, N, K, layout): "wt" = x @ W.t() (W stored [N, K]); "bt" = a batch of A @ B^T;
 #: "rm" = g @ W, W row-major; "mn" = A and B transposed views; "at" = A a transposed view, B row-major;
-#: "ct" = A and B transposed views into a transposed C (out = an [N, M] tensor's .t())
+#: "ct" = A and B transposed views into a transposed C (out = an [N, M] tensor's .t()); "brm" = a batch of A @ B,
+#: B row-major
 PRODUCTS = (("dec64_up", 1, 64, 14336, 4096, "wt"), ("dec48_down", 1, 48, 4096, 11008, "wt"),
             ("dec32_down", 1, 32, 4096, 14336, "wt"), ("dec64_4k", 1, 64, 4096, 4096, "wt"),
             ("dec32_qwen", 1, 32, 3584, 18944, "wt"), ("dec24_gemma_up", 1, 24, 16384, 2048, "wt"),
@@ -125,14 +126,23 @@ PRODUCTS = (("dec64_up", 1, 64, 14336, 4096, "wt"), ("dec48_down", 1, 48, 4096, 
             ("l46_rm_64_2304_3584", 1, 64, 2304, 3584, "rm"), ("l46_at_64_2304_4096", 1, 64, 2304, 4096, "at"),
             ("l46_at_48_3584_3584", 1, 48, 3584, 3584, "at"), ("l46_at_24_2816_11008", 1, 24, 2816, 11008, "at"),
             ("l46_ct_3584_16_14336", 1, 3584, 16, 14336, "ct"), ("l46_ct_2304_24_2048", 1, 2304, 24, 2048, "ct"),
-            ("l46_ct_128_2048_8192", 1, 128, 2048, 8192, "ct"))
+            ("l46_ct_128_2048_8192", 1, 128, 2048, 8192, "ct"),
+            # (run 46) tf32x3 requests (--precision tf32x3 --families simt_cp_async) whose wgmma plan copies both
+            # operands' halves at 20-24 FLOP per copied byte (WGMMA_COPY_MIN_FLOP_PER_BYTE: 20): attn_pv_2k ran it
+            # at 0.836x torch fp32 on an H100 where the fp32 SIMT plan ran 1.063x; a bound of 24 would move 1250
+            # grid plans to SIMT, these among them ("brm": a batch of A @ B, B row-major)
+            ("x46_pv_2k", 32, 2048, 128, 2048, "brm"), ("x46_dq_2k", 32, 2048, 128, 2048, "bt"),
+            ("x46_wt_128_14336", 1, 128, 14336, 3072, "wt"), ("x46_mn_16384_128", 1, 16384, 128, 3072, "mn"),
+            ("x46_rm_128_8960", 1, 128, 8960, 1024, "rm"), ("x46_rm_6000_128", 1, 6000, 128, 8192, "rm"),
+            ("x46_mn_16384_128_1k", 1, 16384, 128, 1024, "mn"), ("x46_at_128_5120", 1, 128, 5120, 2048, "at"),
+            ("x46_mn_11008_128", 1, 11008, 128, 512, "mn"))
 
 #: --a-mn's variant: the planner with rows64_a_mn the other way from its default
 A_MN_FLIPPED = WgmmaTf32(rows64_a_mn=not WgmmaTf32().rows64_a_mn)
 A_MN_SPLIT_FLIPPED = WgmmaTf32(rows64_a_mn_split=not WgmmaTf32().rows64_a_mn_split)
 A_MN_K_OLD = WgmmaTf32(rows64_a_mn_split_min_k=ROWS64_MID_SPLIT_MIN_K)
-A_MN_LINES_FLIPPED = WgmmaTf32(rows64_a_mn_split_max_lines=None if WgmmaTf32().rows64_a_mn_split_max_lines
-                               else ROWS64_A_MN_SPLIT_OLD_MAX_LINES)
+A_MN_LINES_FLIPPED = WgmmaTf32(rows64_a_mn_split_max_lines=ROWS64_A_MN_SPLIT_OLD_MAX_LINES
+                               if WgmmaTf32().rows64_a_mn_split_max_lines is None else None)
 #: the planner variants each --a-mn* flag adds: (label, variant, the field it flips)
 FLIPS = {"a_mn": ("a_mn_flipped", A_MN_FLIPPED, "rows64_a_mn"),
          "a_mn_split": ("a_mn_split_flipped", A_MN_SPLIT_FLIPPED, "rows64_a_mn_split"),
@@ -188,6 +198,8 @@ def main() -> int:
             return torch.randn(K, M, device="cuda").t(), torch.randn(K, N, device="cuda")
         if layout in ("mn", "ct"):
             return torch.randn(K, M, device="cuda").t(), torch.randn(N, K, device="cuda").t()
+        if layout == "brm":
+            return torch.randn(batch, M, K, device="cuda"), torch.randn(batch, K, N, device="cuda")
         return torch.randn(batch, M, K, device="cuda"), torch.randn(batch, N, K, device="cuda").transpose(1, 2)
 
     def output(a, N, layout):
@@ -258,7 +270,7 @@ def main() -> int:
         forced = [lab for lab in t if lab not in ("planner", "torch", "rule128") + tuple(x[0] for x in FLIPS.values())]
         if forced:
             best = min(forced, key=t.get)
-            w_bytes = 4.0 * N * K * (batch if layout == "bt" else 1)  # B's bytes (TB/s = bytes / us / 1e6)
+            w_bytes = 4.0 * N * K * (batch if layout in ("bt", "brm") else 1)  # B's bytes (TB/s = bytes / us / 1e6)
             print(f"\n{name} {batch}x{M}x{N}x{K} {layout}: planner {descs.get('planner')} "
                   f"{t.get('planner', float('nan')):.1f} us, "
                   f"torch {t['torch']:.1f}, best {best} {t[best]:.1f} ({w_bytes / t[best] / 1e6:.2f} TB/s of B; "

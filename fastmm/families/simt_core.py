@@ -115,6 +115,9 @@ class SimtCore(Family):
     #: Whether split-K plans of at most FUSED_SPLIT_MAX slices sum their own slices (the last
     #: block of each tile, SPLIT_FUSED) instead of launching splitk_reduce; a variant switch too.
     fuse_split: bool = True
+    #: The most slices a fused split sums (FUSED_SPLIT_MAX; more for probes: the kernel sums any
+    #: count, and SPLIT_FUSED = 8 builds without spills on the 64 x 64 tile, 168 registers).
+    fused_split_max: int = FUSED_SPLIT_MAX
     #: K slices of a plan that may split (a variant for probes: benchmarks/probes/simt_split_probe.py);
     #: None: the wave model's choice.
     split: int | None = None
@@ -340,7 +343,7 @@ class SimtCore(Family):
         # cluster pairs: an even split of the one-block-per-SM tile, on sm_90 (clusters); not for
         # the load modes that spill (12 bytes there, with single-float C stores)
         pair = split > 1 and split % 2 == 0 and self.pair_split and per_sm == 1 and dev.cc >= (9, 0) and not spills
-        fused = (1 < split <= FUSED_SPLIT_MAX and not pair and self.can_fuse_split and self.fuse_split
+        fused = (1 < split <= self.fused_split_max and not pair and self.can_fuse_split and self.fuse_split
                  and not fused_split_spills(opt, a, b, out_vec, bool(p.epilogue)))
         threads = wm * wn * 32
         region = self.pair_region_bytes(threads, tm) if pair else 0

@@ -214,9 +214,9 @@ ROWS64_A_MN_SPLIT = True
 #: of what it held (NOTES run 46, `wgmma_rows_probe.py --a-mn-lines`, GPU us, the bound / without
 #: it; torch tf32): g @ W 48 x 2816 x 8192 58.6 (tf32_mma) -> 40.0 (42.8), 65 x 2048 x 4096 44.7
 #: (tf32_mma) -> 22.0 (19.8), 32 x 2048 x 11008 50.0 (skinny) -> 39.6 (40.7), 48 x 3584 x 14336 88.8
-#: -> 75.1 (78.5), 48 x 2048 x 8192 36.9 -> 32.4, 48 x 3072 x 2816 19.9 -> 17.8, 24 x 4096 x 8192
-#: 56.3 (skinny) -> 52.8; 48 x 4096 x 11008 68.2 -> 68.4; the one loss 64 x 4096 x 4096 29.6 -> 31.8
-#: (the H200's 1.12x gain).
+#: (tf32_mma) -> 75.1 (78.5), 48 x 2048 x 8192 36.9 (tf32_mma) -> 32.4, 48 x 3072 x 2816 19.9 -> 17.8,
+#: 24 x 4096 x 8192 56.3 (skinny) -> 52.8; 48 x 4096 x 11008 68.2 -> 68.4; the one loss 64 x 4096 x
+#: 4096 29.6 -> 31.8 (the H200's 1.12x gain).
 ROWS64_A_MN_SPLIT_OLD_MAX_LINES = 2048
 #: A_MN's 64-row tiles above ROWS64_MAX_M rows split only below this K (measured paying at K =
 #: 3072-6000 there, and at 8192-14336 with at most ROWS64_MAX_M rows, which this bound leaves
@@ -463,10 +463,10 @@ class WgmmaTf32(Family):
     rows64_a_mn: bool = True
     #: A_MN's 64-row tiles split by the 64-row rule, as K-major ones are (ROWS64_SPLIT_*, the
     #: mid-size rule's fill guard; from ROWS64_A_MN_SPLIT_MIN_K, below ROWS64_MID_SPLIT_MIN_K on
-    #: 64-wide tiles only), below ROWS64_A_MN_SPLIT_MAX_K, and
-    #: taken where the 128-row tile's rule would split too if they split (those products move from
-    #: 128-row splits to 64-row ones; ROWS64_A_MN_SPLIT has the numbers). False: unsplit above
-    #: ROWS64_MAX_M rows, and every 128-row plan that splits kept (a variant for probes).
+    #: 64-wide tiles only), below ROWS64_A_MN_SPLIT_MAX_K, and taken where the 128-row tile's rule
+    #: would split too if they split (those products move from 128-row splits to 64-row ones;
+    #: ROWS64_A_MN_SPLIT has the numbers). False: unsplit above ROWS64_MAX_M rows, and every
+    #: 128-row plan that splits kept (a variant for probes).
     rows64_a_mn_split: bool = ROWS64_A_MN_SPLIT
     #: The K from which A_MN's 64-row tiles above ROWS64_MAX_M rows split (ROWS64_A_MN_SPLIT_MIN_K;
     #: ROWS64_MID_SPLIT_MIN_K: the rule before NOTES run 45, a variant for probes).
