@@ -815,9 +815,8 @@ class WgmmaTf32(Family):
             return None
         if bm == 64:
             a_mn = self.reads_a_mn(p)
-            choice = self._rows64_split(p, dev, options, skip_padded=a_mn)
             if self.rows64 is not True or p.M <= ROWS64_MAX_M:  # (the 64-row rule alone)
-                return choice
+                return self._rows64_split(p, dev, options, skip_padded=a_mn)
             # mid-size tiles (more than ROWS64_MAX_M rows): the guards of ROWS64_MID_SPLIT_MIN_K, and for
             # A_MN those of ROWS64_A_MN_SPLIT, ROWS64_A_MN_SPLIT_MAX_K and _MIN_K (and a lines bound where set)
             bound = self.rows64_a_mn_split_max_lines if lines_bound else None
@@ -827,6 +826,8 @@ class WgmmaTf32(Family):
             if p.K < (self.rows64_a_mn_split_min_k if a_mn else ROWS64_MID_SPLIT_MIN_K) or \
                     tiles_of(p, 64, 64) >= dev.sm_count // 2:
                 return None
+            # (after the guards: the rule's split is asked only where one may be taken)
+            choice = self._rows64_split(p, dev, options, skip_padded=a_mn)
             if a_mn and p.K < ROWS64_MID_SPLIT_MIN_K:  # (the narrow tile's split only, judged on every width)
                 rule = choice if options is every_width else self._rows64_split(p, dev, every_width, skip_padded=True)
                 if rule is None or rule[0][0] != min(ROWS64_SPLIT_WIDTHS):
