@@ -39,16 +39,19 @@ from dataclasses import dataclass
 
 from .families.base import LOAD_ELEM_K
 from .families.wgmma_tf32 import BN_RATE
-from .problem import DeviceFacts, Problem
+from .problem import H200_MEMORY, DeviceFacts, Problem, dram_tbps
 
 #: Published dense peaks per SM in TFLOP/s at the boost clock, and the DRAM bandwidth in TB/s
 #: usable by a copy (the H200's was measured: 4.27 TB/s, DESIGN.md), per compute capability.
-#: fp32: FFMA; tf32: tensor cores (mma.sync on sm_80-89, wgmma on sm_90).
+#: fp32: FFMA; tf32: tensor cores (mma.sync on sm_80-89, wgmma on sm_90). ``part_dram_tbps``: the
+#: driver's peak bandwidth (:func:`fastmm.problem.dram_tbps`) of the part ``bandwidth`` is for, so
+#: that another part of the arch scales it by its own (:func:`copy_bandwidth`); 0.0: not scaled.
 @dataclass(frozen=True)
 class ArchPeaks:
     fp32_per_sm: float
     tf32_per_sm: float
     bandwidth: float
+    part_dram_tbps: float = 0.0
 
 
 PEAKS = {
@@ -56,7 +59,7 @@ PEAKS = {
     (8, 0): ArchPeaks(19.5 / 108, 156.0 / 108, 1.70),  # A100 40GB
     (8, 6): ArchPeaks(38.7 / 84, 77.4 / 84, 0.70),  # RTX A6000
     (8, 9): ArchPeaks(91.6 / 142, 183.0 / 142, 0.80),  # L40S
-    (9, 0): ArchPeaks(66.9 / 132, 494.7 / 132, 4.27),  # H100/H200 SXM
+    (9, 0): ArchPeaks(66.9 / 132, 494.7 / 132, 4.27, dram_tbps(*H200_MEMORY)),  # H100/H200 SXM (4.27: the H200's)
 }
 
 #: GPU time a launch costs beyond its work, us: set below the GPU time of the smallest calls
@@ -137,6 +140,17 @@ def peaks(dev: DeviceFacts) -> ArchPeaks:
     """The peaks of ``dev``'s arch, or of the newest listed arch older than it."""
     known = [cc for cc in PEAKS if cc <= dev.cc]
     return PEAKS[max(known)] if known else PEAKS[min(PEAKS)]
+
+
+def copy_bandwidth(dev: DeviceFacts) -> float:
+    """TB/s a copy moves on ``dev`` (bytes read plus written): the arch's measured figure, scaled
+    by ``dev``'s peak over the measured part's where both are known. The copy reached the same
+    share of the peak on the two Hopper parts measured here (H200 4.27 of 4.92 TB/s, H100 ~3.0 of
+    3.35: 0.87 and 0.90), so the peak carries the difference between parts of one arch."""
+    pk = peaks(dev)
+    if dev.dram_tbps > 0 and pk.part_dram_tbps > 0:
+        return pk.bandwidth * (dev.dram_tbps / pk.part_dram_tbps)
+    return pk.bandwidth
 
 
 @dataclass(frozen=True)
@@ -221,7 +235,7 @@ def predict(plan) -> Prediction | None:
         return None
     p = plan.launch_problem or plan.problem
     dev = plan.device
-    bw = peaks(dev).bandwidth * 1e6 * MEMORY_EFFICIENCY  # bytes per us
+    bw = copy_bandwidth(dev) * 1e6 * MEMORY_EFFICIENCY  # bytes per us
     launches = 1 + (plan.reduce is not None) + (plan.head is not None) + len(plan.staging)
     flops = 2.0 * p.M * p.N * p.K * p.batch_total
     memory = _operand_bytes(p) / bw
@@ -229,7 +243,7 @@ def predict(plan) -> Prediction | None:
         memory += 2 * 4.0 * rows * cols / bw
     if kernel.family in SKINNY_FAMILIES:
         compute = flops / (dev.sm_count * peaks(dev).fp32_per_sm * 0.5 * 1e6)
-        memory = _operand_bytes(p) / (peaks(dev).bandwidth * 1e6 * SKINNY_MEMORY_EFFICIENCY)
+        memory = _operand_bytes(p) / (copy_bandwidth(dev) * 1e6 * SKINNY_MEMORY_EFFICIENCY)
         if kernel.split_k > 1 and not kernel.split_fused:
             memory += 2 * 4.0 * kernel.split_k * p.M * p.N / bw
         waves = kernel.grid[0] * kernel.grid[1] / (dev.sm_count * resident_blocks(kernel, dev))

@@ -26,6 +26,19 @@ def epilogue_form(d_strides: tuple[int, int]) -> str:
     return EPILOGUE_D
 
 
+def dram_tbps(memory_clock_khz: int, bus_width_bits: int) -> float:
+    """Peak DRAM bandwidth in TB/s from the driver's memory clock and bus width: two transfers a
+    clock (double data rate) over the whole bus."""
+    return 2.0 * memory_clock_khz * 1e3 * bus_width_bits / 8 / 1e12
+
+
+#: What the driver reports (memory clock in kHz, bus width in bits) for the H200 (nvidia-smi: a
+#: 3201 MHz memory clock; 6144 bits: 4.92 TB/s) and the H100 80GB SXM (2619 MHz, 5120 bits: 3.35
+#: TB/s; NOTES run 46).
+H200_MEMORY = (3_201_000, 6144)
+H100_MEMORY = (2_619_000, 5120)
+
+
 @dataclass(frozen=True)
 class DeviceFacts:
     """The properties of one GPU the planner needs. Read from the driver by
@@ -39,6 +52,10 @@ class DeviceFacts:
     smem_per_sm: int
     l2_bytes: int
     simulated: bool = False
+    #: DRAM bandwidth in TB/s at the driver's peak memory clock (:func:`dram_tbps`); 0.0 where
+    #: not known. Two parts of one arch can differ here alone (H100 80GB: 3.35, H200: 4.92), and
+    #: memory-bound choices (a staging copy beside a product) move with it.
+    dram_tbps: float = 0.0
 
     @property
     def arch(self) -> str:
@@ -48,15 +65,22 @@ class DeviceFacts:
     def simulated_device(cls, arch: str, index: int = 0) -> "DeviceFacts":
         """A device with the published limits of a real part of that arch (for CPU-side tests and
         for showing plans where there is no GPU)."""
-        table = {
-            "sm_75": ("simulated T4", (7, 5), 40, 64 * 1024, 64 * 1024, 4 << 20),
-            "sm_80": ("simulated A100", (8, 0), 108, 163 * 1024, 164 * 1024, 40 << 20),
-            "sm_86": ("simulated RTX A6000", (8, 6), 84, 99 * 1024, 100 * 1024, 6 << 20),
-            "sm_89": ("simulated L40S", (8, 9), 142, 99 * 1024, 100 * 1024, 96 << 20),
-            "sm_90": ("simulated H200", (9, 0), 132, 227 * 1024, 228 * 1024, 60 << 20),
+        table = {  # (memory clock in kHz, bus width in bits: the driver's, for dram_tbps)
+            "sm_75": ("simulated T4", (7, 5), 40, 64 * 1024, 64 * 1024, 4 << 20, (5_001_000, 256)),
+            "sm_80": ("simulated A100", (8, 0), 108, 163 * 1024, 164 * 1024, 40 << 20, (1_215_000, 5120)),
+            "sm_86": ("simulated RTX A6000", (8, 6), 84, 99 * 1024, 100 * 1024, 6 << 20, (8_001_000, 384)),
+            "sm_89": ("simulated L40S", (8, 9), 142, 99 * 1024, 100 * 1024, 96 << 20, (9_001_000, 384)),
+            "sm_90": ("simulated H200", (9, 0), 132, 227 * 1024, 228 * 1024, 60 << 20, H200_MEMORY),
         }
-        name, cc, sms, optin, per_sm, l2 = table[arch]
-        return cls(index, name, cc, sms, optin, per_sm, l2, simulated=True)
+        name, cc, sms, optin, per_sm, l2, memory = table[arch]
+        return cls(index, name, cc, sms, optin, per_sm, l2, simulated=True, dram_tbps=dram_tbps(*memory))
+
+    @classmethod
+    def simulated_h100(cls, index: int = 0) -> "DeviceFacts":
+        """An H100 80GB SXM: the H200's arch and SMs with 50 MiB of L2 and 3.35 TB/s of DRAM (its
+        driver reports a 2619 MHz memory clock and a 5120-bit bus)."""
+        return replace(cls.simulated_device("sm_90", index), name="simulated H100", l2_bytes=50 << 20,
+                       dram_tbps=dram_tbps(*H100_MEMORY))
 
 
 @dataclass(frozen=True)

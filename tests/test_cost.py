@@ -7,6 +7,8 @@ the planner's choice against the predictions it was given.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -14,7 +16,7 @@ import fastmm
 from fastmm import cost, plan as planner
 from fastmm.families import FAMILIES
 from fastmm.plan import select
-from fastmm.problem import DeviceFacts, Problem
+from fastmm.problem import DeviceFacts, Problem, dram_tbps
 from fastmm.tuned import TunedChoice
 
 H200 = DeviceFacts.simulated_device("sm_90")
@@ -114,6 +116,55 @@ def test_a_torch_fallback_has_no_prediction():
     plan = select(Problem.dense(64, 64, 64), old)  # older than fastmm supports: torch.matmul
     assert plan.kernel is None and plan.fallback
     assert cost.predict(plan) is None
+
+
+@pytest.mark.parametrize("clock_khz, bus_bits, datasheet_tbps", [
+    (2_619_000, 5120, 3.35),  # H100 80GB SXM (its driver's figures, NOTES run 46)
+    (1_215_000, 5120, 1.555),  # A100 40GB
+    (3_201_000, 6144, 4.8),  # H200 (the datasheet rounds down: 4.92 by the clock)
+])
+def test_the_drivers_memory_clock_and_bus_width_give_the_datasheet_bandwidth(clock_khz, bus_bits, datasheet_tbps):
+    assert dram_tbps(clock_khz, bus_bits) == pytest.approx(datasheet_tbps, rel=0.03)
+
+
+def test_device_facts_read_the_memory_clock_and_bus_width_from_the_driver(monkeypatch):
+    import cuda.core
+
+    from fastmm.runtime import device as runtime_device
+
+    class Props:
+        multiprocessor_count, max_shared_memory_per_block_optin = 132, 227 * 1024
+        max_shared_memory_per_multiprocessor, l2_cache_size = 228 * 1024, 50 << 20
+        memory_clock_rate, global_memory_bus_width = 2_619_000, 5120
+
+    class FakeDevice:
+        def __init__(self, index):
+            self.properties, self.compute_capability, self.name = Props(), (9, 0), "NVIDIA H100 80GB HBM3"
+
+    monkeypatch.setattr(cuda.core, "Device", FakeDevice)
+    runtime_device.device_facts.cache_clear()
+    try:
+        facts = runtime_device.device_facts(0)
+    finally:
+        runtime_device.device_facts.cache_clear()
+    assert facts.dram_tbps == pytest.approx(3.352, abs=1e-3)
+    # the same facts as the simulated H100 the planner's tests use, but for the name
+    assert facts == dataclasses.replace(DeviceFacts.simulated_h100(), name=facts.name, simulated=False)
+
+
+def test_copies_on_another_part_of_an_arch_move_at_its_own_bandwidth():
+    h100 = DeviceFacts.simulated_h100()
+    assert cost.copy_bandwidth(H200) == cost.PEAKS[(9, 0)].bandwidth  # the part it was measured on
+    # H100: the H200's measured 4.27 TB/s scaled by the peaks (3.35 / 4.92): 2.91, about the 3.0 a
+    # copy moved on one (device/KINDS.md)
+    assert cost.copy_bandwidth(h100) == pytest.approx(2.91, abs=0.01)
+    # a part whose bandwidth the driver did not give keeps the arch's figure
+    assert cost.copy_bandwidth(dataclasses.replace(h100, dram_tbps=0.0)) == cost.PEAKS[(9, 0)].bandwidth
+    # a memory-bound GEMV (the weights streamed once) takes the bandwidths' ratio longer
+    gemv = Problem.dense(1, 14336, 4096, b_t=True)
+    fast, slow = cost.predict(select(gemv, H200)), cost.predict(select(gemv, h100))
+    assert fast.bound == slow.bound == "memory"
+    assert slow.total_us - cost.LAUNCH_US == pytest.approx((fast.total_us - cost.LAUNCH_US) * 4.917 / 3.352, rel=0.02)
 
 
 def test_unknown_newer_arches_use_the_newest_known_peaks():

@@ -2127,6 +2127,31 @@ def test_staging_only_when_the_copy_is_cheap_and_the_layout_allows(arch):
     assert select(Problem.dense(16, 4095, 4093), dev).staging == ()  # skinny reads B once in place
 
 
+def test_tf32x3s_copy_bound_on_wgmma_scales_with_the_devices_memory_bandwidth():
+    h200, h100 = DEV["sm_90"], DeviceFacts.simulated_h100()
+    # attn_pv_2k, P @ V: both operands' halves staged, 20.1 FLOP per copied byte. On the H200 wgmma
+    # with its copies tied the fp32 SIMT plan (the bound, 20, is set there); on the H100 its
+    # copies take 1.47x as long and the SIMT plan ran 1.27x faster (NOTES run 46)
+    pv = Problem.dense(2048, 128, 2048, "tf32x3", batch=32)
+    on_h200 = select(pv, h200)
+    assert on_h200.kernel.family == "wgmma_tf32" and on_h200.staging == (("a", 2048, 2048), ("bt", 128, 2048))
+    on_h100 = select(pv, h100)
+    assert on_h100.kernel.family == "simt_cp_async" and on_h100.kernel == select(dataclasses.replace(pv, precision="ieee"), h100).kernel
+    reason = dict(on_h100.rejected)["wgmma_tf32"]
+    assert "20.1 FLOP per copied byte, under 29.3 at 3.35 TB/s" in reason, reason
+    # (FLOP per copied byte here is M N / (6 (M + N)), whatever K: twice the columns make 37.9,
+    # over the H100's bound, and the product stays on wgmma there)
+    wide = Problem.dense(2048, 256, 2048, "tf32x3", batch=32)
+    assert select(wide, h100).kernel.family == "wgmma_tf32" and select(wide, h100).staging
+    # tf32's bound is not scaled (its alternative, tf32_mma, runs 2-4x slower): 77 x 1531 x 2053
+    # (18 FLOP per copied byte, both operands copied: K % 4 != 0) runs wgmma on either part
+    odd = Problem.dense(77, 1531, 2053, "tf32", b_t=True)
+    for dev in (h200, h100):
+        plan = select(odd, dev, force="wgmma_tf32")
+        assert plan.staging and plan.kernel.family == "wgmma_tf32"
+        assert "too costly" not in dict(select(odd, dev).rejected).get("wgmma_tf32", "")
+
+
 def test_tf32_mma_keeps_two_fragment_sets_only_for_tf32_with_16_byte_copies_of_both_operands():
     for arch in SM80_PLUS:
         m = macros(forced(Problem.dense(4096, 4096, 4096, precision="tf32"), arch, "tf32_mma"))

@@ -130,7 +130,8 @@ PRODUCTS = (("dec64_up", 1, 64, 14336, 4096, "wt"), ("dec48_down", 1, 48, 4096, 
             # (run 46) tf32x3 requests (--precision tf32x3 --families simt_cp_async) whose wgmma plan copies both
             # operands' halves at 20-24 FLOP per copied byte (WGMMA_COPY_MIN_FLOP_PER_BYTE: 20): attn_pv_2k ran it
             # at 0.836x torch fp32 on an H100 where the fp32 SIMT plan ran 1.063x; a bound of 24 would move 1250
-            # grid plans to SIMT, these among them ("brm": a batch of A @ B, B row-major)
+            # grid plans to SIMT, these among them ("brm": a batch of A @ B, B row-major). Since run 47 the bound
+            # scales with the DRAM bandwidth (copy_min_flop_per_byte: 29.3 on an H100), and these run SIMT there
             ("x46_pv_2k", 32, 2048, 128, 2048, "brm"), ("x46_dq_2k", 32, 2048, 128, 2048, "bt"),
             ("x46_wt_128_14336", 1, 128, 14336, 3072, "wt"), ("x46_mn_16384_128", 1, 16384, 128, 3072, "mn"),
             ("x46_rm_128_8960", 1, 128, 8960, 1024, "rm"), ("x46_rm_6000_128", 1, 6000, 128, 8192, "rm"),

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ..problem import EPILOGUE_BIAS_M, EPILOGUE_BIAS_N, EPILOGUE_D, DeviceFacts, Problem, transposed
+from ..problem import (EPILOGUE_BIAS_M, EPILOGUE_BIAS_N, EPILOGUE_D, H200_MEMORY, DeviceFacts, Problem, dram_tbps,
+                       transposed)
 from .base import Family, KernelConfig, pick_tile, tiles_of
 from .stage_kmajor import kmajor_batch, stage_kmajor_config
 
@@ -30,6 +31,21 @@ MMA_SPLIT_US_PER_K = 0.0128
 #: (tf32 was 128 until run 23: 77 x 1531 x 2053, whose A and B^T need copies (K % 4 != 0), makes
 #: 18 FLOP per copied byte and ran 28.1 us on wgmma with its copies, 70.6 on tf32_mma.)
 WGMMA_COPY_MIN_FLOP_PER_BYTE = {"tf32": 16, "tf32x3": 20}
+#: tf32x3's bound is where wgmma plus its copies ties the fp32 SIMT plan (attn_pv_2k, 20.1 FLOP per
+#: copied byte: 1.070 against 1.065 x torch on the H200, RESULTS run 35). The copies are
+#: memory-bound and the two kernels' rates are the same on every Hopper part, so the tie moves
+#: with the DRAM bandwidth: the bound is the H200's scaled by its bandwidth over the device's (an
+#: H100's 3.35 TB/s: 29; there attn_pv_2k ran 0.836 on wgmma against 1.063 on SIMT, NOTES run 46).
+#: tf32's is not scaled: its alternative, tf32_mma, runs 2-4x slower, far from a tie.
+WGMMA_COPY_BOUND_PART_TBPS = dram_tbps(*H200_MEMORY)
+
+
+def copy_min_flop_per_byte(precision: str, dev: DeviceFacts) -> float:
+    """FLOP per copied byte a product must do for wgmma to take it with staging copies on ``dev``."""
+    need = WGMMA_COPY_MIN_FLOP_PER_BYTE[precision]
+    if precision == "tf32x3" and dev.dram_tbps > 0:
+        need *= WGMMA_COPY_BOUND_PART_TBPS / dev.dram_tbps
+    return need
 
 
 @dataclass(frozen=True)
@@ -1031,11 +1047,14 @@ class WgmmaTf32(Family):
         # The alternative, tf32_mma, is much slower (H200: TF32 120 vs 350 TFLOP/s; tf32x3 24-28 vs
         # 115), and slower still on small products (blocks of one warp: 2-4x under its large-product
         # rate): with copies at ~3 TB/s, wgmma + copies is faster above ~10 FLOP per copied byte.
-        # Asked: 16 for tf32 (measured, above), 20 for tf32x3.
-        need = WGMMA_COPY_MIN_FLOP_PER_BYTE["tf32x3" if x3 else "tf32"]
+        # Asked: 16 for tf32 (measured, above), 20 for tf32x3 on the H200 (copy_min_flop_per_byte).
+        need = copy_min_flop_per_byte(p.precision if x3 else "tf32", dev)
         if staged and 2 * p.M * p.N * p.K * p.batch_total < need * moved:
             names = " and ".join("B (transposed)" if w == "bt" else "A" for w, _, _ in staged)
-            return f"needs a K-major copy of {names}, too costly next to a product this small"
+            per_byte = 2 * p.M * p.N * p.K * p.batch_total / moved
+            where = f" at {dev.dram_tbps:.2f} TB/s" if x3 and dev.dram_tbps else ""
+            return (f"needs a K-major copy of {names}, too costly next to a product this small ({per_byte:.1f} "
+                    f"FLOP per copied byte, under {need:.1f}{where})")
         return None
 
     def stagers(self, p, staging):

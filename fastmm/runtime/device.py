@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import functools
 
-from ..problem import DeviceFacts
+from ..problem import DeviceFacts, dram_tbps
 
 
 @functools.lru_cache(maxsize=None)
@@ -21,6 +21,7 @@ def device_facts(index: int) -> DeviceFacts:
         smem_per_block_optin=int(props.max_shared_memory_per_block_optin),
         smem_per_sm=int(props.max_shared_memory_per_multiprocessor),
         l2_bytes=int(props.l2_cache_size),
+        dram_tbps=dram_tbps(int(props.memory_clock_rate), int(props.global_memory_bus_width)),
     )
 
 
