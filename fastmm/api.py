@@ -32,7 +32,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
         # Plain tensors in eager mode, the usual call: the tests below, each made once (this
         # path runs on every product of a decode step, where the host time is the step's time)
         precision = resolve_precision_eager(precision)
-        if autocast_any_half_active(a):
+        if autocast_any_half_active(a) or a.is_nested or b.is_nested:  # (nested: ragged, torch's)
             return torch_matmul(a, b, out)
         if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
             return torch_matmul(a, b, out) if out is not None else ops.matmul_autograd(a, b, precision)
@@ -41,7 +41,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
             out is not None and not isinstance(out, torch.Tensor)):
         return torch_matmul(a, b, out)  # torch words the type error
     precision = resolve_precision(precision)
-    if autocast_half_active_on(a):  # autocast decides the dtype; fastmm is float32 only
+    if autocast_half_active_on(a) or a.is_nested or b.is_nested:  # autocast decides the dtype; fastmm is float32 only
         return torch_matmul(a, b, out)
     if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
         if out is not None:  # torch refuses this itself, with its own message

@@ -52,6 +52,8 @@ def not_served_reason(a: torch.Tensor, b: torch.Tensor) -> str | None:
         return "torch.autocast is on with a half dtype: autocast's rules send this matmul to torch in that dtype"
     if a.is_sparse or b.is_sparse or a.layout != torch.strided or b.layout != torch.strided:
         return "sparse or non-strided layout"
+    if a.is_nested or b.is_nested:
+        return "nested tensor: its rows are ragged, torch.matmul takes it"
     if a.is_complex() or b.is_complex():
         return "complex dtype"
     return runtime_reason()

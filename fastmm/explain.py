@@ -61,7 +61,8 @@ def explain(a: torch.Tensor, b: torch.Tensor, *, precision: str | None = None,
             out: torch.Tensor | None = None) -> Explanation:
     """What :func:`fastmm.matmul` would do with these operands (nothing is computed or compiled)."""
     requested = resolve_precision(precision)
-    shapes = {"a_shape": tuple(a.shape), "b_shape": tuple(b.shape)}
+    # (a nested tensor has no one shape: its rows are ragged)
+    shapes = {f"{op}_shape": "nested" if t.is_nested else tuple(t.shape) for op, t in (("a", a), ("b", b))}
     reason = not_served_reason(a, b)
     device = str(a.device)
     if reason is not None:

@@ -30,10 +30,11 @@ _PLAIN_TYPES, _FLOAT32, _STRIDED = (torch.Tensor, torch.nn.Parameter), torch.flo
 
 
 def plain_tensor(t) -> bool:
-    """A strided float32 ``torch.Tensor`` (or Parameter), not a tensor subclass: what the fastmm
-    op takes. Subclasses (DTensor, nested, ...) keep their own matmul semantics. (Three calls
-    per Linear forward: the module's constants spare the lookups through ``torch``.)"""
-    return type(t) in _PLAIN_TYPES and t.dtype == _FLOAT32 and t.layout == _STRIDED
+    """A strided float32 ``torch.Tensor`` (or Parameter), not a tensor subclass and not nested:
+    what the fastmm op takes. Subclasses (DTensor, ...) and nested tensors (ragged rows) keep
+    their own matmul semantics. (Three calls per Linear forward: the module's constants spare
+    the lookups through ``torch``.)"""
+    return type(t) in _PLAIN_TYPES and t.dtype == _FLOAT32 and t.layout == _STRIDED and not t.is_nested
 
 
 class Linear(torch.nn.Linear):

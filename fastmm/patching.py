@@ -41,6 +41,7 @@ from torch.overrides import TorchFunctionMode
 
 from . import ops
 from .api import matmul as _fastmm_matmul
+from .attention import math_attention, takes_math_path
 from .precision import autocast_any_half_active, autocast_half_active, resolve_precision, resolve_precision_eager
 from .nn import Linear, MultiheadAttention, plain_tensor
 
@@ -159,7 +160,10 @@ def patch(model: torch.nn.Module, precision: str | None = None, *, functional: b
       each call it routed (modules found that were no candidate get the hooks too). From then
       on the hooks enter a mode only around the modules that made such calls, with fastmm's own
       modules inside them run with the mode taken off the stack; a candidate that made none
-      (the attention of an SDPA model) loses its hooks.
+      (the attention of an SDPA model whose SDPA calls take a fused kernel) loses its hooks.
+      ``F.scaled_dot_product_attention`` is routed where torch would take its math path (float32
+      on CUDA with grouped-query attention: :mod:`fastmm.attention`), so a grouped-query SDPA
+      model's attention keeps its hooks and its products run on fastmm.
     - ``"forward"``: the mode is on for the whole of every forward of ``model`` (hooks on
       ``model``): also calls the code does not show (``getattr(torch, name)``) in modules no
       probe ran, and branches no probe took, at the price of every torch call of the forward.
@@ -398,6 +402,33 @@ class FastmmMode(TorchFunctionMode):
         return _scale_add(prod, c, beta, alpha)
 
 
+    _SDPA_NAMES = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+
+    def _sdpa(self, args, kwargs):
+        """SDPA where torch would take its math path (float32 on CUDA under grouped-query
+        attention, say): the same path with fastmm's products (:mod:`fastmm.attention`). Fused
+        kernels, other devices, tensor subclasses, a mask that is neither bool nor float32, and
+        anything under ``torch.compile`` (inductor has its own SDPA patterns) stay torch's."""
+        names = self._SDPA_NAMES
+        # (scale and enable_gqa are keyword-only)
+        if len(args) > 6 or any(k not in names for k in kwargs) or any(n in kwargs for n in names[:len(args)]):
+            return NotImplemented
+        defaults = (None, None, None, None, 0.0, False, None, False)
+        q, k, v, mask, dropout_p, is_causal, scale, gqa = \
+            list(args) + [kwargs.get(n, d) for n, d in zip(names[len(args):], defaults[len(args):])]
+        tensors = (q, k, v) if mask is None else (q, k, v, mask)
+        if not all(isinstance(t, torch.Tensor) for t in tensors) or torch.compiler.is_compiling() \
+                or any(t.is_nested for t in tensors):
+            return NotImplemented
+        if mask is not None and mask.dtype == torch.bool:
+            tensors = (q, k, v)  # (a boolean mask: plain, on the same device)
+            if type(mask) is not torch.Tensor or mask.device != q.device:
+                return NotImplemented
+        if not self._takes(*tensors) or not takes_math_path(q, k, v, mask, dropout_p, is_causal, gqa):
+            return NotImplemented
+        return math_attention(q, k, v, mask, dropout_p, is_causal, scale, gqa, precision=self.precision)
+
+
 def _add_operands(args, kwargs, first: str, second: str):
     """(c, a, b, beta, alpha) of ``f(c, a, b, *, beta=1, alpha=1)`` (torch.addmm and kin), or
     Nones for any other call form (torch then takes it as it was made)."""
@@ -437,6 +468,7 @@ _ROUTES = {
     _T.baddbmm: FastmmMode._baddbmm,
     torch.addbmm: FastmmMode._addbmm,
     _T.addbmm: FastmmMode._addbmm,
+    torch.nn.functional.scaled_dot_product_attention: FastmmMode._sdpa,
 }
 
 
@@ -456,6 +488,10 @@ def use_fastmm(precision: str | None = None, *, devices: tuple[str, ...] = ("cud
     original torch function unchanged, so errors and results are torch's own. Matmuls made
     inside torch functions that are written in Python and dispatch ``__torch_function__``
     themselves (``F.multi_head_attention_forward``) stay on torch: the mode sees only the outer call.
+    ``F.scaled_dot_product_attention`` is routed where torch would take its math path (no fused
+    kernel takes the call: float32 with ``enable_gqa`` on CUDA, say): the same path, its two
+    products (and the four of its backward) on fastmm (:func:`fastmm.attention.math_attention`);
+    where a fused kernel applies, torch's.
 
     ``precision``: ``None`` follows ``torch.set_float32_matmul_precision`` at each call.
     Returns the mode; ``with`` enters it (it nests with other torch function modes).
@@ -472,11 +508,13 @@ def use_fastmm(precision: str | None = None, *, devices: tuple[str, ...] = ("cud
 # 1. candidates (at patch time, from the code): the modules whose class's forward, or a function or
 #    method it names (globals, attributes of its class or of a module it names; three calls deep;
 #    torch's own functions excluded: a torch function mode sees those as one call), names a routed
-#    function (matmul, mm, bmm, linear, addmm, baddbmm, addbmm) or uses ``@``;
+#    function (matmul, mm, bmm, linear, addmm, baddbmm, addbmm, scaled_dot_product_attention) or
+#    uses ``@``;
 # 2. a probe: a candidate's first forward in training mode and in eval mode runs under a
 #    FastmmMode that also notes, for each call it routes, the module whose forward made it (the
 #    innermost Module._call_impl frame on the Python stack). A candidate that made none (an
-#    attention module whose model uses SDPA) loses its hooks after both probes: no cost from then;
+#    attention module whose SDPA calls take a fused kernel) loses its hooks after both probes: no
+#    cost from then;
 #    one that did keeps entering the mode; a module found that was no candidate gets hooks too;
 # 3. shields: the converted modules inside a routed module (fastmm.nn.Linear...) run with the
 #    FastmmMode taken off the stack (a pre-hook pops it, a forward hook pushes it back): their
@@ -722,7 +760,7 @@ def _install_functional(model: torch.nn.Module, routing: _FunctionalRouting) -> 
 
 #: names of the functions FastmmMode routes (as attributes: torch.matmul, x.mm, F.linear, ...)
 _ROUTED_NAMES = frozenset({"matmul", "mm", "bmm", "linear", "addmm", "baddbmm", "addbmm", "__matmul__",
-                           "__rmatmul__"})
+                           "__rmatmul__", "scaled_dot_product_attention"})
 _BINARY_OP = dis.opmap.get("BINARY_OP", -1)  # Python >= 3.11: argument 4 is @, 17 is @=
 _BINARY_OP_MATMUL = frozenset(i for i, (_, sign) in enumerate(getattr(dis, "_nb_ops", ())) if sign in ("@", "@=")) \
     or frozenset({4, 17})

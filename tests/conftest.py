@@ -200,14 +200,15 @@ def emulated_gpu(tmp_cache, monkeypatch):
 
 class CudaLooking:
     """Just enough of a CUDA float32 tensor for fastmm.dispatch.not_served_reason (keywords
-    change one attribute: dtype, device, layout, is_sparse, complex)."""
+    change one attribute: dtype, device, layout, is_sparse, complex, is_nested)."""
 
     def __init__(self, *shape, dtype=torch.float32, device="cuda:0", layout=torch.strided, is_sparse=False,
-                 complex=False):
+                 complex=False, is_nested=False):
         self.shape = torch.Size(shape)
         self.device = torch.device(device)
         self.dtype = dtype
         self.is_sparse = is_sparse
+        self.is_nested = is_nested
         self.layout = layout
         self._complex = complex
 

@@ -128,6 +128,7 @@ def runtime_ok(monkeypatch):
     ({"is_sparse": True}, {}, "sparse or non-strided layout"),
     ({}, {"layout": torch.sparse_csr}, "sparse or non-strided layout"),
     ({"complex": True}, {}, "complex dtype"),
+    ({}, {"is_nested": True}, "nested tensor"),
 ])
 def test_not_served_reason_names_what_fastmm_kernels_cannot_take(runtime_ok, a_kw, b_kw, words):
     reason = dispatch.not_served_reason(CudaLooking(64, 32, **a_kw), CudaLooking(32, 16, **b_kw))
@@ -386,3 +387,23 @@ def test_plan_for_takes_fastmm_kernel_and_asks_for_no_tuned_choice_when_forced_o
     monkeypatch.delenv("FASTMM_KERNEL")
     plan = dispatch.plan_for(Problem.dense(16, 4096, 4096), 0, variants=(Skinny(variant="v1"),))
     assert "SK_V2" not in dict(plan.kernel.macros) and len(asked) == 1
+
+
+def test_a_nested_operand_goes_to_torch_without_a_launch(emulated_gpu):
+    """Nested tensors pass for plain ones by type and layout (strided): their ragged rows have no
+    strides a kernel can take, so fastmm hands them to torch.matmul (before reading a stride):
+    torch's result where torch takes them, torch's error where it does not."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # (torch: nested tensors are a prototype)
+        x = torch.nested.nested_tensor([torch.randn(3, 8), torch.randn(5, 8)])
+        w = torch.nested.nested_tensor([torch.randn(8, 6), torch.randn(8, 6)])
+    for requires_grad in (False, True):
+        out = fastmm.matmul(x, w.requires_grad_(requires_grad))
+        assert out.is_nested and [t.shape for t in out.unbind()] == [(3, 6), (5, 6)]
+        assert out.requires_grad == requires_grad
+    with pytest.raises(RuntimeError, match="Expected both to be nested"):  # torch's words
+        fastmm.matmul(x, torch.randn(8, 6))
+    assert emulated_gpu.launches == []
+    assert "nested" in fastmm.explain(x, w).fallback

@@ -286,3 +286,45 @@ def test_an_in_out_layer_matches_float64_and_repeats_its_gradients(precision):
     assert rel(gx, g64 @ w64.t()) <= tol(precision, 160)
     assert rel(gw, x64.reshape(150, 192).t() @ g64.reshape(150, 160)) <= tol(precision, 150)
     assert rel(gb, g64.reshape(150, 160).sum(0)) <= 1e-6
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("mask_kind", ["causal", "bool", "none"])
+def test_grouped_query_sdpa_on_the_math_path_runs_fastmm_and_matches_float64(precision, mask_kind):
+    """Float32 SDPA with enable_gqa (torch's math path on CUDA) under the functional routing:
+    both products and the four of the backward on fastmm (a dispatch mode sees fastmm ops, no
+    aten product), output and gradients within the precision's tolerance of float64; without
+    grouped queries torch's fused kernel keeps the call."""
+    from fastmm import attention
+    from fastmm.coverage import coverage
+
+    torch.manual_seed(5)
+    q = randn(2, 8, 200, 64).requires_grad_()
+    k, v = (randn(2, 2, 230, 64).requires_grad_() for _ in range(2))
+    mask = (torch.rand(200, 230, device="cuda") > 0.2) if mask_kind == "bool" else None
+    causal = mask_kind == "causal"
+    assert attention.takes_math_path(q, k, v, mask, 0.0, causal, True)
+    g = randn(2, 8, 200, 64)
+
+    def run():
+        with fastmm.use_fastmm(precision):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True)
+
+    report = coverage(run, backward=True, loss=lambda out: (out * g).sum())
+    places = {e.op: e.where for e in report.entries}
+    assert report.counts()["fastmm"] == 2 + 4 and report.counts()["attention"] == 0, report.entries
+    assert all(where == "fastmm" for op, where in places.items() if op.startswith("fastmm::")), places
+    out = run()
+    q.grad = k.grad = v.grad = None
+    out.backward(g)
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    m64 = None if mask is None else torch.zeros(200, 230, dtype=torch.float64, device="cuda").masked_fill(~mask, -math.inf)
+    want = F.scaled_dot_product_attention(q64, k64, v64, attn_mask=m64, is_causal=causal, enable_gqa=True)
+    want.backward(g.double())
+    bound = tol(precision, 230)
+    assert rel(out, want) <= bound
+    for got, ref in ((q.grad, q64.grad), (k.grad, k64.grad), (v.grad, v64.grad)):
+        assert rel(got, ref) <= 4 * bound
+    # without grouped queries a fused kernel (memory-efficient attention) takes float32: torch's
+    kk, vv = (randn(2, 8, 230, 64) for _ in range(2))
+    assert not attention.takes_math_path(q, kk, vv, mask, 0.0, causal, False)

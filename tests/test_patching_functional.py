@@ -582,6 +582,10 @@ class _Cases:
         def forward(self, a, b):
             return (lambda: torch.mm(a, b))()
 
+    class Attention(torch.nn.Module):  # (SDPA: routed where torch would take its math path)
+        def forward(self, q, k, v):
+            return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
     class Elementwise(torch.nn.Module):
         def forward(self, a, b):
             return torch.relu(a * b + a).sum(-1)
@@ -596,7 +600,7 @@ class _Cases:
 
 
 @pytest.mark.parametrize("name,expected", [("At", True), ("InPlaceAt", True), ("Linear", True), ("Helper", True),
-                                           ("Method", True), ("Lambda", True), ("Elementwise", False),
+                                           ("Method", True), ("Lambda", True), ("Attention", True), ("Elementwise", False),
                                            ("Submodule", False)])
 def test_candidates_are_read_from_the_code(name, expected):
     assert patching._makes_routed_calls(getattr(_Cases, name)()) is expected

@@ -1,0 +1,237 @@
+"""fastmm.attention: SDPA's math path with fastmm's products, and when the functional routing takes it.
+
+The numbers come from the emulated GPU (conftest.emulated_gpu: fastmm's own plans and launch
+arguments compute the products on the CPU) against a float64 softmax written out here, not
+against torch's SDPA; the routing tests check fastmm's decisions (which calls became fastmm
+launches), not torch against torch.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fastmm import attention, patching
+from fastmm.attention import math_attention, takes_math_path
+from fastmm.patching import FastmmMode
+
+
+@pytest.fixture
+def gpu(emulated_gpu, monkeypatch):
+    """The emulated GPU, its memory check off: the products' operands are made by torch's own
+    elementwise ops (the scaled q and k^T, the softmax), which the emulation does not track."""
+    import emulation
+
+    monkeypatch.setattr(emulation, "CHECK_MEMORY", False)
+    return emulated_gpu
+
+
+def reference(q, k, v, mask=None, causal=False, scale=None, gqa=False):
+    """softmax(q k^T * scale + mask) v in float64, rows with nothing to attend giving 0."""
+    q, k, v = q.double(), k.double(), v.double()
+    if gqa:
+        k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)
+        v = v.repeat_interleave(q.shape[-3] // v.shape[-3], dim=-3)
+    s = torch.einsum("...le,...se->...ls", q, k) * (1 / math.sqrt(q.shape[-1]) if scale is None else scale)
+    L, S = s.shape[-2:]
+    keep = torch.ones(L, S, dtype=torch.bool)
+    if causal:
+        keep = torch.arange(S)[None, :] <= torch.arange(L)[:, None]
+    if mask is not None and mask.dtype == torch.bool:
+        keep = keep & mask
+    elif mask is not None:
+        s = s + mask.double()
+    s = s.masked_fill(~keep, float("-inf"))
+    top = s.amax(-1, keepdim=True)
+    w = torch.where(keep, torch.exp(s - torch.where(torch.isinf(top), 0.0, top)), 0.0)
+    total = w.sum(-1, keepdim=True)
+    p = torch.where(total > 0, w / torch.where(total > 0, total, 1.0), 0.0)
+    return torch.einsum("...ls,...se->...le", p, v)
+
+
+def inputs(gqa: bool, L=37, S=45, E=16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(2, 4, L, E, generator=g)
+    k = torch.randn(2, 2 if gqa else 4, S, E, generator=g)
+    v = torch.randn(2, 2 if gqa else 4, S, E, generator=g)
+    return q, k, v
+
+
+@pytest.mark.parametrize("gqa", [False, True], ids=["mha", "gqa"])
+@pytest.mark.parametrize("mask_kind", ["none", "causal", "bool", "float"])
+@pytest.mark.parametrize("scale", [None, 0.3, -0.2])
+def test_the_math_path_on_fastmm_products_matches_a_float64_softmax(gpu, gqa, mask_kind, scale):
+    q, k, v = inputs(gqa, seed=hash((gqa, mask_kind, scale)) % 1000)
+    g = torch.Generator().manual_seed(1)
+    mask = None
+    if mask_kind == "bool":
+        mask = torch.rand(37, 45, generator=g) > 0.3
+        mask[3] = False  # a row with nothing to attend: zeros, as _safe_softmax gives
+    elif mask_kind == "float":
+        mask = torch.randn(2, 1, 37, 45, generator=g)
+    causal = mask_kind == "causal"
+    before = [t.clone() for t in (q, k, v)]
+    got = math_attention(q, k, v, mask, 0.0, causal, scale, gqa)
+    assert len(gpu.launches) >= 2  # q @ k^T and p @ v ran fastmm's plans
+    want = reference(q, k, v, mask, causal, scale, gqa)
+    assert got.dtype == torch.float32 and got.shape == q.shape
+    torch.testing.assert_close(got.double(), want, rtol=0, atol=2e-5)
+    if mask_kind == "bool":
+        assert torch.count_nonzero(got[:, :, 3]) == 0
+    assert all(torch.equal(a, b) for a, b in zip((q, k, v), before))  # inputs untouched
+
+
+def test_gradients_of_the_math_path_match_float64(gpu):
+    q, k, v = (t.requires_grad_() for t in inputs(gqa=True, L=19, S=23))
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    g = torch.randn(2, 4, 19, 16, generator=torch.Generator().manual_seed(3))
+    math_attention(q, k, v, None, 0.0, True, None, True).backward(g)
+    reference(q64, k64, v64, causal=True, gqa=True).backward(g.double())
+    for got, want in ((q.grad, q64.grad), (k.grad, k64.grad), (v.grad, v64.grad)):
+        torch.testing.assert_close(got.double(), want, rtol=0, atol=5e-5)
+
+
+def test_key_and_value_heads_each_serve_their_own_share_of_the_query_heads(gpu):
+    g = torch.Generator().manual_seed(4)
+    q, k, v = torch.randn(2, 8, 9, 16, generator=g), torch.randn(2, 2, 11, 16, generator=g), \
+        torch.randn(2, 4, 11, 16, generator=g)
+    want = torch.einsum("bhls,bhse->bhle", torch.softmax(torch.einsum(
+        "bhle,bhse->bhls", q.double(), k.double().repeat_interleave(4, dim=1)) / 4.0, -1),
+        v.double().repeat_interleave(2, dim=1))
+    torch.testing.assert_close(math_attention(q, k, v, enable_gqa=True).double(), want, rtol=0, atol=2e-5)
+    # heads that do not divide the query heads: torch's error (never a broadcast or an empty result)
+    for hq, hk, hv in ((1, 2, 2), (6, 4, 4), (8, 8, 3)):
+        with pytest.raises(RuntimeError, match="Number of heads in key and value must divide"):
+            math_attention(torch.randn(1, hq, 5, 8), torch.randn(1, hk, 5, 8), torch.randn(1, hv, 5, 8),
+                           enable_gqa=True)
+
+
+def test_a_mask_that_would_grow_the_scores_is_torchs_error(gpu):
+    q, k, v = (torch.randn(2, 4, 5, 7) for _ in range(3))
+    with pytest.raises(RuntimeError, match=r"output with shape \[2, 4, 5, 5\] doesn't match the broadcast shape "
+                                           r"\[3, 2, 4, 5, 5\]"):
+        math_attention(q, k, v, torch.randn(3, 2, 4, 5, 5))
+
+
+def test_dropout_keeps_torchs_draws_and_scale(gpu):
+    q, k, v = inputs(gqa=False, L=9, S=12)
+    torch.manual_seed(7)
+    got = math_attention(q, k, v, dropout_p=0.4)
+    torch.manual_seed(7)
+    want, _ = torch.ops.aten._scaled_dot_product_attention_math(q.double(), k.double(), v.double(), dropout_p=0.4)
+    torch.testing.assert_close(got.double(), want, rtol=0, atol=2e-5)
+
+
+def test_a_mask_with_is_causal_is_torchs_error():
+    q, k, v = inputs(gqa=False)
+    with pytest.raises(RuntimeError, match="Explicit attn_mask should not be set when is_causal=True"):
+        math_attention(q, k, v, torch.ones(37, 45, dtype=torch.bool), 0.0, True)
+
+
+def test_dropout_of_every_weight_gives_zeros(gpu):
+    q, k, v = inputs(gqa=False)
+    assert torch.count_nonzero(math_attention(q, k, v, dropout_p=1.0)) == 0
+
+
+def test_the_math_path_is_never_claimed_off_cuda():
+    q, k, v = inputs(gqa=True)  # (the CPU's SDPA has a fused float32 kernel)
+    assert not takes_math_path(q, k, v, None, 0.0, False, True)
+
+
+# ---------------------------------------------------------------------------------------------
+# the functional routing
+
+
+@pytest.fixture
+def math_path(monkeypatch):
+    """torch 'would take its math path' for every call (on the CPU, where it would not)."""
+    calls = []
+
+    def says(q, k, v, mask, dropout_p, is_causal, gqa):
+        calls.append((q.shape, k.shape, mask is None, dropout_p, is_causal, gqa))
+        return True
+
+    monkeypatch.setattr(patching, "takes_math_path", says)
+    return calls
+
+
+@pytest.mark.parametrize("form", ["positional", "keywords"])
+def test_sdpa_on_the_math_path_runs_fastmms_products(gpu, math_path, form):
+    q, k, v = inputs(gqa=True)
+    mask = torch.rand(37, 45, generator=torch.Generator().manual_seed(2)) > 0.2
+    with FastmmMode(devices=("cpu",)):
+        if form == "positional":
+            got = F.scaled_dot_product_attention(q, k, v, mask, 0.0, False, scale=0.3, enable_gqa=True)
+        else:
+            got = F.scaled_dot_product_attention(query=q, key=k, value=v, attn_mask=mask, scale=0.3, enable_gqa=True)
+    assert math_path == [(q.shape, k.shape, False, 0.0, False, True)]
+    assert len(gpu.launches) >= 2
+    torch.testing.assert_close(got.double(), reference(q, k, v, mask, scale=0.3, gqa=True), rtol=0, atol=2e-5)
+
+
+def test_sdpa_stays_torchs_where_a_fused_kernel_takes_it_or_the_inputs_are_not_fastmms(gpu, monkeypatch):
+    q, k, v = inputs(gqa=False)
+    monkeypatch.setattr(patching, "takes_math_path", lambda *a: False)  # a fused kernel applies
+    with FastmmMode(devices=("cpu",)):
+        F.scaled_dot_product_attention(q, k, v)
+    assert gpu.launches == []
+    monkeypatch.setattr(patching, "takes_math_path", lambda *a: True)
+    with FastmmMode(devices=("cpu",)):
+        F.scaled_dot_product_attention(q.double(), k.double(), v.double())  # not float32
+        with pytest.raises(RuntimeError, match="Expected attn_mask dtype to be bool or float"):  # torch's own error
+            F.scaled_dot_product_attention(q, k, v, torch.ones(37, 45, dtype=torch.int32))
+    assert gpu.launches == []
+    with FastmmMode():  # the mode's devices: CUDA only
+        F.scaled_dot_product_attention(q, k, v)
+    assert gpu.launches == []
+
+
+def test_the_route_passes_the_modes_precision_and_leaves_compile_and_nested_calls_to_torch(gpu, math_path, monkeypatch):
+    seen = []
+    monkeypatch.setattr(patching, "math_attention", lambda *args, precision: seen.append(precision) or args[0])
+    q, k, v = inputs(gqa=False)
+    mode = FastmmMode("tf32x3", devices=("cpu",))
+    assert mode._sdpa((q, k, v), {"enable_gqa": True}) is q and seen == ["tf32x3"]
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert mode._sdpa((q, k, v), {}) is NotImplemented  # (inductor has its own SDPA patterns)
+    monkeypatch.undo()
+    monkeypatch.setattr(patching, "takes_math_path", lambda *a: True)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # (torch: nested tensors are a prototype)
+        nested = torch.nested.nested_tensor([torch.randn(4, 3, 16), torch.randn(4, 5, 16)])
+    assert mode._sdpa((nested, nested, nested), {}) is NotImplemented
+    assert seen == ["tf32x3"]
+
+
+def test_a_patched_sdpa_llama_keeps_its_attention_routed_where_torch_takes_the_math_path(math_path):
+    tf = pytest.importorskip("transformers")
+    tf.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    cfg = tf.LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+                         num_key_value_heads=1, vocab_size=50)
+    model = tf.LlamaForCausalLM(cfg)
+    assert model.config._attn_implementation == "sdpa"
+    ids = torch.randint(0, 50, (2, 7), generator=torch.Generator().manual_seed(0))
+    ref = tf.LlamaForCausalLM(cfg)
+    ref.load_state_dict(model.state_dict())
+    import fastmm
+
+    model = fastmm.patch(model)
+    report = fastmm.coverage(model, input_ids=ids, labels=ids, loss=lambda out: out.loss)
+    assert math_path, "the SDPA calls were not offered to the route"
+    assert report.counts()["attention"] == 0  # no attention core left on torch
+    sdpa_products = [e for e in report.entries if e.op == "fastmm::matmul" and e.phase == "forward"
+                     and len(e.shapes[0]) == 4]
+    assert len(sdpa_products) == 2 * 2  # q @ k^T and p @ v in each layer
+    hooked = [n for n, m in model.named_modules()
+              if any(isinstance(h, patching._Enter) for h in m._forward_pre_hooks.values())]
+    assert "model.layers.0.self_attn" in hooked and "model.layers.1.self_attn" in hooked
+    torch.testing.assert_close(model(input_ids=ids).logits, ref(input_ids=ids).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_the_module_reads_no_environment_and_imports_no_cuda_at_import():
+    assert "os" not in vars(attention) and "cuda" not in vars(attention)
