@@ -401,7 +401,6 @@ class FastmmMode(TorchFunctionMode):
         prod = self._mm(a.transpose(0, 1).reshape(n, nb * k), b.reshape(nb * k, b.shape[2]))
         return _scale_add(prod, c, beta, alpha)
 
-
     _SDPA_NAMES = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
 
     def _sdpa(self, args, kwargs):
