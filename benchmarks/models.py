@@ -223,9 +223,9 @@ def bench_model(name: str, precisions, opts, device) -> list[dict]:
     patched = fastmm.patch(copy.deepcopy(model))
     rows = []
     for precision in precisions:
-        for mod in patched.modules():  # the converted modules (fastmm.nn, patching's subclasses)
-            if mod.__class__.__module__.startswith("fastmm"):
-                mod.precision = precision
+        # the converted modules and the functional routing (SDPA's math path, eager attention) both
+        # at this precision: patching again with a precision sets both (the routing probes again)
+        patched = fastmm.patch(patched, precision=precision)
         row = {"model": name, "precision": precision}
         with torch_precision(precision):
             row["torch_ms"], row["fastmm_ms"] = step_ms([model, patched], batch, loss_fn, opts.steps)
