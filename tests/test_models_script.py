@@ -68,3 +68,35 @@ def test_models_script_builds_the_wgmma_family_asked_for_and_refuses_unknown_fie
     proc = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--wgmma", "no_such_field=1"],
                           capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 2 and "--wgmma" in proc.stderr and "no_such_field" in proc.stderr, proc.stderr
+
+
+def test_each_row_runs_the_patched_model_at_its_precision_routing_included(monkeypatch):
+    """A row's precision reaches the converted modules and the functional routing (eager
+    attention's products, SDPA's math path): in run 47's tf32x3 rows the routing followed torch's
+    setting (full fp32) while the modules ran tf32x3. Checked where the row times its steps."""
+    import argparse
+    import importlib.util
+
+    import pytest
+
+    pytest.importorskip("transformers")
+    from fastmm import patching
+
+    spec = importlib.util.spec_from_file_location("fastmm_models_script", SCRIPT)
+    models = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(models)
+    seen = []
+
+    def step_ms(pair, batch, loss_fn, steps):
+        patched = pair[1]
+        routing = {h.routing.precision for m in patched.modules() for h in m._forward_pre_hooks.values()
+                   if isinstance(h, patching._Enter)}
+        converted = {m.precision for m in patched.modules() if m.__class__.__module__.startswith("fastmm")}
+        seen.append((routing, converted))
+        return 1.0, 1.0
+
+    monkeypatch.setattr(models, "step_ms", step_ms)
+    opts = argparse.Namespace(tiny=True, tokens=1024, steps=1, grad_errors=0, no_generate=True, compile=())
+    rows = models.bench_model("llama", ["ieee", "tf32x3"], opts, models.torch.device("cpu"))
+    assert [r["precision"] for r in rows] == ["ieee", "tf32x3"]
+    assert seen == [({"ieee"}, {"ieee"}), ({"tf32x3"}, {"tf32x3"})], seen
