@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 from .families.base import LOAD_ELEM_K
 from .families.wgmma_tf32 import BN_RATE
-from .problem import H200_MEMORY, DeviceFacts, Problem, dram_tbps
+from .problem import H200_DRAM_TBPS, DeviceFacts, Problem
 
 #: Published dense peaks per SM in TFLOP/s at the boost clock, and the DRAM bandwidth in TB/s
 #: usable by a copy (the H200's was measured: 4.27 TB/s, DESIGN.md), per compute capability.
@@ -59,7 +59,7 @@ PEAKS = {
     (8, 0): ArchPeaks(19.5 / 108, 156.0 / 108, 1.70),  # A100 40GB
     (8, 6): ArchPeaks(38.7 / 84, 77.4 / 84, 0.70),  # RTX A6000
     (8, 9): ArchPeaks(91.6 / 142, 183.0 / 142, 0.80),  # L40S
-    (9, 0): ArchPeaks(66.9 / 132, 494.7 / 132, 4.27, dram_tbps(*H200_MEMORY)),  # H100/H200 SXM (4.27: the H200's)
+    (9, 0): ArchPeaks(66.9 / 132, 494.7 / 132, 4.27, H200_DRAM_TBPS),  # H100/H200 SXM (4.27: the H200's)
 }
 
 #: GPU time a launch costs beyond its work, us: set below the GPU time of the smallest calls
@@ -148,9 +148,7 @@ def copy_bandwidth(dev: DeviceFacts) -> float:
     share of the peak on the two Hopper parts measured here (H200 4.27 of 4.92 TB/s, H100 ~3.0 of
     3.35: 0.87 and 0.90), so the peak carries the difference between parts of one arch."""
     pk = peaks(dev)
-    if dev.dram_tbps > 0 and pk.part_dram_tbps > 0:
-        return pk.bandwidth * (dev.dram_tbps / pk.part_dram_tbps)
-    return pk.bandwidth
+    return pk.bandwidth * dev.dram_over(pk.part_dram_tbps)
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ def dram_tbps(memory_clock_khz: int, bus_width_bits: int) -> float:
 #: TB/s; NOTES run 46).
 H200_MEMORY = (3_201_000, 6144)
 H100_MEMORY = (2_619_000, 5120)
+H200_DRAM_TBPS = dram_tbps(*H200_MEMORY)
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,11 @@ class DeviceFacts:
     #: not known. Two parts of one arch can differ here alone (H100 80GB: 3.35, H200: 4.92), and
     #: memory-bound choices (a staging copy beside a product) move with it.
     dram_tbps: float = 0.0
+
+    def dram_over(self, part_tbps: float) -> float:
+        """This device's DRAM bandwidth over another part's (``part_tbps``, its driver peak): what
+        a figure measured on that part scales by here. 1.0 where either is not known."""
+        return self.dram_tbps / part_tbps if self.dram_tbps > 0 and part_tbps > 0 else 1.0
 
     @property
     def arch(self) -> str:

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ..problem import (EPILOGUE_BIAS_M, EPILOGUE_BIAS_N, EPILOGUE_D, H200_MEMORY, DeviceFacts, Problem, dram_tbps,
-                       transposed)
+from ..problem import EPILOGUE_BIAS_M, EPILOGUE_BIAS_N, EPILOGUE_D, H200_DRAM_TBPS, DeviceFacts, Problem, transposed
 from .base import Family, KernelConfig, pick_tile, tiles_of
 from .stage_kmajor import kmajor_batch, stage_kmajor_config
 
@@ -37,15 +36,12 @@ WGMMA_COPY_MIN_FLOP_PER_BYTE = {"tf32": 16, "tf32x3": 20}
 #: with the DRAM bandwidth: the bound is the H200's scaled by its bandwidth over the device's (an
 #: H100's 3.35 TB/s: 29; there attn_pv_2k ran 0.836 on wgmma against 1.063 on SIMT, NOTES run 46).
 #: tf32's is not scaled: its alternative, tf32_mma, runs 2-4x slower, far from a tie.
-WGMMA_COPY_BOUND_PART_TBPS = dram_tbps(*H200_MEMORY)
 
 
 def copy_min_flop_per_byte(precision: str, dev: DeviceFacts) -> float:
     """FLOP per copied byte a product must do for wgmma to take it with staging copies on ``dev``."""
     need = WGMMA_COPY_MIN_FLOP_PER_BYTE[precision]
-    if precision == "tf32x3" and dev.dram_tbps > 0:
-        need *= WGMMA_COPY_BOUND_PART_TBPS / dev.dram_tbps
-    return need
+    return need / dev.dram_over(H200_DRAM_TBPS) if precision == "tf32x3" else need
 
 
 @dataclass(frozen=True)
