@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repo, ahe
 import fastmm  # noqa: E402
 from fastmm import dispatch  # noqa: E402
 
-KS = (64, 256, 1024, 4096, 16384, 65536)
+KS = (64, 256, 288, 512, 1024, 2048, 4096, 16384, 65536)
 
 
 def rel(c, ref):

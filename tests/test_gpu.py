@@ -1329,6 +1329,38 @@ def test_wgmma_tf32x3_splitting_a_in_registers_gives_the_staged_bits(case, rel_e
             assert ((result.double() - want).norm() / want.norm()).item() <= TOL["tf32x3"], plan.describe()
 
 
+#: Products the planner's own rule gives X3_A_REGS (narrow, tall, A read in place): attention's
+#: P @ V at head sizes 64 and 128 (L = S), dS @ K with K's heads repeated (a broadcast-free
+#: batch of views), a grouped-query k/v projection x @ W.t() at N = 256, a batch with an odd M.
+PLANNER_X3_A_REGS_CASES = {
+    "p-at-v-64": lambda: (randn(16, 1024, 1024), randn(16, 1024, 64)),
+    "p-at-v-128": lambda: (randn(4, 2048, 2048), randn(4, 2048, 128)),
+    "ds-at-k-repeated": lambda: (randn(2, 8, 1024, 1024), randn(2, 2, 1024, 64).repeat_interleave(4, dim=1)),
+    "kv-projection-256": lambda: (randn(8192, 1024), randn(256, 1024).t()),
+    "odd-rows": lambda: (randn(16, 1000, 1000), randn(16, 1000, 60)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(PLANNER_X3_A_REGS_CASES))
+def test_tf32x3_planner_splits_a_in_registers_on_narrow_tall_products(case, rel_err):
+    """The planner's own tf32x3 plan (no forcing) on attention's P @ V / dS @ K and a narrow
+    projection: wgmma with A split in registers and only B's halves staged; right into a
+    NaN-poisoned C at fp32-level error, and the same bits as the plan that stages A's halves."""
+    needs_sm90()
+    a, b = PLANNER_X3_A_REGS_CASES[case]()
+    shape = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1])
+    out = torch.full(shape, NAN, device="cuda")
+    result, plan, reason = dispatch.matmul_fastmm(a, b, out, "tf32x3")
+    assert reason is None and result is out and plan.kernel.family == "wgmma_tf32", plan.describe()
+    assert dict(plan.kernel.macros).get("X3_A_REGS") == 1 and [w for w, _, _ in plan.staging] == ["bt"], plan.describe()
+    check(out, a, b, "tf32x3", rel_err)
+    ref, staged = run_x3_on_wgmma(a, b, shape, WgmmaTf32(x3_a_regs=False, force_bn=plan.kernel.tile[1]), False, rel_err)
+    assert "X3_A_REGS" not in dict(staged.kernel.macros)
+    if staged.kernel.tile == plan.kernel.tile and dict(staged.kernel.macros).get("TMA_STORE") == dict(
+            plan.kernel.macros).get("TMA_STORE"):
+        assert torch.equal(out, ref), plan.describe()
+
+
 @pytest.mark.parametrize("beta", [1.0, 0.0])
 def test_wgmma_split_k_applies_the_epilogue_once_in_the_sum(beta):
     """A fused bias / addmm input on a split plan: the slices are stored raw and the last block's
@@ -1417,7 +1449,7 @@ def test_wgmma_tf32x3_error_on_randn_2048_cubed_beats_fp32():
     assert err <= 3.0e-7 and err < fp32, (err, fp32)  # issue 5: <= 3e-7 (cuBLAS fp32: ~8e-7)
 
 
-@pytest.mark.parametrize("K", [64, 256, 1024, 4096, 16384, 65536])
+@pytest.mark.parametrize("K", [64, 256, 288, 512, 1024, 2048, 4096, 16384, 65536])  # (wgmma: X3_SHORT_K 256)
 @pytest.mark.parametrize("family", ["wgmma_tf32", "tf32_mma"])
 def test_tf32x3_is_never_less_accurate_than_fp32_along_k(family, K):
     if family == "wgmma_tf32":

@@ -2,14 +2,17 @@
 """tf32x3 on 128-row wgmma tiles with A split into its TF32 halves in registers (X3_A_REGS,
 ``WgmmaTf32(x3_a_regs=True)``) against the planner's plan that stages both operands' halves, and
 torch in fp32, on the training products of the models (forward x @ W^T, grad_x = g @ W, grad_W =
-g^T x) and the suite's tf32x3 rows.
+g^T x), the suite's tf32x3 rows, attention's batched products with a side of the head size, and
+a sample of the plans the planner's rule (X3_A_REGS_MAX_N and beside it) moved.
 
     python benchmarks/probes/x3_a_regs_probe.py [--only NAME,...] [--rounds 3] [--widths 128,96] [--stages 4]
 
 Per product: GPU us per call (probe_util.time_us, median of ``--rounds`` alternating rounds) of
 the staged plan, of the A-in-registers plan (the planner's width, then each of ``--widths``
 forced; ``--stages N``: also the planner's width with N ring slots where they fit, a slot being
-smaller without A's small half), and of torch.matmul in fp32; both fastmm results checked against float64 at fp32 level
+smaller without A's small half), of the planner's own plan, of the fp32 SIMT plan (forced), of
+C^T = B^T A^T on 64-row tiles with the big operand split by the kernel (X3_SPLIT_B; products of
+at most 128 columns), and of torch.matmul in fp32; every fastmm result checked against float64 at fp32 level
 and against each other bit for bit (the same halves summed in the same order: the probe stops on
 a difference). Written before the first run (NOTES run 41): the staging pass reads A and writes
 its two halves (12 bytes an element) and the kernel reads both back (8), where in registers it
@@ -46,7 +49,21 @@ PRODUCTS = (("llama8k_qo", 8192, 4096, 4096, "wt"), ("llama8k_up", 8192, 11008, 
             ("tiny8k_up", 8192, 2816, 1024, "wt"), ("tiny8k_down_gx", 8192, 2816, 1024, "rm"),
             ("tiny8k_gw", 1024, 1024, 8192, "at"), ("tok1k_up", 1024, 2816, 1024, "wt"),
             ("bert8k_qkv", 8192, 3072, 1024, "wt"), ("gpt2_lm_head", 4096, 50257, 768, "wt"),
-            ("prefill2k_qo", 2048, 4096, 4096, "wt"), ("square4k", 4096, 4096, 4096, "wt"))
+            ("prefill2k_qo", 2048, 4096, 4096, "wt"), ("square4k", 4096, 4096, 4096, "wt"),
+            # attention's products with a side of the head size, batched over (sequences x heads):
+            # P @ V and dS @ K ("rm": the big operand K-major), P^T @ dO ("at": m-contiguous)
+            ("attn_pv_64", 1024, 64, 1024, "rm", 128), ("attn_pv_128", 2048, 128, 2048, "rm", 32),
+            ("attn_ptg_64", 1024, 64, 1024, "at", 128), ("attn_pv_512", 512, 64, 512, "rm", 128),
+            ("attn_small", 128, 128, 64, "wt", 1024),
+            # narrow projections (grouped-query k/v: 4 heads of 64) and the widths between the
+            # attention products and run 42's (N >= 1024), for where A in registers stops paying
+            ("kv8k_256", 8192, 256, 1024, "wt"), ("n384_8k", 8192, 384, 1024, "wt"),
+            ("n512_8k", 8192, 512, 1024, "wt"), ("n768_4k", 4096, 768, 4096, "wt"),
+            ("n256_2k", 2048, 256, 4096, "wt"),
+            # a sample of the grid's plans that the rule moved (NOTES run 48): from the fp32 SIMT
+            # plan (the copy bound) and from the staged plan
+            ("g8k_64_2048", 8192, 64, 2048, "wt"), ("g16k_128_4096", 16384, 128, 4096, "rm"),
+            ("g4k_197_1024", 4096, 197, 1024, "wt"), ("g11k_96_512", 11008, 96, 512, "rm"))
 
 
 def with_stages(a, b, c, variant: WgmmaTf32, stages: int):
@@ -80,32 +97,33 @@ def main() -> int:
     torch.backends.cuda.matmul.allow_tf32 = False
     only = set(filter(None, o.only.split(",")))
     products = [x for x in PRODUCTS if not only or x[0] in only]
-    variants = {"staged": WgmmaTf32(), "a_regs": WgmmaTf32(x3_a_regs=True)}
+    variants = {"staged": WgmmaTf32(x3_a_regs=False), "a_regs": WgmmaTf32(x3_a_regs=True)}
     variants.update({f"a_regs/{bn}": WgmmaTf32(x3_a_regs=True, force_bn=bn) for bn in map(int, o.widths.split(","))})
     dev = device_facts(0)
 
-    def operands(M, N, K, layout):
+    def operands(M, N, K, layout, batch=()):
         if layout == "wt":
-            return torch.randn(M, K, device="cuda"), torch.randn(N, K, device="cuda").t()
+            return torch.randn(*batch, M, K, device="cuda"), torch.randn(*batch, N, K, device="cuda").mT
         if layout == "rm":
-            return torch.randn(M, K, device="cuda"), torch.randn(K, N, device="cuda")
-        return torch.randn(K, M, device="cuda").t(), torch.randn(K, N, device="cuda")
+            return torch.randn(*batch, M, K, device="cuda"), torch.randn(*batch, K, N, device="cuda")
+        return torch.randn(*batch, K, M, device="cuda").mT, torch.randn(*batch, K, N, device="cuda")
 
     plans = []
-    for name, M, N, K, layout in products:
-        a, b = operands(M, N, K, layout)
+    for name, M, N, K, layout, *batch in products:
+        a, b = operands(M, N, K, layout, batch)
         sh = analyse(a, b).materialized(a)
-        p, _ = build_problem(sh, sh.matrix_view(torch.empty(M, N, device="cuda")), "tf32x3")
+        p, _ = build_problem(sh, sh.matrix_view(torch.empty(*batch, M, N, device="cuda")), "tf32x3")
         plans += [select(p, dev, force="wgmma_tf32", variants=(v,)) for v in variants.values()]
+        plans.append(select(p, dev))  # (the planner's own plan)
         del a, b
     print(f"compiled {compile_plans(plans, 'sm_90')} kernels", flush=True)
 
     print("tf32x3: GPU us per call (staged: both operands' halves staged; a_regs: A split in registers)")
-    for name, M, N, K, layout in products:
-        a, b = operands(M, N, K, layout)
+    for name, M, N, K, layout, *batch in products:
+        a, b = operands(M, N, K, layout, batch)
         outs, runs, descs = {}, {}, {}
         for label, v in variants.items():
-            c = torch.full((M, N), float("nan"), device="cuda")
+            c = torch.full((*batch, M, N), float("nan"), device="cuda")
             _, plan, reason = dispatch.matmul_fastmm(a, b, c, "tf32x3", force="wgmma_tf32", variants=(v,))
             assert reason is None and plan.kernel.family == "wgmma_tf32", reason
             err = rel_err(c, a, b)
@@ -120,8 +138,22 @@ def main() -> int:
             if label != "staged" and descs[label].split()[0] == descs["staged"].split()[0]:
                 if not torch.equal(outs[label], outs["staged"]):
                     raise SystemExit(f"{name} {label}: other bits than the staged plan at the same tile")
+        c = torch.full((*batch, M, N), float("nan"), device="cuda")
+        _, plan, _ = dispatch.matmul_fastmm(a, b, c, "tf32x3")
+        err = rel_err(c, a, b)
+        if not err < 1e-5:
+            raise SystemExit(f"{name} planner: error {err:.2e} against float64 ({plan.describe()})")
+        descs["planner"] = plan.kernel.family
+        runs["planner"] = lambda c=c, a=a, b=b: dispatch.matmul_fastmm(a, b, c, "tf32x3")
+        c = torch.full((*batch, M, N), float("nan"), device="cuda")
+        _, plan, _ = dispatch.matmul_fastmm(a, b, c, "tf32x3", force="simt_cp_async")
+        err = rel_err(c, a, b)
+        if not err < 1e-5:
+            raise SystemExit(f"{name} simt: error {err:.2e} against float64 ({plan.describe()})")
+        descs["simt"] = "x".join(map(str, plan.kernel.tile[:2]))
+        runs["simt"] = lambda c=c, a=a, b=b: dispatch.matmul_fastmm(a, b, c, "tf32x3", force="simt_cp_async")
         if o.stages:
-            c = torch.full((M, N), float("nan"), device="cuda")
+            c = torch.full((*batch, M, N), float("nan"), device="cuda")
             run = with_stages(a, b, c, variants["a_regs"], o.stages)
             if run is not None:
                 run()
@@ -129,15 +161,28 @@ def main() -> int:
                 if not torch.equal(c, outs["a_regs"]):
                     raise SystemExit(f"{name} {label}: other bits than with the planner's slots")
                 runs[label], descs[label] = run, descs["a_regs"] + f" {o.stages} slots"
-        ref = torch.empty(M, N, device="cuda")
+        if layout in ("rm", "at") and N <= 128:
+            # C^T = B^T A^T on 64-row tiles: the head-size side as the rows, the big operand as B
+            # split by the kernel (X3_SPLIT_B; read in place where it is K-major: "rm")
+            v = WgmmaTf32(rows64="always")
+            c = torch.full((*batch, M, N), float("nan"), device="cuda")
+            _, plan, reason = dispatch.matmul_fastmm(b.mT, a.mT, c.mT, "tf32x3", force="wgmma_tf32", variants=(v,))
+            assert reason is None and plan.kernel.family == "wgmma_tf32", reason
+            err = rel_err(c, a, b)
+            if not err < 1e-5:
+                raise SystemExit(f"{name} swap64: error {err:.2e} against float64 ({plan.describe()})")
+            descs["swap64"] = f"{plan.kernel.tile[0]}x{plan.kernel.tile[1]} C^T"
+            runs["swap64"] = (lambda v=v, c=c, a=a, b=b: dispatch.matmul_fastmm(b.mT, a.mT, c.mT, "tf32x3",
+                                                                                 force="wgmma_tf32", variants=(v,)))
+        ref = torch.empty(*batch, M, N, device="cuda")
         runs["torch fp32"] = lambda a=a, b=b: torch.matmul(a, b, out=ref)
         rounds = {label: [] for label in runs}
         for _ in range(o.rounds):
             for label, fn in runs.items():
                 rounds[label].append(time_us(fn))
         t = {label: statistics.median(r) for label, r in rounds.items()}
-        tflops = 2.0 * M * N * K / 1e6
-        print(f"\n{name} {M}x{N}x{K} {layout}: torch fp32 {t['torch fp32']:.1f} us")
+        tflops = 2.0 * M * N * K * (batch[0] if batch else 1) / 1e6
+        print(f"\n{name} {'x'.join(map(str, batch + [M, N, K]))} {layout}: torch fp32 {t['torch fp32']:.1f} us")
         for label in (lab for lab in runs if lab != "torch fp32"):
             print(f"  {label:<12} {descs[label]:<14} {t[label]:9.1f} us {tflops / t[label]:7.1f} TFLOP/s "
                   f"{t['staged'] / t[label]:5.2f}x staged, {t['torch fp32'] / t[label]:5.2f}x torch", flush=True)

@@ -65,8 +65,11 @@ def _tma_ready(rows_stride: int, k_stride: int, batch_strides: tuple[int, int], 
 #: adds them to fp32 registers with a compensated add. The tensor core's accumulation truncates:
 #: measured on the H200 (benchmarks/NOTES.md), 1 k-step gives 1.3e-7 relative error at 90 TFLOP/s
 #: and 2 give 2.0e-7 at 104 TFLOP/s, at any K. cuBLAS fp32 is more accurate than 2.0e-7 only for
-#: short K (1.4e-7 at K = 64), so K up to X3_SHORT_K promotes every step, longer K every 2.
-X3_SHORT_K = 2048
+#: short K: 1.4e-7 at K = 64, 2.9e-7 at 256, 5.7e-7 at 1024 (M = N = 1024, randn; RESULTS run 3's
+#: accuracy table), so K up to X3_SHORT_K promotes every step, longer K every 2: either way below
+#: cuBLAS fp32 at every K. (2048 until NOTES run 48, where every k-step cost ~15% of the speed at
+#: K = 288-2048 for an error cuBLAS fp32 is already 1.4-2.9x above.)
+X3_SHORT_K = 256
 
 
 #: The grid's x limit (the kernel walks any tiles beyond it).
@@ -161,6 +164,28 @@ ROWS64_MIN_FILL = 5
 #: N = 2048 was not measured: from 4096, where it won.
 ROWS64_X3_MIN_M = 33
 ROWS64_X3_MIN_N = 4096
+#: tf32x3 on 128-row tiles splits A into its halves in registers (X3_A_REGS) where the copy engine
+#: reads A in place, X3_A_REGS_MIN_N <= N <= X3_A_REGS_MAX_N, K >= X3_A_REGS_MIN_K, A has at
+#: least X3_A_REGS_MIN_ROWS_PER_COLUMN times N rows (so A's halves are most of the staging), and
+#: there are at least X3_A_REGS_MIN_TILES 128 x 128 tiles. Staging A writes and reads back 12 bytes an element besides the kernel's 4,
+#: for 2N FLOP an element: at N = 64-128 (attention's P @ V and dS @ K, A the L x S scores) that
+#: is most of the call; the fragment loads and splits ahead of each step's wgmmas cost per FLOP.
+#: H100, `probes/x3_a_regs_probe.py` (NOTES run 48, GPU us, staged / A in registers / the fp32
+#: SIMT plan the copy bound chose / torch fp32): 128 x 1024 x 64 x 1024 1007 / 341 / 404 / 419,
+#: 32 x 2048 x 128 x 2048 1001 / 500 / 771 / 822, 128 x 512 x 64 x 512 281 / 103 / - / 113;
+#: staged / in registers: 8192 x 256 x 1024 W^T 92.9 / 68.4, x 384 116.7 / 109.2, x 512 138.5 /
+#: 128.0, 4096 x 768 x 4096 316.6 / 339.8 (0.93x), and run 42's N = 1024-11008 0.80-0.93x.
+#: Not where few tiles leave the loads on every block's critical path (2048 x 256 x 4096, 32
+#: tiles: 121.7 / 137.2) or where B is as large as A (1024 x 128 x 128 x 64 B^T, attention's
+#: q @ k^T at L = 128: 157.8 / 108.9 against 87.8 on SIMT). N stops at 256: the gain at 384-512
+#: (7-8% on the H100) is the pass's bytes, ~1.47x cheaper at the H200's bandwidth.
+X3_A_REGS_MAX_N = 256
+#: ... and from N = 64 and K = 512, the smallest measured (below: products of a few us, or whose
+#: 64-wide tile is mostly padding, where the fp32 SIMT plan's single launch was not timed against it)
+X3_A_REGS_MIN_N = 64
+X3_A_REGS_MIN_K = 512
+X3_A_REGS_MIN_ROWS_PER_COLUMN = 4
+X3_A_REGS_MIN_TILES = 64  # (half of an H100's or H200's 132 SMs)
 #: Mid-size tf32 products (more than ROWS64_MAX_M rows, a batch of 1) whose 128-row tiles fill
 #: under one wave of SMs even at their narrowest width (64): 64-row tiles there, where they load
 #: no more per SM than the 128-row plan (:func:`mid_rows64_width`). A block of a few tiles an SM is
@@ -491,11 +516,10 @@ class WgmmaTf32(Family):
     #: rule (for probes: the accuracy and speed of each)
     promote_every: int | None = None
     #: tf32x3 on 128-row tiles with A read in fp32 and split into its TF32 halves in registers by
-    #: the kernel (X3_A_REGS: :meth:`x3_splits_a`), so A is not staged. Off: measured slower than
-    #: staging both operands' halves on every product tried (H100, `probes/x3_a_regs_probe.py`,
-    #: NOTES run 42: 0.80-0.93x, e.g. 8192 x 2816 x 1024 537.5 -> 647.0 us; 4 ring slots the same):
-    #: the fragment loads and splits before each step's wgmmas cost more than the pass saves.
-    x3_a_regs: bool = False
+    #: the kernel (X3_A_REGS: :meth:`x3_splits_a`), so A is not staged. None: the rule
+    #: (X3_A_REGS_MAX_N: narrow products whose A the copy engine reads in place); True / False:
+    #: wherever the kernel allows it / never (variants for probes).
+    x3_a_regs: bool | None = None
 
     name, source, entry = "wgmma_tf32", "wgmma_tf32.cu", "fastmm_wgmma_tf32"
     min_cc = (9, 0)
@@ -605,11 +629,18 @@ class WgmmaTf32(Family):
             self.rows64 is not False and ROWS64_X3_MIN_M <= p.M <= ROWS64_MAX_M and p.N >= ROWS64_X3_MIN_N))
 
     def x3_splits_a(self, p: Problem) -> bool:
-        """tf32x3 on 128-row tiles with A split into its halves in registers (X3_A_REGS, under
-        ``x3_a_regs``): A is read as fp32 in place where the copy engine can (else copied K-major
-        in fp32 first, not split). Not with a D of any strides nor a forced split: their 128-wide
+        """tf32x3 on 128-row tiles with A split into its halves in registers (X3_A_REGS): by
+        default where the copy engine reads A in place and the product is narrow and tall enough
+        (X3_A_REGS_MAX_N and the bounds beside it); under
+        ``x3_a_regs=True`` wherever the kernel allows it, A read as fp32 in place where the copy
+        engine can (else copied K-major in fp32 first, not split). Not with a D of any strides nor a forced split: their 128-wide
         builds spill beside the fragments (a bias does not)."""
-        return (p.precision == "tf32x3" and self.x3_a_regs and not self.x3_splits_b(p) and p.epilogue != EPILOGUE_D
+        # (the rule on a launch problem: A read in place there, not a copy made for it)
+        wanted = self.x3_a_regs if self.x3_a_regs is not None else (
+            X3_A_REGS_MIN_N <= p.N <= X3_A_REGS_MAX_N and p.K >= X3_A_REGS_MIN_K
+            and p.M >= X3_A_REGS_MIN_ROWS_PER_COLUMN * p.N
+            and tiles_of(p, 128, 128) * p.batch_total >= X3_A_REGS_MIN_TILES and self.a_ready(p) and not p.a_padded)
+        return (p.precision == "tf32x3" and wanted and not self.x3_splits_b(p) and p.epilogue != EPILOGUE_D
                 and (self.split is True or self.split is False or int(self.split) <= 1))
 
     def splits_staged(self, p: Problem, which: str) -> bool:
@@ -725,6 +756,9 @@ class WgmmaTf32(Family):
         if vector:
             details += (("bias", "added to the accumulators as they are stored (D is one "
                                  + ("row: a value a column" if vector == 1 else "column: a value a row") + ")"),)
+        if a_regs and self.x3_a_regs is None:
+            details += (("A split", f"in registers, not staged: {p.N} columns (at most {X3_A_REGS_MAX_N}), so A's "
+                                    f"staged halves would move 12 bytes an element for its {2 * p.N} FLOP"),)
         if bm == 64:
             details += (self.rows64_detail(p, dev),)
         if short_k:
@@ -993,8 +1027,9 @@ class WgmmaTf32(Family):
             n1, _, s0, s1 = kmajor_batch(original, which)
             return (n1 * rows * k4 if s0 else 0, rows * k4 if s1 else 0)
 
-        def copy_a(q):
-            return replace(q, a_strides=(k4, 1), a_align=16, a_batch_strides=dense_batch("a", q.M)), ("a", q.M, k4)
+        def copy_a(q):  # (a_padded: the launch problem's A is the copy, which x3_splits_a's rule reads)
+            return (replace(q, a_strides=(k4, 1), a_align=16, a_batch_strides=dense_batch("a", q.M), a_padded=True),
+                    ("a", q.M, k4))
 
         def copy_bt(q):
             return replace(q, b_strides=(1, k4), b_align=16, b_batch_strides=dense_batch("bt", q.N)), ("bt", q.N, k4)
