@@ -1337,7 +1337,7 @@ PLANNER_X3_A_REGS_CASES = {
     "p-at-v-128": lambda: (randn(4, 2048, 2048), randn(4, 2048, 128)),
     "ds-at-k-repeated": lambda: (randn(2, 8, 1024, 1024), randn(2, 2, 1024, 64).repeat_interleave(4, dim=1)),
     "kv-projection-256": lambda: (randn(8192, 1024), randn(256, 1024).t()),
-    "odd-rows": lambda: (randn(16, 1000, 1000), randn(16, 1000, 60)),
+    "odd-rows": lambda: (randn(16, 1000, 1000), randn(16, 1000, 72)),
 }
 
 
