@@ -20,8 +20,8 @@ Precisions: torch runs ``ieee`` and ``tf32x3`` rows in full fp32 and ``tf32`` ro
 allowed, as bench.py compares. Prints a table last.
 
 ``--wgmma FIELD=VALUE,...`` runs fastmm's side with the wgmma family built with those fields
-(``fastmm.families.WgmmaTf32``), e.g. ``--wgmma x3_a_regs=True``: a form that is off by default,
-timed in whole model steps before it is switched on (benchmarks/NOTES.md run 41).
+(``fastmm.families.WgmmaTf32``), e.g. ``--wgmma x3_a_regs=True``: tf32x3 splitting A in registers
+wherever the kernel allows it, not only where the planner's rule takes it (NOTES runs 41, 48).
 """
 from __future__ import annotations
 

@@ -1329,15 +1329,15 @@ def test_wgmma_tf32x3_splitting_a_in_registers_gives_the_staged_bits(case, rel_e
             assert ((result.double() - want).norm() / want.norm()).item() <= TOL["tf32x3"], plan.describe()
 
 
-#: Products the planner's own rule gives X3_A_REGS (narrow, tall, A read in place): attention's
-#: P @ V at head sizes 64 and 128 (L = S), dS @ K with K's heads repeated (a broadcast-free
-#: batch of views), a grouped-query k/v projection x @ W.t() at N = 256, a batch with an odd M.
+#: Products the planner's own rule gives X3_A_REGS (narrow, tall, A read in place, 64 tiles or
+#: more): attention's P @ V at head sizes 64 and 128, dS @ K over a 4-D batch, a grouped-query k/v
+#: projection x @ W.t() at N = 256, a batch with an odd M and K.
 PLANNER_X3_A_REGS_CASES = {
-    "p-at-v-64": lambda: (randn(16, 1024, 1024), randn(16, 1024, 64)),
-    "p-at-v-128": lambda: (randn(4, 2048, 2048), randn(4, 2048, 128)),
-    "ds-at-k-repeated": lambda: (randn(2, 8, 1024, 1024), randn(2, 2, 1024, 64).repeat_interleave(4, dim=1)),
-    "kv-projection-256": lambda: (randn(8192, 1024), randn(256, 1024).t()),
-    "odd-rows": lambda: (randn(16, 1000, 1000), randn(16, 1000, 72)),
+    "p-at-v-64": lambda: (randn(32, 512, 512), randn(32, 512, 64)),
+    "p-at-v-128": lambda: (randn(8, 1024, 1024), randn(8, 1024, 128)),
+    "ds-at-k-4d": lambda: (randn(2, 8, 1024, 1024), randn(2, 8, 1024, 64)),
+    "kv-projection-256": lambda: (randn(4096, 512), randn(256, 512).t()),
+    "odd-rows": lambda: (randn(8, 1000, 520), randn(8, 520, 72)),
 }
 
 

@@ -1,8 +1,8 @@
 """GPU tests of the wgmma family (tests/test_gpu.py) run here on the emulated GPU
 (conftest.emulated_gpu, tests/emulation.py) with CPU tensors in place of CUDA ones: those of the
-forms that are off by default until an H200 measures them (A fed from registers on 64-row tiles,
-tf32x3 splitting A in registers), and those of the 64-row tiles and split-K, whose plans the
-newest rules changed. The kernels' arithmetic is emulated, so what this proves is the tests' own
+forms behind variants or newer rules (A fed from registers on 64-row tiles, tf32x3 splitting A in
+registers, forced and by the planner's rule), and those of the 64-row tiles and split-K, whose
+plans the newest rules changed. The kernels' arithmetic is emulated, so what this proves is the tests' own
 assertions on fastmm's side: the plans each variant gets (tile rows, A_MN, X3_A_REGS, splits,
 staging), the launches' maps and arguments, nothing written outside C, the fused epilogues, and
 that the GPU tests run to their end; the kernels themselves are checked by the same tests on the
@@ -39,6 +39,12 @@ def gpu_test_on_cpu(emulated_gpu, monkeypatch):
 @pytest.mark.parametrize("case", sorted(test_gpu.WGMMA_X3_A_REGS_CASES))
 def test_tf32x3_splitting_a_in_registers_gpu_test_runs_on_the_emulated_gpu(gpu_test_on_cpu, case, rel_err):
     test_gpu.test_wgmma_tf32x3_splitting_a_in_registers_gives_the_staged_bits(case, rel_err)
+    assert any(dict(x.cfg.macros).get("X3_A_REGS") for x in gpu_test_on_cpu.launches)
+
+
+@pytest.mark.parametrize("case", sorted(test_gpu.PLANNER_X3_A_REGS_CASES))
+def test_tf32x3_planner_splitting_a_in_registers_gpu_test_runs_on_the_emulated_gpu(gpu_test_on_cpu, case, rel_err):
+    test_gpu.test_tf32x3_planner_splits_a_in_registers_on_narrow_tall_products(case, rel_err)
     assert any(dict(x.cfg.macros).get("X3_A_REGS") for x in gpu_test_on_cpu.launches)
 
 

@@ -2676,6 +2676,7 @@ def test_tf32x3_splits_an_in_place_a_in_registers_on_narrow_tall_products():
                   Problem.dense(1024, 64, X3_A_REGS_MIN_K - 8, "tf32x3", batch=128),
                   Problem.dense(128, 128, 64, "tf32x3", batch=1024, b_t=True),
                   Problem.dense(rows - 4, X3_A_REGS_MAX_N, 1024, "tf32x3", b_t=True),
+                  Problem.dense(rows - 4, X3_A_REGS_MAX_N, 1024, "tf32x3", batch=8, b_t=True),  # (M < 4N alone)
                   Problem.dense(2048, 256, 4096, "tf32x3", b_t=True),
                   Problem.dense(2048, 128, 2048, "tf32x3", batch=32, a_t=True),
                   Problem.dense(4096, 128, 4096, "tf32x3", align=4)):

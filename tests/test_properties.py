@@ -435,10 +435,10 @@ def test_cpu_random_matmuls_on_the_emulated_gpu_match_float64_and_plans_are_vali
 @given(spec=specs(), x3=st.booleans())
 def test_cpu_random_matmuls_with_wgmma_forms_not_yet_measured_on_the_emulated_gpu(emulated_gpu, monkeypatch, spec,
                                                                                    x3):
-    """The same forced onto the wgmma family with its forms that are off until measured switched
-    on: tf32 on 64-row tiles wherever the kernel allows them, A fed from registers included
-    (``rows64="always"``), and tf32x3 splitting A in registers (``x3_a_regs``): their plans, maps
-    and staging compute every output right."""
+    """The same forced onto the wgmma family with forms the planner takes only where its rules
+    say switched on everywhere: tf32 on 64-row tiles wherever the kernel allows them, A fed from
+    registers included (``rows64="always"``), and tf32x3 splitting A in registers
+    (``x3_a_regs=True``): their plans, maps and staging compute every output right."""
     variant = WgmmaTf32(x3_a_regs=True) if x3 else WgmmaTf32(rows64="always")
     monkeypatch.setitem(FAMILIES, "wgmma_tf32", variant)
     spec = dataclasses.replace(spec, force="wgmma_tf32", precision="tf32x3" if x3 else "tf32")

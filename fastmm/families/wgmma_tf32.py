@@ -1,6 +1,7 @@
 """The Hopper family (cuda_src/wgmma_tf32.cu, sm_90a): TF32 wgmma fed by TMA, warp-specialised;
 also tf32x3 from operands split into big and small TF32 halves by the staging pass
-(:mod:`.stage_kmajor`), or on 64-row tiles A by the staging pass and B by the kernel itself.
+(:mod:`.stage_kmajor`), or on 64-row tiles A by the staging pass and B by the kernel itself, or on
+narrow, tall products B by the staging pass and A in registers by the kernel.
 Everything the planner and the runner ask of it lives here: what it
 reads in place, which operand it copies first (and when that costs too much), the tensor maps."""
 from __future__ import annotations
@@ -452,7 +453,8 @@ def persistent_pays(p: Problem, dev: DeviceFacts, work: int) -> bool:
 class WgmmaTf32(Family):
     """Hopper tensor cores: wgmma m64nNk8 TF32 fed by TMA, warp-specialised (sm_90a only); also
     tf32x3 from operands split into big and small TF32 halves by the staging pass (B by the
-    kernel on 64-row tiles: :meth:`x3_splits_b`).
+    kernel on 64-row tiles: :meth:`x3_splits_b`; A in registers on narrow, tall products:
+    :meth:`x3_splits_a`).
 
     TF32 wgmma reads K-major tiles from shared memory only. An MN-major A (m contiguous) is fed
     from registers instead (A_MN); a row-major B is handled by computing C^T = B^T A^T, where B^T
@@ -1013,7 +1015,8 @@ class WgmmaTf32(Family):
         operand into K-major buffers (one per matrix of its batch: stage_kmajor.kmajor_batch), A as
         M x K4 or B as its transpose N x K4, and both only when neither can be read in place. tf32x3
         copies both (the copy makes the big and small halves), but A alone where the kernel splits
-        B itself (:meth:`x3_splits_b`). Rows are padded to 16 bytes; the maps still say K, so the
+        B itself (:meth:`x3_splits_b`) and B alone where it splits an A read in place in registers
+        (:meth:`x3_splits_a`). Rows are padded to 16 bytes; the maps still say K, so the
         padding is never read."""
         k4 = -(-p.K // 4) * 4
         split = p.precision == "tf32x3"
