@@ -2693,6 +2693,26 @@ def test_tf32x3_splits_an_in_place_a_in_registers_on_narrow_tall_products():
         assert dict(on.kernel.macros)["X3_A_REGS"] == 1
 
 
+def test_tf32x3_splitting_a_in_registers_128_wide_with_c_from_registers_promotes_every_k_step():
+    """The one X3_A_REGS build NVRTC 13.0 spilled in (a register: 8 bytes of stack): 128 wide, C
+    stored from registers, the big products promoted every 2 k-steps. That form promotes every
+    k-step instead (as accurate or more); with C through the copy engine, or narrower, every 2 as
+    X3_SHORT_K says; a forced ``promote_every`` still wins."""
+    dev = DEV["sm_90"]
+    p = Problem.dense(1000, 1000, 600, "tf32x3", b_t=True)
+
+    def every(**fields):
+        plan = select(p, dev, force="wgmma_tf32", variants=(WgmmaTf32(x3_a_regs=True, **fields),))
+        m = dict(plan.kernel.macros)
+        assert m["X3_A_REGS"] == 1 and m["BN"] == fields["force_bn"]
+        assert ("every k-step" if m["PROMOTE_EVERY"] == 1 else "every 2 k-steps") in dict(plan.kernel.details)["math"]
+        return m["PROMOTE_EVERY"]
+
+    assert every(force_bn=128, tma_store=False) == 1
+    assert every(force_bn=128, tma_store=True) == 2 and every(force_bn=96, tma_store=False) == 2
+    assert every(force_bn=128, tma_store=False, promote_every=2) == 2
+
+
 def test_tf32x3_splits_a_in_registers_under_x3_a_regs_and_then_stages_b_alone():
     """tf32x3 on 128-row tiles stages both operands' halves on wide products; under ``x3_a_regs`` the
     kernel splits A in registers (X3_A_REGS): A read in place, or copied K-major in fp32 (not

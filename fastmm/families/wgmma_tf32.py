@@ -739,11 +739,16 @@ class WgmmaTf32(Family):
             macros += (("PINGPONG", 1),)
         if vector:
             macros += (("EPILOGUE_VECTOR", vector),)
+        every = self.promote_every_for(p) if x3 else 1
+        if a_regs and bn == 128 and not tma and self.promote_every is None:
+            # (A split in registers, 128 wide, C stored from registers: NVRTC 13.0 spilled a
+            # register beside the three accumulator sets and 32 fragment registers when the group
+            # of 2 k-steps was written out; every k-step builds without)
+            every = 1
         if x3:  # see X3_SHORT_K
-            macros += (("PROMOTE_EVERY", self.promote_every_for(p)), ("COMPENSATE", 1))
+            macros += (("PROMOTE_EVERY", every), ("COMPENSATE", 1))
         if a_regs:
             macros += (("X3_A_REGS", 1),)
-        every = self.promote_every_for(p) if x3 else 1
         details = (("A, B loads", self.loads_detail(x3, a_mn, bm, a_regs)),
                    ("pipeline", f"{stages} stages, 1 producer + {bm // 64} consumer warpgroup"
                                 f"{'s' if bm > 64 else ''}, mbarriers"
