@@ -168,9 +168,10 @@ ROWS64_X3_MIN_N = 4096
 #: tf32x3 on 128-row tiles splits A into its halves in registers (X3_A_REGS) where the copy engine
 #: reads A in place, X3_A_REGS_MIN_N <= N <= X3_A_REGS_MAX_N, K >= X3_A_REGS_MIN_K, A has at
 #: least X3_A_REGS_MIN_ROWS_PER_COLUMN times N rows (so A's halves are most of the staging), and
-#: there are at least X3_A_REGS_MIN_TILES 128 x 128 tiles. Staging A writes and reads back 12 bytes an element besides the kernel's 4,
-#: for 2N FLOP an element: at N = 64-128 (attention's P @ V and dS @ K, A the L x S scores) that
-#: is most of the call; the fragment loads and splits ahead of each step's wgmmas cost per FLOP.
+#: there are at least X3_A_REGS_MIN_TILES 128 x 128 tiles. Staging A writes and reads back 12
+#: bytes an element besides the kernel's 4, for 2N FLOP an element: at N = 64-128 (attention's
+#: P @ V and dS @ K, A the L x S scores) that is most of the call; the fragment loads and splits
+#: ahead of each step's wgmmas cost per FLOP.
 #: H100, `probes/x3_a_regs_probe.py` (NOTES run 48, GPU us, staged / A in registers / the fp32
 #: SIMT plan the copy bound chose / torch fp32): 128 x 1024 x 64 x 1024 1007 / 341 / 404 / 419,
 #: 32 x 2048 x 128 x 2048 1001 / 500 / 771 / 822, 128 x 512 x 64 x 512 281 / 103 / - / 113;
@@ -633,10 +634,10 @@ class WgmmaTf32(Family):
     def x3_splits_a(self, p: Problem) -> bool:
         """tf32x3 on 128-row tiles with A split into its halves in registers (X3_A_REGS): by
         default where the copy engine reads A in place and the product is narrow and tall enough
-        (X3_A_REGS_MAX_N and the bounds beside it); under
-        ``x3_a_regs=True`` wherever the kernel allows it, A read as fp32 in place where the copy
-        engine can (else copied K-major in fp32 first, not split). Not with a D of any strides nor a forced split: their 128-wide
-        builds spill beside the fragments (a bias does not)."""
+        (X3_A_REGS_MAX_N and the bounds beside it); under ``x3_a_regs=True`` wherever the kernel
+        allows it, A read as fp32 in place where the copy engine can (else copied K-major in fp32
+        first, not split). Not with a D of any strides nor a forced split: their 128-wide builds
+        spill beside the fragments (a bias does not)."""
         # (the rule on a launch problem: A read in place there, not a copy made for it)
         wanted = self.x3_a_regs if self.x3_a_regs is not None else (
             X3_A_REGS_MIN_N <= p.N <= X3_A_REGS_MAX_N and p.K >= X3_A_REGS_MIN_K
