@@ -122,36 +122,34 @@ def main() -> int:
     for name, M, N, K, layout, *batch in products:
         a, b = operands(M, N, K, layout, batch)
         outs, runs, descs = {}, {}, {}
-        for label, v in variants.items():
+
+        def checked(label, call):
+            """``call(c)`` (a fastmm call writing C, or C^T of it) into a NaN-filled C, checked
+            against float64; remembered under ``label`` for timing. Returns (C, plan)."""
             c = torch.full((*batch, M, N), float("nan"), device="cuda")
-            _, plan, reason = dispatch.matmul_fastmm(a, b, c, "tf32x3", force="wgmma_tf32", variants=(v,))
-            assert reason is None and plan.kernel.family == "wgmma_tf32", reason
+            _, plan, reason = call(c)
+            assert reason is None, reason
             err = rel_err(c, a, b)
             if not err < 1e-5:
                 raise SystemExit(f"{name} {label}: error {err:.2e} against float64 ({plan.describe()})")
-            outs[label] = c
+            outs[label], runs[label] = c, (lambda: call(c))
+            return c, plan
+
+        def fastmm_call(x, y, swapped=False, **how):
+            return lambda c: dispatch.matmul_fastmm(x, y, c.mT if swapped else c, "tf32x3", **how)
+
+        for label, v in variants.items():
+            _, plan = checked(label, fastmm_call(a, b, force="wgmma_tf32", variants=(v,)))
             k = plan.kernel
+            assert k.family == "wgmma_tf32"
             descs[label] = f"{k.tile[0]}x{k.tile[1]}" + (" regs" if dict(k.macros).get("X3_A_REGS") else "")
-            runs[label] = (lambda v=v, c=c, a=a, b=b: dispatch.matmul_fastmm(a, b, c, "tf32x3", force="wgmma_tf32",
-                                                                              variants=(v,)))
         for label in variants:
             if label != "staged" and descs[label].split()[0] == descs["staged"].split()[0]:
                 if not torch.equal(outs[label], outs["staged"]):
                     raise SystemExit(f"{name} {label}: other bits than the staged plan at the same tile")
-        c = torch.full((*batch, M, N), float("nan"), device="cuda")
-        _, plan, _ = dispatch.matmul_fastmm(a, b, c, "tf32x3")
-        err = rel_err(c, a, b)
-        if not err < 1e-5:
-            raise SystemExit(f"{name} planner: error {err:.2e} against float64 ({plan.describe()})")
-        descs["planner"] = plan.kernel.family
-        runs["planner"] = lambda c=c, a=a, b=b: dispatch.matmul_fastmm(a, b, c, "tf32x3")
-        c = torch.full((*batch, M, N), float("nan"), device="cuda")
-        _, plan, _ = dispatch.matmul_fastmm(a, b, c, "tf32x3", force="simt_cp_async")
-        err = rel_err(c, a, b)
-        if not err < 1e-5:
-            raise SystemExit(f"{name} simt: error {err:.2e} against float64 ({plan.describe()})")
+        descs["planner"] = checked("planner", fastmm_call(a, b))[1].kernel.family
+        plan = checked("simt", fastmm_call(a, b, force="simt_cp_async"))[1]
         descs["simt"] = "x".join(map(str, plan.kernel.tile[:2]))
-        runs["simt"] = lambda c=c, a=a, b=b: dispatch.matmul_fastmm(a, b, c, "tf32x3", force="simt_cp_async")
         if o.stages:
             c = torch.full((*batch, M, N), float("nan"), device="cuda")
             run = with_stages(a, b, c, variants["a_regs"], o.stages)
@@ -164,16 +162,9 @@ def main() -> int:
         if layout in ("rm", "at") and N <= 128:
             # C^T = B^T A^T on 64-row tiles: the head-size side as the rows, the big operand as B
             # split by the kernel (X3_SPLIT_B; read in place where it is K-major: "rm")
-            v = WgmmaTf32(rows64="always")
-            c = torch.full((*batch, M, N), float("nan"), device="cuda")
-            _, plan, reason = dispatch.matmul_fastmm(b.mT, a.mT, c.mT, "tf32x3", force="wgmma_tf32", variants=(v,))
-            assert reason is None and plan.kernel.family == "wgmma_tf32", reason
-            err = rel_err(c, a, b)
-            if not err < 1e-5:
-                raise SystemExit(f"{name} swap64: error {err:.2e} against float64 ({plan.describe()})")
+            plan = checked("swap64", fastmm_call(b.mT, a.mT, swapped=True, force="wgmma_tf32",
+                                                 variants=(WgmmaTf32(rows64="always"),)))[1]
             descs["swap64"] = f"{plan.kernel.tile[0]}x{plan.kernel.tile[1]} C^T"
-            runs["swap64"] = (lambda v=v, c=c, a=a, b=b: dispatch.matmul_fastmm(b.mT, a.mT, c.mT, "tf32x3",
-                                                                                 force="wgmma_tf32", variants=(v,)))
         ref = torch.empty(*batch, M, N, device="cuda")
         runs["torch fp32"] = lambda a=a, b=b: torch.matmul(a, b, out=ref)
         rounds = {label: [] for label in runs}
@@ -186,7 +177,8 @@ def main() -> int:
         for label in (lab for lab in runs if lab != "torch fp32"):
             print(f"  {label:<12} {descs[label]:<14} {t[label]:9.1f} us {tflops / t[label]:7.1f} TFLOP/s "
                   f"{t['staged'] / t[label]:5.2f}x staged, {t['torch fp32'] / t[label]:5.2f}x torch", flush=True)
-        del a, b, outs, runs
+        outs.clear()  # (the outputs and the calls holding them: freed before the next product's operands)
+        runs.clear()
     return 0
 
 

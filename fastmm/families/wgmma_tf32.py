@@ -740,12 +740,7 @@ class WgmmaTf32(Family):
             macros += (("PINGPONG", 1),)
         if vector:
             macros += (("EPILOGUE_VECTOR", vector),)
-        every = self.promote_every_for(p) if x3 else 1
-        if a_regs and bn == 128 and not tma and self.promote_every is None:
-            # (A split in registers, 128 wide, C stored from registers: NVRTC 13.0 spilled a
-            # register beside the three accumulator sets and 32 fragment registers when the group
-            # of 2 k-steps was written out; every k-step builds without)
-            every = 1
+        every = self.promote_every_for(p, tight=a_regs and bn == 128 and not tma) if x3 else 1
         if x3:  # see X3_SHORT_K
             macros += (("PROMOTE_EVERY", every), ("COMPENSATE", 1))
         if a_regs:
@@ -796,10 +791,13 @@ class WgmmaTf32(Family):
             + (", each k-step's during the step before" if bm == 64 else "") + "), its B K-major"
             if a_mn else "both K-major")
 
-    def promote_every_for(self, p: Problem) -> int:
-        """tf32x3's k-steps between promotions (see X3_SHORT_K), or ``promote_every`` where set."""
+    def promote_every_for(self, p: Problem, tight: bool = False) -> int:
+        """tf32x3's k-steps between promotions (see X3_SHORT_K), or ``promote_every`` where set.
+        ``tight``: the build with A split in registers, 128 wide, C stored from registers, which
+        promotes every k-step: NVRTC 13.0 spilled a register there beside the three accumulator
+        sets and 32 fragment registers when a group of 2 k-steps was written out."""
         if self.promote_every is None:
-            return 1 if p.K <= X3_SHORT_K else 2
+            return 1 if tight or p.K <= X3_SHORT_K else 2
         if self.promote_every < 1:
             raise ValueError(f"promote_every must be at least 1 k-step, got {self.promote_every}")
         return self.promote_every
