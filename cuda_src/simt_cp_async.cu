@@ -362,10 +362,15 @@ __device__ __forceinline__ void tile_product(const float* Ab, const float* Bb, i
 // slower each time. Staged, a thread reads one bias value and the loop is not slowed:
 // 1.4-1.5% over the plain product at K = 1024, and 1.0% under it at K = 4096 (NOTES run 34).
 #define C_PITCH (BN + (LANES_N == 4 ? 16 : 0))
+#ifndef C_STAGE_FLOATS
+// (the planner passes more where it grows the dynamic shared memory beyond the pipeline's to
+// hold the tile)
+#define C_STAGE_FLOATS (STAGES * (A_TILE_FLOATS + B_TILE_FLOATS))
+#endif
 __device__ __forceinline__ void store_tile_staged(float* stage, float* Cb, int M, int N, i64 sCm, int m0, int n0,
                                                   int am, int bn, const float acc[THREAD_M][THREAD_N],
                                                   const Epilogue& epi) {
-    static_assert(BM * C_PITCH <= STAGES * (A_TILE_FLOATS + B_TILE_FLOATS), "the tile must fit the pipeline's buffers");
+    static_assert(BM * C_PITCH <= C_STAGE_FLOATS, "the tile must fit the shared memory");
 #pragma unroll
     for (int i = 0; i < THREAD_M; ++i) {
         const int r = am + (i / 4) * A_GROUP_STRIDE + (i % 4);

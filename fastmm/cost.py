@@ -38,6 +38,7 @@ import math
 from dataclasses import dataclass
 
 from .families.base import LOAD_ELEM_K
+from .families.tf32_mma import ONE_WARP_RATE
 from .families.wgmma_tf32 import BN_RATE
 from .problem import H200_DRAM_TBPS, DeviceFacts, Problem
 
@@ -111,9 +112,8 @@ EFFICIENCY = {
     ("scalar", None): 0.04,
 }
 #: tf32_mma's blocks of a single warp (its 64 x 64 tile, taken for small products) sustain this
-#: share of the family's rate: one warp an SM hides little latency (H200, `probes/small_tf32_probe.py`,
-#: NOTES run 23: 300 x 700 x 1100 27.0 us against 12.6 predicted without it, 512^3 17.6 against 9.4).
-TF32_MMA_ONE_WARP = 0.4
+#: share of the family's rate (the family's own figure, which its tile choice uses too).
+TF32_MMA_ONE_WARP = ONE_WARP_RATE
 #: The skinny families stream the weights: their share of the bandwidth.
 SKINNY_MEMORY_EFFICIENCY = 1.0
 #: Single-float copies of a k-contiguous operand into the SIMT tile (4-byte cp.async, the

@@ -250,6 +250,40 @@ def test_simt_fused_split_gives_the_bits_of_the_reduce_pass(M, N, K, layout, out
     assert torch.equal(out, fused[0])
 
 
+#: (a, b): single-float C (N % 4 != 0) on the SIMT tiles other than the largest, which store it
+#: from the registers as planned and through shared memory with SimtCpAsync(stage_c_all_tiles=True)
+STAGED_C_CASES = {
+    "attention-scores-197": lambda: (randn(64, 197, 64), randn(64, 197, 64).transpose(1, 2)),  # 128 x 128, grown
+    "attention-scores-77": lambda: (randn(96, 77, 64), randn(96, 77, 64).transpose(1, 2)),  # 128 x 64, grown
+    "attention-scores-77-b24": lambda: (randn(24, 77, 64), randn(24, 77, 64).transpose(1, 2)),  # 64 x 64
+    "split-slices-701": lambda: (randn(300, 1100), randn(701, 1100).t()),  # 64 x 64 in 8 slices: the workspace
+}
+
+
+@pytest.mark.parametrize("case", list(STAGED_C_CASES))
+def test_single_float_c_staged_on_any_simt_tile_gives_the_planned_bits(case):
+    """The staged store (the tile through shared memory, grown past the pipeline's buffers where
+    they do not hold it: C_STAGE_FLOATS) writes the same values as the planned store from the
+    registers, every output and nothing outside C (canaries around both outputs)."""
+    a, b = STAGED_C_CASES[case]()
+    outs = []
+    for variants in ((), (SimtCpAsync(stage_c_all_tiles=True),)):
+        out = torch.full((*a.shape[:-1], b.shape[-1]), NAN, device="cuda")
+        result, plan, reason = dispatch.matmul_fastmm(a, b, out, "ieee", variants=variants)
+        assert reason is None and result is out and plan.kernel.family == "simt_cp_async", reason
+        outs.append((out, plan))
+    (planned, p0), (staged, p1) = outs
+    assert "C_STAGED" not in dict(p0.kernel.macros)
+    assert dict(p1.kernel.macros)["C_STAGED"] == 1 and p1.kernel.tile == p0.kernel.tile
+    assert torch.equal(planned, staged)
+    assert relative_error(staged, a, b) < TOL["ieee"]
+    if a.dim() == 2:  # (a window of a wider matrix, canaries around it)
+        M, N = staged.shape
+        _, out2, untouched = guarded_outputs(M, N)
+        result, _, reason = dispatch.matmul_fastmm(a, b, out2, "ieee", variants=(SimtCpAsync(stage_c_all_tiles=True),))
+        assert reason is None and torch.equal(out2, staged) and untouched()
+
+
 #: (a, b, precision): products of a few rows, on simt_cp_async's 32-row tiles
 SHORT_TILE_CASES = {
     "decode-linear-long-k": lambda: (randn(32, 8192), randn(4096, 8192).t(), "ieee"),  # x @ W.t(), split

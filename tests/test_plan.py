@@ -26,7 +26,7 @@ from fastmm.families.wgmma_tf32 import (ROWS64_A_MN_SPLIT_MAX_K, ROWS64_A_MN_SPL
                                         wave_cost)
 from fastmm.families.work_split import MIN_KTILES_PER_SPLIT, split_time
 from fastmm.plan import INT32_MAX, MIN_CC, TINY_K, TINY_OUTPUTS, Plan, select
-from fastmm.problem import EPILOGUE_D, DeviceFacts, Problem
+from fastmm.problem import EPILOGUE_BIAS_N, EPILOGUE_D, DeviceFacts, Problem
 from fastmm.tuned import TunedChoice
 from test_skinny_v2 import check_v2 as check_skinny_v2
 from test_skinny_v2 import stage_floats as v2_stage_floats
@@ -2296,6 +2296,53 @@ def test_tf32_mma_counts_two_blocks_per_sm_only_where_shared_memory_holds_them()
     assert (h200.tile[:2], a100.tile[:2]) == ((128, 128), (128, 128))
     assert DEV["sm_90"].sm_count < h200.split_k <= 2 * DEV["sm_90"].sm_count  # (effective_split: 263)
     assert MAX_SPLIT < a100.split_k <= DEV["sm_80"].sm_count
+
+
+def test_single_float_c_staged_on_any_tile_only_as_a_variant_and_in_shared_memory_that_keeps_the_blocks():
+    """SimtCpAsync(stage_c_all_tiles=True) stages single-float C on every tile, growing the
+    shared memory past the pipeline's buffers (C_STAGE_FLOATS: the tile's rows at C_PITCH) only
+    where the SM still holds as many blocks; the bias form that reads one value a thread
+    (EPILOGUE_FORM 1) only where the threads tile whole rows (its static_assert); the planner's
+    default stages only the largest tile."""
+    dev = DEV["sm_90"]
+    variant = (SimtCpAsync(stage_c_all_tiles=True),)
+    scores = Problem.dense(197, 197, 64, batch=64, b_t=True)  # 128 x 128: 2 blocks an SM either way
+    assert "C_STAGED" not in macros(select(scores, dev))
+    k = select(scores, dev, variants=variant).kernel
+    m = dict(k.macros)
+    assert k.tile[:2] == (128, 128) and m["C_STAGED"] == 1 and m["C_STAGE_FLOATS"] == 128 * 128
+    assert k.smem == 4 * 128 * 128 > SimtCpAsync().smem_bytes(128, 128, m["STAGES"])
+    assert 2 * (k.smem + 1024) <= dev.smem_per_sm
+    eight = dataclasses.replace(Problem.dense(77, 77, 64, batch=96, b_t=True), epilogue=EPILOGUE_BIAS_N)
+    k = select(eight, dev, variants=variant).kernel  # 128 x 64 of 8 x 8 threads: rows pitched by 64 + 16
+    m = dict(k.macros)
+    assert k.tile[:2] == (128, 64) and m["C_STAGED"] == 1 and m["C_STAGE_FLOATS"] == 128 * 80
+    assert m["EPILOGUE_FORM"] == 1  # (128 threads: two whole rows of 64 columns)
+    wide = dataclasses.replace(Problem.dense(33, 1001, 197, a_t=True, b_t=True), epilogue=EPILOGUE_BIAS_N)
+    k = select(wide, dev, variants=variant).kernel  # 64 x 256 of 128 threads: half a row each
+    m = dict(k.macros)
+    assert k.tile[:2] == (64, 256) and m["C_STAGED"] == 1 and m["EPILOGUE"] == 1 and "EPILOGUE_FORM" not in m
+    aligned = Problem.dense(197, 196, 64, batch=64, b_t=True)  # float4 stores: nothing staged
+    assert "C_STAGED" not in dict(select(aligned, dev, variants=variant).kernel.macros)
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_tf32_mma_counts_the_one_warp_tile_at_its_rate_where_an_operand_is_copied_in_single_floats(arch):
+    """Attention's P @ V at L = 197 (K = 197: P's rows are copied in single floats): the one-warp
+    64 x 64 tile pads half the area of the 128 x 128 one but computes it at ONE_WARP_RATE, so the
+    4-warp tile is chosen (H100: 139.1 against 171.9 us); with 16-byte copies of both operands the
+    one-warp tile keeps products it covers tightest (64 x 64 x 64: 75.4 against 93.3 us for 64 x 128)."""
+    from fastmm.families.tf32_mma import ONE_WARP_RATE
+
+    assert ONE_WARP_RATE < 0.5  # (else the 4-warp tile's twice the area would not win below)
+    pv = Problem.dense(197, 64, 197, precision="tf32", batch=768)
+    k = forced(pv, arch, "tf32_mma").kernel
+    assert k.tile[:2] == (128, 128) and macros(forced(pv, arch, "tf32_mma"))["A_VEC"] == 0
+    small = Problem.dense(77, 64, 77, precision="tf32", batch=96)  # 96 blocks of 128 x 128 fill no wave
+    assert forced(small, arch, "tf32_mma").kernel.tile[:2] == (64, 128)
+    aligned = Problem.dense(64, 64, 64, precision="tf32", batch=4096)
+    m = macros(forced(aligned, arch, "tf32_mma"))
+    assert forced(aligned, arch, "tf32_mma").kernel.tile[:2] == (64, 64) and m["A_VEC"] == m["B_VEC"] == 1
 
 
 def test_tf32x3_blocks_keep_3_stages_and_one_warp_blocks_one_fragment_set():

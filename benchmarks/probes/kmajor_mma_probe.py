@@ -13,6 +13,7 @@ measured copy rate).
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -33,7 +34,10 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="kmajor_mma_probe.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("--ms", default="1,2,4,8,16")
     ap.add_argument("--splits", default="0")
-    ap.add_argument("--variants", default="", help="extra kmajor_mma variants: chunks ahead, e.g. 'u1,u4'")
+    ap.add_argument("--variants", default="", help="extra kmajor_mma variants, each a run of fields: u (chunks "
+                    "ahead), nf (16-row W fragments a warp), s (K slices), mb (blocks an SM the registers are "
+                    "bounded for), e.g. 'u1,u4,nf2u1s1,nf2u1s2mb3'")
+    ap.add_argument("--shapes", default="", help="N x K pairs in place of the built-in list, e.g. '14336x4096,1024x4096'")
     ap.add_argument("--precisions", default="tf32,tf32x3")
     o = ap.parse_args(argv)
     if not need_gpu(ap.prog):
@@ -43,11 +47,16 @@ def main(argv=None) -> int:
     extra = [v for v in o.variants.split(",") if v]
 
     def variant(name):
-        return KmajorMma(u=int(name.lstrip("u")))
+        fields = {"u": "u", "nf": "nf", "s": "split", "mb": "minb"}
+        parsed = re.findall(r"(nf|mb|u|s)(\d+)", name)
+        if not parsed or "".join(f + v for f, v in parsed) != name:
+            raise SystemExit(f"kmajor_mma_probe.py: cannot read variant {name!r}")
+        return KmajorMma(**{fields[f]: int(v) for f, v in parsed})
+    shapes = [tuple(int(d) for d in s.split("x")) for s in o.shapes.split(",")] if o.shapes else SHAPES
     print(f"{'M x N x K':<18} {'prec':<7} {'floor':>6} {'torch':>7} {'skinny_km':>9} "
           + " ".join(f"{'mma' + (f' s{s}' if s else ''):>9}" for s in splits) + " " + " ".join(f"{v:>9}" for v in extra)
           + "  best/torch  errors (torch, skinny_km, mma)")
-    for N, K in SHAPES:
+    for N, K in shapes:
         w = torch.randn(N, K, device="cuda")
         for M in (int(m) for m in o.ms.split(",")):
             x = torch.randn(M, K, device="cuda")

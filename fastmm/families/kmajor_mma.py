@@ -44,6 +44,10 @@ class KmajorMma(Family):
     split: int | None = None
     #: Chunks loaded ahead, a variant for probes (None: :meth:`geometry`'s).
     u: int | None = None
+    #: A-role fragments of 16 W rows a warp (KM_NF), a variant for probes (None: 1).
+    nf: int | None = None
+    #: Blocks an SM the registers are bounded for (KM_MINB), a variant for probes (None: the rule's).
+    minb: int | None = None
 
     def reject(self, p, dev):
         reason = super().reject(p, dev)
@@ -91,10 +95,12 @@ class KmajorMma(Family):
     def configure(self, p, dev, option=None):
         mf, u, vec = self.geometry(p)
         u = self.u or u
+        nf = self.nf or 1
         minb = BLOCKS_PER_SM if u <= 2 else 3  # (4 chunks ahead: up to 168 registers)
         if mf == 4 and p.precision == "tf32x3":  # (two accumulator sets of four fragments: 12-36
             minb = 2                             # bytes of spills under 128 registers, ptxas -v)
-        tiles = max(1, -(-p.N // ROWS_PER_BLOCK))
+        minb = self.minb or minb
+        tiles = max(1, -(-p.N // (ROWS_PER_BLOCK * nf)))
         k = max(p.K, 1)
         slots = dev.sm_count * minb
         if p.batch_total > 1:
@@ -110,19 +116,19 @@ class KmajorMma(Family):
         split = -(-k // ks)
         fused = split > 1
         x3 = p.precision == "tf32x3"
-        macros = (("KM_MF", mf), ("KM_NF", 1), ("KM_U", u), ("KM_WARPS", WARPS), ("KM_KS", ks), ("X3", int(x3)),
+        macros = (("KM_MF", mf), ("KM_NF", nf), ("KM_U", u), ("KM_WARPS", WARPS), ("KM_KS", ks), ("X3", int(x3)),
                   ("B_VEC", int(vec)), ("A_VEC", int(vec)), ("KM_FUSED", int(fused)), ("KM_MINB", minb))
         details = (("math", "TF32 mma.sync m16n8k8 as C^T = W A^T: 16 rows of W by 8 rows of A per mma"
                             + (", each operand split into TF32 big + small parts, three mmas, the big product "
                                "promoted per step with Dekker's add (tf32x3)" if x3 else "")),
                    ("W loads", f"along K, {'16-byte' if vec else '4-byte'}: each warp load covers 64 contiguous bytes "
                                f"of 8 rows; {u} chunk(s) of 32 k ahead; A's rows read from L1/L2"),
-                   ("block", f"{WARPS} warps share {ROWS_PER_BLOCK} rows of W and deal out {ks} k in chunks of 32; "
+                   ("block", f"{WARPS} warps share {ROWS_PER_BLOCK * nf} rows of W and deal out {ks} k in chunks of 32; "
                              "their sums added in warp order"))
         if fused:
             details += (("split-K", f"{split} slices of K, summed in slice order by the last block of each row "
                                     "tile (no second launch)"),)
         cfg = KernelConfig(self.name, self.source, self.entry, macros, WARPS * 32, (WARPS * 32, 1, 1),
-                           grid_of(tiles, p.batch_total, split), 0, (8 * mf, ROWS_PER_BLOCK, ks), details,
+                           grid_of(tiles, p.batch_total, split), 0, (8 * mf, ROWS_PER_BLOCK * nf, ks), details,
                            split_fused=fused)
         return as_dependent_launch(cfg, dev, self.dependent_launch_cc)

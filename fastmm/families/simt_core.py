@@ -150,6 +150,10 @@ class SimtCore(Family):
     #: largest tile (one block an SM: nothing hides its store), where its buffers hold the tile.
     stage_c = False
     stage_c_cc = (9, 0)
+    #: ... on every tile, not the largest alone, with shared memory grown to hold the tile where
+    #: the pipeline's buffers do not (C_STAGE_FLOATS), as long as the SM still holds as many
+    #: blocks: a variant switch for probes (off: the measured rule).
+    stage_c_all_tiles = False
     #: ... and whether it does so for a C of any width the GEMM finishes with a bias over its
     #: columns (F.linear's; EPILOGUE_FORM 1 in cuda_src/common.cuh), where stage_c holds.
     stage_biased_c = False
@@ -264,6 +268,12 @@ class SimtCore(Family):
         return ()
 
     @staticmethod
+    def resident_by_smem(smem: int, dev: DeviceFacts, most: int = 32) -> int:
+        """Blocks of ``smem`` bytes of dynamic shared memory an SM holds (1 KiB a block kept by
+        the driver), at most ``most``."""
+        return min(most, dev.smem_per_sm // (smem + 1024)) if smem <= dev.smem_per_block_optin else 0
+
+    @staticmethod
     def default_blocks_per_sm(opt) -> int:
         """Blocks of tile ``opt`` an SM holds as its kernel is built by default."""
         return 2 if opt[0] * opt[1] <= 4 else 1
@@ -357,15 +367,23 @@ class SimtCore(Family):
         # So too any C the GEMM finishes with a bias over its columns (see stage_biased_c).
         pipeline = self.smem_bytes(bm, bn, dict(extra).get("STAGES", 2))
         bias_over_columns = p.epilogue == EPILOGUE_BIAS_N and split == 1  # (this GEMM finishes C)
-        staged_c = (self.stage_c and dev.cc >= self.stage_c_cc
-                    and (not c_vec or (self.stage_biased_c and bias_over_columns)) and not fused and not pair
-                    and (split > 1 or p.c_strides[1] == 1) and opt == self.tile_options[0]
-                    and pipeline >= bm * bn * 4)
+        c_floats = bm * (bn + (16 if tm == 8 else 0))  # (C_PITCH in simt_cp_async.cu: 4 lanes along n pad 16)
+        grown = max(pipeline, 4 * c_floats)
+        staged_c = (self.stage_c and dev.cc >= self.stage_c_cc and not fused and not pair
+                    and (split > 1 or p.c_strides[1] == 1)
+                    and ((opt == self.tile_options[0] and pipeline >= 4 * c_floats
+                          and (not c_vec or (self.stage_biased_c and bias_over_columns)))
+                         or (self.stage_c_all_tiles and not c_vec
+                             and self.resident_by_smem(grown, dev) >= self.resident_by_smem(pipeline, dev, per_sm))))
         if staged_c:
             extra += (("C_STAGED", 1),)
-        # (a bias the GEMM adds, one value a column: each thread reads its column's once; the
-        # kernel's EPILOGUE comes with the plan's epilogue, plan.with_epilogue)
-        staged_bias = staged_c and bias_over_columns
+            if pipeline < 4 * c_floats:
+                extra += (("C_STAGE_FLOATS", c_floats),)
+                pipeline = grown
+        # (a bias the GEMM adds, one value a column: each thread reads its column's once, where
+        # the threads tile whole rows; the kernel's EPILOGUE comes with the plan's epilogue,
+        # plan.with_epilogue)
+        staged_bias = staged_c and bias_over_columns and (wm * wn * 32) % bn == 0
         if staged_bias:
             extra += (("EPILOGUE_FORM", 1),)
         macros = (("WARPS_M", wm), ("WARPS_N", wn), ("THREAD_M", tm), ("BK", self.bk), ("A_MODE", a),

@@ -142,6 +142,9 @@ class SimtCpAsync(SimtCore):
     #: 10231.3 us, 14336 x 4096 x 2048 4739.5 (plain) -> 4663.2, NOTES run 36), and stream-K is
     #: taken only where the last wave's idle SMs cost more than the penalty on the stretches.
     a_single_floats_stream_k_penalty: float = 0.045
+    #: Single-float C staged through shared memory on every tile (see SimtCore.stage_c_all_tiles):
+    #: a variant switch for probes.
+    stage_c_all_tiles: bool = False
 
     name, source, entry = "simt_cp_async", "simt_cp_async.cu", "fastmm_simt_cp_async"
     min_cc = (8, 0)

@@ -12,6 +12,17 @@ from .stage_kmajor import stage_rows_config
 from .work_split import split_k_for
 
 
+#: The one-warp 64 x 64 block sustains this share of the family's rate (one warp an SM hides
+#: little latency; H200, `probes/small_tf32_probe.py`, NOTES run 23: 300 x 700 x 1100 27.0 us
+#: against 12.6 predicted without it, 512^3 17.6 against 9.4). The tile choice counts its area
+#: at this rate where an operand is copied in single floats: attention's P @ V at L = 197 and 77
+#: (K not a multiple of 4; N = 64, batches of 768 and 96) ran 171.9 and 16.7 us on it, 139.1
+#: and 12.6 on the 4-warp 128 x 128 and 2-warp 64 x 128 tiles that pad twice its area; with
+#: 16-byte copies it kept up (64 x 64 x 64, a batch of 4096: 75.4 against 93.3 for 64 x 128;
+#: H100, `probes/candidates.py`, NOTES run 49).
+ONE_WARP_RATE = 0.4
+
+
 @dataclass(frozen=True)
 class Tf32Mma(Family):
     """Tensor cores through mma.sync m16n8k8 TF32 (sm80+); also tf32x3 (3 products per step)."""
@@ -86,6 +97,14 @@ class Tf32Mma(Family):
     def configure(self, p, dev, option=None):
         x3 = p.precision == "tf32x3"
         options = self.tile_options(x3, dev)
+        sAm, sAk = p.a_strides
+        sBk, sBn = p.b_strides
+        a_mk = sAk == 1 or sAm != 1
+        b_kn = sBn == 1 or sBk != 1
+        a_vec = (vec_ok(round4(p.K, p.a_padded), sAm, p.a_batch_strides, p.a_align) if a_mk and sAk == 1 else
+                 (not a_mk) and vec_ok(p.M, sAk, p.a_batch_strides, p.a_align))
+        b_vec = (vec_ok(round4(p.N, p.b_padded), sBk, p.b_batch_strides, p.b_align) if b_kn and sBn == 1 else
+                 (not b_kn) and vec_ok(p.K, sBn, p.b_batch_strides, p.b_align))
         if option is not None:
             opt, may_split = tuple(option[:3]), bool(option[3])
         elif k_dominant(p):
@@ -94,14 +113,13 @@ class Tf32Mma(Family):
             fits = [o for o in options if o[0] * o[1] * o[2] <= preferred[0] * preferred[1] * preferred[2]]
             opt, may_split = (fits[0] if fits else options[-1]), True
         else:
-            opt = pick_tile(p, dev, options, lambda o: (o[0] * 64, o[1] * o[2]))
+            # (a one-warp block copying an operand in single floats issues all of its copies itself)
+            slow = ONE_WARP_RATE if not (a_vec and b_vec) else 1.0
+            opt = pick_tile(p, dev, options, lambda o: (o[0] * 64, o[1] * o[2]),
+                            rate_of=lambda o: slow if o[0] * o[1] == 1 else 1.0)
             may_split = True
         wm, wn, warp_n = opt
         bm, bn = wm * 64, wn * warp_n
-        sAm, sAk = p.a_strides
-        sBk, sBn = p.b_strides
-        a_mk = sAk == 1 or sAm != 1
-        b_kn = sBn == 1 or sBk != 1
         per_stage = self.stage_bytes(bm, bn, a_mk, b_kn)
         # 4 stages were measured for tf32's 8-warp block only
         most = self.max_stages if wm * wn >= 8 and not x3 else self.max_stages_small
@@ -110,10 +128,6 @@ class Tf32Mma(Family):
         # an A100's 164 KiB hold one 128x128 block of 3 stages)
         two_fit = wm * wn <= 4 and 2 * (per_stage * stages + 1024) <= dev.smem_per_sm
         split = split_k_for(p, dev, tiles_of(p, bm, bn), self.bk, 2 if two_fit else 1) if may_split else 1
-        a_vec = (vec_ok(round4(p.K, p.a_padded), sAm, p.a_batch_strides, p.a_align) if a_mk and sAk == 1 else
-                 (not a_mk) and vec_ok(p.M, sAk, p.a_batch_strides, p.a_align))
-        b_vec = (vec_ok(round4(p.N, p.b_padded), sBk, p.b_batch_strides, p.b_align) if b_kn and sBn == 1 else
-                 (not b_kn) and vec_ok(p.K, sBn, p.b_batch_strides, p.b_align))
         sCm, sCn = p.c_strides
         c_vec = (sCn == 1 and p.N % 2 == 0 and sCm % 2 == 0 and p.c_align >= 8
                  and all(s % 2 == 0 for s in p.c_batch_strides))
