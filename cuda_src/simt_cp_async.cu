@@ -353,8 +353,9 @@ __device__ __forceinline__ void tile_product(const float* Ab, const float* Bb, i
 // 45.1 TFLOP/s against 49.3 at N = 50256 (NOTES run 33). So the tile goes through the pipeline's
 // buffers, idle after tile_product's last barrier, and leaves in rows of consecutive floats a
 // warp (4-5 sectors an instruction). One pass: the planner asks for it only where the buffers
-// hold the whole tile (in passes, acc stays live across the first and the register-capped
-// builds spilled 4-100 bytes). The row pitch keeps a float4 write of the 8 x 8 tiles' lanes (4
+// hold the whole tile, or (a variant, SimtCpAsync.stage_c_all_tiles) grows the shared memory to
+// C_STAGE_FLOATS (in passes, acc stays live across the first and the register-capped builds
+// spilled 4-100 bytes). The row pitch keeps a float4 write of the 8 x 8 tiles' lanes (4
 // along n, 64 bytes a row) on two rows' disjoint banks.
 // With a bias (F.linear's, EPILOGUE_FORM 1) the float4 stores from the registers cost 3.2-3.4%
 // of an 8192 x 1024 x 1024 product over the same stores without one: whatever the store reads

@@ -112,7 +112,8 @@ EFFICIENCY = {
     ("scalar", None): 0.04,
 }
 #: tf32_mma's blocks of a single warp (its 64 x 64 tile, taken for small products) sustain this
-#: share of the family's rate (the family's own figure, which its tile choice uses too).
+#: share of the family's rate (the family's figure; its tile choice applies it where an operand
+#: is copied in single floats, NOTES run 49: with 16-byte copies the tile measured ~0.6).
 TF32_MMA_ONE_WARP = ONE_WARP_RATE
 #: The skinny families stream the weights: their share of the bandwidth.
 SKINNY_MEMORY_EFFICIENCY = 1.0

@@ -20,7 +20,7 @@ from fastmm.families.wgmma_tf32 import SPLIT_FORCED_SLICE_K, persistent_pays
 from fastmm.plan import TINY_K, TINY_OUTPUTS
 from fastmm.runtime import launcher
 from fastmm.shapes import analyse, build_problem
-from conftest import at_offset, guarded_outputs, relative_error, run_forced
+from conftest import CANARY, at_offset, guarded_outputs, relative_error, run_forced
 
 pytestmark = pytest.mark.cuda
 
@@ -257,6 +257,7 @@ STAGED_C_CASES = {
     "attention-scores-77": lambda: (randn(96, 77, 64), randn(96, 77, 64).transpose(1, 2)),  # 128 x 64, grown
     "attention-scores-77-b24": lambda: (randn(24, 77, 64), randn(24, 77, 64).transpose(1, 2)),  # 64 x 64
     "split-slices-701": lambda: (randn(300, 1100), randn(701, 1100).t()),  # 64 x 64 in 8 slices: the workspace
+    "rows-2048-n1001": lambda: (randn(2048, 64), randn(1001, 64).t()),  # 128 x 128, grown, into C itself
 }
 
 
@@ -264,24 +265,31 @@ STAGED_C_CASES = {
 def test_single_float_c_staged_on_any_simt_tile_gives_the_planned_bits(case):
     """The staged store (the tile through shared memory, grown past the pipeline's buffers where
     they do not hold it: C_STAGE_FLOATS) writes the same values as the planned store from the
-    registers, every output and nothing outside C (canaries around both outputs)."""
+    registers, every output (both outputs start NaN) and nothing past the output's ends (a guard
+    of canaries either side of it in one flat buffer; a split plan's staged store writes its
+    workspace, which splitk_reduce then sums into C)."""
+    if torch.cuda.get_device_capability() < SimtCpAsync.stage_c_cc:
+        pytest.skip(f"C is staged from sm_{SimtCpAsync.stage_c_cc[0]}{SimtCpAsync.stage_c_cc[1]} on")
     a, b = STAGED_C_CASES[case]()
+    shape, guard = (*a.shape[:-1], b.shape[-1]), 4096
     outs = []
     for variants in ((), (SimtCpAsync(stage_c_all_tiles=True),)):
-        out = torch.full((*a.shape[:-1], b.shape[-1]), NAN, device="cuda")
+        flat = torch.full((guard + math.prod(shape) + guard,), CANARY, device="cuda")
+        out = flat[guard:guard + math.prod(shape)].view(shape).fill_(NAN)
         result, plan, reason = dispatch.matmul_fastmm(a, b, out, "ieee", variants=variants)
         assert reason is None and result is out and plan.kernel.family == "simt_cp_async", reason
+        assert torch.all(flat[:guard] == CANARY) and torch.all(flat[guard + math.prod(shape):] == CANARY)
         outs.append((out, plan))
     (planned, p0), (staged, p1) = outs
     assert "C_STAGED" not in dict(p0.kernel.macros)
-    assert dict(p1.kernel.macros)["C_STAGED"] == 1 and p1.kernel.tile == p0.kernel.tile
+    assert dict(p1.kernel.macros).get("C_STAGED") == 1 and p1.kernel.tile == p0.kernel.tile
     assert torch.equal(planned, staged)
     assert relative_error(staged, a, b) < TOL["ieee"]
-    if a.dim() == 2:  # (a window of a wider matrix, canaries around it)
-        M, N = staged.shape
-        _, out2, untouched = guarded_outputs(M, N)
-        result, _, reason = dispatch.matmul_fastmm(a, b, out2, "ieee", variants=(SimtCpAsync(stage_c_all_tiles=True),))
-        assert reason is None and torch.equal(out2, staged) and untouched()
+    if a.dim() == 2:  # C a window of a wider matrix (rows pitched past N), canaries all around it
+        _, window, untouched = guarded_outputs(*shape)
+        result, p2, reason = dispatch.matmul_fastmm(a, b, window, "ieee", variants=(SimtCpAsync(stage_c_all_tiles=True),))
+        assert reason is None and dict(p2.kernel.macros).get("C_STAGED") == 1, reason
+        assert torch.equal(window, staged) and untouched()
 
 
 #: (a, b, precision): products of a few rows, on simt_cp_async's 32-row tiles

@@ -2313,6 +2313,12 @@ def test_single_float_c_staged_on_any_tile_only_as_a_variant_and_in_shared_memor
     assert k.tile[:2] == (128, 128) and m["C_STAGED"] == 1 and m["C_STAGE_FLOATS"] == 128 * 128
     assert k.smem == 4 * 128 * 128 > SimtCpAsync().smem_bytes(128, 128, m["STAGES"])
     assert 2 * (k.smem + 1024) <= dev.smem_per_sm
+    # an SM whose shared memory holds two blocks of the pipeline's size, not two of the tile's:
+    # not grown (on the H100 and H200 no planned tile reaches that bound)
+    small = dataclasses.replace(dev, smem_per_sm=110 * 1024)
+    k = select(scores, small, variants=variant).kernel
+    assert k.tile[:2] == (128, 128) and "C_STAGED" not in dict(k.macros)
+    assert 2 * (k.smem + 1024) <= small.smem_per_sm < 2 * (4 * 128 * 128 + 1024)
     eight = dataclasses.replace(Problem.dense(77, 77, 64, batch=96, b_t=True), epilogue=EPILOGUE_BIAS_N)
     k = select(eight, dev, variants=variant).kernel  # 128 x 64 of 8 x 8 threads: rows pitched by 64 + 16
     m = dict(k.macros)
@@ -2343,6 +2349,10 @@ def test_tf32_mma_counts_the_one_warp_tile_at_its_rate_where_an_operand_is_copie
     aligned = Problem.dense(64, 64, 64, precision="tf32", batch=4096)
     m = macros(forced(aligned, arch, "tf32_mma"))
     assert forced(aligned, arch, "tf32_mma").kernel.tile[:2] == (64, 64) and m["A_VEC"] == m["B_VEC"] == 1
+    # only a one-warp choice moves: the area rule's multi-warp choices stay (a rate inside the
+    # area rule once raised the tightest area all options are held to: 128 x 256 here)
+    multi = Problem.dense(661, 661, 197, precision="tf32", batch=16, b_t=True)
+    assert forced(multi, arch, "tf32_mma").kernel.tile[:2] == (64, 128)
 
 
 def test_tf32x3_blocks_keep_3_stages_and_one_warp_blocks_one_fragment_set():

@@ -49,8 +49,8 @@ def main(argv=None) -> int:
     def variant(name):
         fields = {"u": "u", "nf": "nf", "s": "split", "mb": "minb"}
         parsed = re.findall(r"(nf|mb|u|s)(\d+)", name)
-        if not parsed or "".join(f + v for f, v in parsed) != name:
-            raise SystemExit(f"kmajor_mma_probe.py: cannot read variant {name!r}")
+        if not parsed or "".join(f + v for f, v in parsed) != name or any(int(v) < 1 for _, v in parsed):
+            raise SystemExit(f"kmajor_mma_probe.py: cannot read variant {name!r} (fields u, nf, s, mb, each >= 1)")
         return KmajorMma(**{fields[f]: int(v) for f, v in parsed})
     shapes = [tuple(int(d) for d in s.split("x")) for s in o.shapes.split(",")] if o.shapes else SHAPES
     print(f"{'M x N x K':<18} {'prec':<7} {'floor':>6} {'torch':>7} {'skinny_km':>9} "

@@ -227,17 +227,13 @@ def tiles_of(p: Problem, bm: int, bn: int) -> int:
 PAD_SLACK = 1.1
 
 
-def pick_tile(p: Problem, dev: DeviceFacts, options, tile_of, pad_slack: float | None = PAD_SLACK,
-              rate_of=None):
+def pick_tile(p: Problem, dev: DeviceFacts, options, tile_of, pad_slack: float | None = PAD_SLACK):
     """First (largest) option whose tiles fill (90% of) a wave of blocks and cover no more than
     ``PAD_SLACK`` times the area the tightest option covers; else the smallest. Without the area
     test a 128 x 256 tile took attention's P.V (N = 64, a batch of 128): 4x the FFMAs, 360 us
     against 145 for 128 x 64 tiles on the H200 (and decode64's M = 64: 381 against 222 us;
-    benchmarks/NOTES.md, the candidates probe). ``pad_slack`` None: no area test. ``rate_of``:
-    an option's rate relative to the others' (default 1), its area counted as area / rate: a
-    tile that computes its area at a lower rate costs as much as a larger one."""
-    rate = rate_of or (lambda opt: 1.0)
-    areas = [tiles_of(p, *tile_of(opt)) * tile_of(opt)[0] * tile_of(opt)[1] / rate(opt) for opt in options]
+    benchmarks/NOTES.md, the candidates probe). ``pad_slack`` None: no area test."""
+    areas = [tiles_of(p, *tile_of(opt)) * tile_of(opt)[0] * tile_of(opt)[1] for opt in options]
     least = min(areas)
     for opt, area in zip(options, areas):
         bm, bn = tile_of(opt)

@@ -152,7 +152,8 @@ class SimtCore(Family):
     stage_c_cc = (9, 0)
     #: ... on every tile, not the largest alone, with shared memory grown to hold the tile where
     #: the pipeline's buffers do not (C_STAGE_FLOATS), as long as the SM still holds as many
-    #: blocks: a variant switch for probes (off: the measured rule).
+    #: blocks (no planned tile reaches that bound on the H100 and H200): a variant switch for
+    #: probes (off: the measured rule; its builds spill, NOTES run 49).
     stage_c_all_tiles = False
     #: ... and whether it does so for a C of any width the GEMM finishes with a bias over its
     #: columns (F.linear's; EPILOGUE_FORM 1 in cuda_src/common.cuh), where stage_c holds.

@@ -19,7 +19,7 @@ from .work_split import split_k_for
 #: (K not a multiple of 4; N = 64, batches of 768 and 96) ran 171.9 and 16.7 us on it, 139.1
 #: and 12.6 on the 4-warp 128 x 128 and 2-warp 64 x 128 tiles that pad twice its area; with
 #: 16-byte copies it kept up (64 x 64 x 64, a batch of 4096: 75.4 against 93.3 for 64 x 128;
-#: H100, `probes/candidates.py`, NOTES run 49).
+#: H100, `probes/candidates.py`, NOTES run 49). Only that choice moves (Tf32Mma.off_one_warp).
 ONE_WARP_RATE = 0.4
 
 
@@ -90,6 +90,25 @@ class Tf32Mma(Family):
     def stage_bytes_max(self, bm: int, bn: int) -> int:
         return max(self.stage_bytes(bm, bn, a_mk, b_kn) for a_mk in (True, False) for b_kn in (True, False))
 
+    @staticmethod
+    def tile_dims(opt) -> tuple[int, int]:
+        """(BM, BN) of tile option ``opt`` (WARPS_M, WARPS_N, WARP_N): warps are 64 rows tall."""
+        return opt[0] * 64, opt[1] * opt[2]
+
+    def off_one_warp(self, p, dev, options, one_warp):
+        """The tile to take instead of ``one_warp`` (the one-warp tile the area rule chose, for a
+        product with an operand copied in single floats, whose block issues all of its copies
+        itself): among the multi-warp tiles that pad less than the one-warp tile's area over
+        ONE_WARP_RATE and fill 90% of a wave, the area rule's choice; else ``one_warp`` (fewer
+        blocks than SMs are better spread one warp a block). Only a one-warp choice moves."""
+        def area(o):
+            bm, bn = self.tile_dims(o)
+            return tiles_of(p, bm, bn) * bm * bn
+        bound = area(one_warp) / ONE_WARP_RATE
+        fits = tuple(o for o in options if o != one_warp and area(o) < bound
+                     and tiles_of(p, *self.tile_dims(o)) * p.batch_total >= 0.9 * dev.sm_count)
+        return pick_tile(p, dev, fits, self.tile_dims) if fits else one_warp
+
     def options(self, p, dev):
         """Every tile of p's precision that fits the device, each with split-K allowed or not."""
         return with_split_flags(self.tile_options(p.precision == "tf32x3", dev))
@@ -113,10 +132,9 @@ class Tf32Mma(Family):
             fits = [o for o in options if o[0] * o[1] * o[2] <= preferred[0] * preferred[1] * preferred[2]]
             opt, may_split = (fits[0] if fits else options[-1]), True
         else:
-            # (a one-warp block copying an operand in single floats issues all of its copies itself)
-            slow = ONE_WARP_RATE if not (a_vec and b_vec) else 1.0
-            opt = pick_tile(p, dev, options, lambda o: (o[0] * 64, o[1] * o[2]),
-                            rate_of=lambda o: slow if o[0] * o[1] == 1 else 1.0)
+            opt = pick_tile(p, dev, options, self.tile_dims)
+            if opt[0] * opt[1] == 1 and not (a_vec and b_vec):
+                opt = self.off_one_warp(p, dev, options, opt)
             may_split = True
         wm, wn, warp_n = opt
         bm, bn = wm * 64, wn * warp_n
