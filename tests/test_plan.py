@@ -2344,10 +2344,12 @@ def test_tf32_mma_counts_the_one_warp_tile_at_its_rate_where_an_operand_is_copie
     pv = Problem.dense(197, 64, 197, precision="tf32", batch=768)
     k = forced(pv, arch, "tf32_mma").kernel
     assert k.tile[:2] == (128, 128) and macros(forced(pv, arch, "tf32_mma"))["A_VEC"] == 0
+    assert "not the one-warp 64x64 tile" in dict(k.details)["tile"]  # (what explain prints)
     small = Problem.dense(77, 64, 77, precision="tf32", batch=96)  # 96 blocks of 128 x 128 fill no wave
     assert forced(small, arch, "tf32_mma").kernel.tile[:2] == (64, 128)
     aligned = Problem.dense(64, 64, 64, precision="tf32", batch=4096)
     m = macros(forced(aligned, arch, "tf32_mma"))
+    assert "tile" not in dict(forced(aligned, arch, "tf32_mma").kernel.details)
     assert forced(aligned, arch, "tf32_mma").kernel.tile[:2] == (64, 64) and m["A_VEC"] == m["B_VEC"] == 1
     # only a one-warp choice moves: the area rule's multi-warp choices stay (a rate inside the
     # area rule once raised the tightest area all options are held to: 128 x 256 here)

@@ -116,6 +116,7 @@ class Tf32Mma(Family):
     def configure(self, p, dev, option=None):
         x3 = p.precision == "tf32x3"
         options = self.tile_options(x3, dev)
+        moved_off = None  # (the one-warp tile the area rule chose, where off_one_warp looked past it)
         sAm, sAk = p.a_strides
         sBk, sBn = p.b_strides
         a_mk = sAk == 1 or sAm != 1
@@ -134,6 +135,7 @@ class Tf32Mma(Family):
         else:
             opt = pick_tile(p, dev, options, self.tile_dims)
             if opt[0] * opt[1] == 1 and not (a_vec and b_vec):
+                moved_off = opt
                 opt = self.off_one_warp(p, dev, options, opt)
             may_split = True
         wm, wn, warp_n = opt
@@ -165,6 +167,9 @@ class Tf32Mma(Family):
             ("fragment registers", "two sets: k-step s + 1 loaded while k-step s multiplies" if frag_pipe else "one set"),
             ("math", "3xTF32 mma.sync (big*big + separate small cross terms)" if x3 else
              "TF32 mma.sync m16n8k8, inputs rounded with cvt.rna, fp32 accumulate"))
+        if moved_off is not None and opt != moved_off:
+            details += (("tile", f"{bm}x{bn}, not the one-warp 64x64 tile that pads less: with an operand copied "
+                                 f"in single floats one warp a block runs at ~{ONE_WARP_RATE:g} of this rate"),)
         if split > 1:
             details += (("split-K", f"{split} slices of K, reduced by splitk_reduce"),)
         return KernelConfig(self.name, self.source, self.entry, macros, threads, (threads, 1, 1),
