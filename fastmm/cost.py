@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .families.base import LOAD_ELEM_K
+from .families.base import LOAD_ELEM_K, blocks_by_smem
 from .families.tf32_mma import ONE_WARP_RATE
 from .families.wgmma_tf32 import BN_RATE
 from .problem import H200_DRAM_TBPS, DeviceFacts, Problem
@@ -200,7 +200,7 @@ def resident_blocks(kernel, dev: DeviceFacts) -> int:
     the driver) and the family's registers."""
     threads = max(1, math.prod(kernel.block_dims))
     by_threads = max(1, 2048 // threads)
-    by_smem = max(1, dev.smem_per_sm // (kernel.smem + 1024)) if kernel.smem else 32
+    by_smem = max(1, blocks_by_smem(kernel.smem, dev)) if kernel.smem else 32
     by_regs = REGISTER_RESIDENT.get(kernel.family, 2)
     if kernel.family in ("simt_cp_async", "simt_float4"):
         macros = dict(kernel.macros)

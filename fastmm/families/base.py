@@ -202,6 +202,12 @@ def as_dependent_launch(cfg: KernelConfig, dev: DeviceFacts, from_cc: tuple[int,
                    "ahead on the stream finishes"),))
 
 
+def blocks_by_smem(smem: int, dev: DeviceFacts) -> int:
+    """Blocks of ``smem`` bytes of dynamic shared memory one SM of ``dev`` holds (the driver keeps
+    1 KiB a block besides); 0 where a block may not have that much."""
+    return dev.smem_per_sm // (smem + 1024) if smem <= dev.smem_per_block_optin else 0
+
+
 def vec_ok(contig_extent: int, other_stride: int, batch_strides: tuple[int, int], align: int) -> bool:
     """16-byte vectors along a contiguous dim need: its extent, the other stride and the batch
     strides all multiples of 4 floats, and a 16-byte aligned base pointer."""

@@ -9,7 +9,8 @@ from dataclasses import dataclass, replace
 
 from ..problem import EPILOGUE_BIAS_N, DeviceFacts, Problem
 from .base import (LOAD_ELEM_FAST, LOAD_ELEM_K, LOAD_NAMES, LOAD_VEC_FAST, LOAD_VEC_K, PAD_SLACK, Family,
-                   KernelConfig, grid_of, k_dominant, pick_tile, round4, tiles_of, vec_ok, with_split_flags)
+                   KernelConfig, blocks_by_smem, grid_of, k_dominant, pick_tile, round4, tiles_of, vec_ok,
+                   with_split_flags)
 from .work_split import effective_split, split_k_for, stream_k_for
 
 #: Stage an operand only when the product does at least this many FLOP per byte the copy moves
@@ -269,12 +270,6 @@ class SimtCore(Family):
         return ()
 
     @staticmethod
-    def resident_by_smem(smem: int, dev: DeviceFacts, most: int = 32) -> int:
-        """Blocks of ``smem`` bytes of dynamic shared memory an SM holds (1 KiB a block kept by
-        the driver), at most ``most``."""
-        return min(most, dev.smem_per_sm // (smem + 1024)) if smem <= dev.smem_per_block_optin else 0
-
-    @staticmethod
     def default_blocks_per_sm(opt) -> int:
         """Blocks of tile ``opt`` an SM holds as its kernel is built by default."""
         return 2 if opt[0] * opt[1] <= 4 else 1
@@ -375,7 +370,7 @@ class SimtCore(Family):
                     and ((opt == self.tile_options[0] and pipeline >= 4 * c_floats
                           and (not c_vec or (self.stage_biased_c and bias_over_columns)))
                          or (self.stage_c_all_tiles and not c_vec
-                             and self.resident_by_smem(grown, dev) >= self.resident_by_smem(pipeline, dev, per_sm))))
+                             and blocks_by_smem(grown, dev) >= min(per_sm, blocks_by_smem(pipeline, dev)))))
         if staged_c:
             extra += (("C_STAGED", 1),)
             if pipeline < 4 * c_floats:
