@@ -155,11 +155,13 @@ __device__ __forceinline__ void compute_tile(const float* As, const float* Bs, i
 }
 
 // Thread's place in the block tile: first A column (m) and B column (n) of its sub-tiles.
-__device__ __forceinline__ void thread_origin(int& am, int& bn) {
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+__device__ __forceinline__ void thread_origin_of(unsigned tid, int& am, int& bn) {
+    const int warp = tid / 32, lane = tid % 32;
     am = (warp / WARPS_N) * (LANES_M * THREAD_M) + (lane / LANES_N) * 4;
     bn = (warp % WARPS_N) * (LANES_N * THREAD_N) + (lane % LANES_N) * 4;
 }
+
+__device__ __forceinline__ void thread_origin(int& am, int& bn) { thread_origin_of(threadIdx.x, am, bn); }
 
 __device__ __forceinline__ void zero_tile(float acc[THREAD_M][THREAD_N]) {
 #pragma unroll

@@ -353,7 +353,7 @@ __device__ __forceinline__ void tile_product(const float* Ab, const float* Bb, i
 // 45.1 TFLOP/s against 49.3 at N = 50256 (NOTES run 33). So the tile goes through the pipeline's
 // buffers, idle after tile_product's last barrier, and leaves in rows of consecutive floats a
 // warp (4-5 sectors an instruction). One pass: the planner asks for it only where the buffers
-// hold the whole tile, or (a variant, SimtCpAsync.stage_c_all_tiles) grows the shared memory to
+// hold the whole tile, or (SimtCpAsync.stage_c_all_tiles) grows the shared memory to
 // C_STAGE_FLOATS (in passes, acc stays live across the first and the register-capped builds
 // spilled 4-100 bytes). The row pitch keeps a float4 write of the 8 x 8 tiles' lanes (4
 // along n, 64 bytes a row) on two rows' disjoint banks.
@@ -369,9 +369,17 @@ __device__ __forceinline__ void tile_product(const float* Ab, const float* Bb, i
 #define C_STAGE_FLOATS (STAGES * (A_TILE_FLOATS + B_TILE_FLOATS))
 #endif
 __device__ __forceinline__ void store_tile_staged(float* stage, float* Cb, int M, int N, i64 sCm, int m0, int n0,
-                                                  int am, int bn, const float acc[THREAD_M][THREAD_N],
-                                                  const Epilogue& epi) {
+                                                  const float acc[THREAD_M][THREAD_N], const Epilogue& epi) {
     static_assert(BM * C_PITCH <= C_STAGE_FLOATS, "the tile must fit the shared memory");
+    // The thread's place read again, opaque to the compiler: else the store's addresses (its
+    // fragment's row and column, the loop's first unit) are computed once before the tile loop
+    // and held across the main loop, at the register cap: 4-136 bytes of spills in 14 of 70
+    // staged builds (NVRTC 13.5, sm_90; NOTES.md run 50). Recomputed here, a few integer
+    // instructions a tile.
+    unsigned tid;
+    asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
+    int am, bn;
+    thread_origin_of(tid, am, bn);
 #pragma unroll
     for (int i = 0; i < THREAD_M; ++i) {
         const int r = am + (i / 4) * A_GROUP_STRIDE + (i % 4);
@@ -386,9 +394,9 @@ __device__ __forceinline__ void store_tile_staged(float* stage, float* Cb, int M
     // A bias over columns: the threads tile whole rows, so a thread stores the same column on
     // every row and reads that column's value once.
     static_assert(THREADS % BN == 0, "a thread's column must be the same on every row");
-    const float d = epi.column(n0 + threadIdx.x % BN, N);
+    const float d = epi.column(n0 + (int)tid % BN, N);
 #endif
-    for (int u = threadIdx.x; u < rows * BN; u += THREADS) {
+    for (int u = (int)tid; u < rows * BN; u += THREADS) {
         const int r = u / BN, c = u % BN;
         if (c < cols) {
             const int m = m0 + r, n = n0 + c;
@@ -408,8 +416,8 @@ __device__ __forceinline__ void store_tile_staged(float* stage, float* Cb, int M
 __device__ __forceinline__ void store_final(float* smem, float* Cb, int M, int N, i64 sCm, i64 sCn, int m0, int n0,
                                             int am, int bn, const float acc[THREAD_M][THREAD_N], const Epilogue& epi) {
 #if C_STAGED
-    (void)sCn;  // (contiguous rows: the planner's condition)
-    store_tile_staged(smem, Cb, M, N, sCm, m0, n0, am, bn, acc, epi);
+    (void)sCn, (void)am, (void)bn;  // (contiguous rows: the planner's condition; the thread's place read again)
+    store_tile_staged(smem, Cb, M, N, sCm, m0, n0, acc, epi);
 #else
     (void)smem;
     store_tile(Cb, M, N, sCm, sCn, m0, n0, am, bn, acc, epi);

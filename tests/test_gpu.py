@@ -251,7 +251,8 @@ def test_simt_fused_split_gives_the_bits_of_the_reduce_pass(M, N, K, layout, out
 
 
 #: (a, b): single-float C (N % 4 != 0) on the SIMT tiles other than the largest, which store it
-#: from the registers as planned and through shared memory with SimtCpAsync(stage_c_all_tiles=True)
+#: through shared memory as planned on sm_90 and from the registers with
+#: SimtCpAsync(stage_c_all_tiles=False)
 STAGED_C_CASES = {
     "attention-scores-197": lambda: (randn(64, 197, 64), randn(64, 197, 64).transpose(1, 2)),  # 128 x 128, grown
     "attention-scores-77": lambda: (randn(96, 77, 64), randn(96, 77, 64).transpose(1, 2)),  # 128 x 64, grown
@@ -263,8 +264,8 @@ STAGED_C_CASES = {
 
 @pytest.mark.parametrize("case", list(STAGED_C_CASES))
 def test_single_float_c_staged_on_any_simt_tile_gives_the_planned_bits(case):
-    """The staged store (the tile through shared memory, grown past the pipeline's buffers where
-    they do not hold it: C_STAGE_FLOATS) writes the same values as the planned store from the
+    """The planned staged store (the tile through shared memory, grown past the pipeline's buffers
+    where they do not hold it: C_STAGE_FLOATS) writes the same values as the store from the
     registers, every output (both outputs start NaN) and nothing past the output's ends (a guard
     of canaries either side of it in one flat buffer; a split plan's staged store writes its
     workspace, which splitk_reduce then sums into C)."""
@@ -273,21 +274,21 @@ def test_single_float_c_staged_on_any_simt_tile_gives_the_planned_bits(case):
     a, b = STAGED_C_CASES[case]()
     shape, guard = (*a.shape[:-1], b.shape[-1]), 4096
     outs = []
-    for variants in ((), (SimtCpAsync(stage_c_all_tiles=True),)):
+    for variants in ((SimtCpAsync(stage_c_all_tiles=False),), ()):
         flat = torch.full((guard + math.prod(shape) + guard,), CANARY, device="cuda")
         out = flat[guard:guard + math.prod(shape)].view(shape).fill_(NAN)
         result, plan, reason = dispatch.matmul_fastmm(a, b, out, "ieee", variants=variants)
         assert reason is None and result is out and plan.kernel.family == "simt_cp_async", reason
         assert torch.all(flat[:guard] == CANARY) and torch.all(flat[guard + math.prod(shape):] == CANARY)
         outs.append((out, plan))
-    (planned, p0), (staged, p1) = outs
+    (registers, p0), (staged, p1) = outs
     assert "C_STAGED" not in dict(p0.kernel.macros)
     assert dict(p1.kernel.macros).get("C_STAGED") == 1 and p1.kernel.tile == p0.kernel.tile
-    assert torch.equal(planned, staged)
+    assert torch.equal(registers, staged)
     assert relative_error(staged, a, b) < TOL["ieee"]
     if a.dim() == 2:  # C a window of a wider matrix (rows pitched past N), canaries all around it
         _, window, untouched = guarded_outputs(*shape)
-        result, p2, reason = dispatch.matmul_fastmm(a, b, window, "ieee", variants=(SimtCpAsync(stage_c_all_tiles=True),))
+        result, p2, reason = dispatch.matmul_fastmm(a, b, window, "ieee")
         assert reason is None and dict(p2.kernel.macros).get("C_STAGED") == 1, reason
         assert torch.equal(window, staged) and untouched()
 
@@ -1354,10 +1355,13 @@ def test_wgmma_tf32x3_splitting_a_in_registers_gives_the_staged_bits(case, rel_e
 
     for bn in (128, 96, 64):
         for tma in (True, False):
-            ref, plan = run(WgmmaTf32(force_bn=bn, tma_store=tma))
-            assert "X3_A_REGS" not in dict(plan.kernel.macros)
             out, plan = run(WgmmaTf32(force_bn=bn, tma_store=tma, x3_a_regs=True))
             assert dict(plan.kernel.macros)["X3_A_REGS"] == 1, plan.describe()
+            # (the staged plan at the same promotion interval: the 128-wide build storing C from
+            # registers promotes every k-step where the others promote every 2, K > X3_SHORT_K)
+            every = dict(plan.kernel.macros)["PROMOTE_EVERY"]
+            ref, ref_plan = run(WgmmaTf32(force_bn=bn, tma_store=tma, promote_every=every))
+            assert "X3_A_REGS" not in dict(ref_plan.kernel.macros)
             in_place = a.stride(-1) == 1 and a.stride(-2) % 4 == 0
             staged = {w: dict(s.macros)["SPLIT"] for (w, _, _), s in zip(plan.staging, plan.stagers)}
             assert staged == ({"bt": 1} if in_place else {"a": 0, "bt": 1}), plan.describe()

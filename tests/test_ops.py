@@ -4,6 +4,9 @@ the emulated GPU (conftest.emulated_gpu), gradients through fastmm.matmul, and t
 seeing one opaque op."""
 from __future__ import annotations
 
+import os
+import sys
+
 import pytest
 import torch
 from torch.library import opcheck
@@ -245,6 +248,106 @@ def test_compile_backward_equals_eager(fresh_dynamo):
     a.grad = b.grad = None
     torch.compile(loss, fullgraph=True, backend="aot_eager")(a, b).backward()
     assert torch.allclose(a.grad, ga, rtol=1e-5, atol=1e-5) and torch.allclose(b.grad, gb, rtol=1e-5, atol=1e-5)
+
+
+# --- calls that need no gradient: straight to the op's body ------------------------------------
+
+def _python_calls(fn):
+    """fn()'s result and the (file, function) of every Python function it called (the
+    dispatcher's Python kernels included: a profile hook sees them)."""
+    seen = []
+
+    def hook(frame, event, arg):
+        if event == "call":
+            seen.append((frame.f_code.co_filename, frame.f_code.co_name))
+
+    sys.setprofile(hook)
+    try:
+        result = fn()
+    finally:
+        sys.setprofile(None)
+    return result, seen
+
+
+def _through_autograd_layer(seen) -> bool:
+    """Whether custom_op's autograd layer (torch/_library/autograd.py) ran."""
+    return any(f.endswith(os.path.join("_library", "autograd.py")) for f, _ in seen)
+
+
+def _bodies(seen) -> list[str]:
+    return [name for f, name in seen if name in ("matmul_body", "linear_body", "addmm_body")]
+
+
+OP_CALLS = {
+    "matmul": lambda x, w, c: torch.ops.fastmm.matmul(x, w.t(), "ieee"),
+    "linear": lambda x, w, c: torch.ops.fastmm.linear(x, w, None, "ieee"),
+    "addmm": lambda x, w, c: torch.ops.fastmm.addmm(c, x, w.t(), 0.5, 2.0, "ieee"),
+}
+
+
+@pytest.mark.parametrize("op", sorted(OP_CALLS))
+def test_an_op_call_that_needs_no_gradient_goes_straight_to_its_body(op):
+    """What a compiled graph's steps do (grad mode off): the registered op runs its body with no
+    Python autograd layer in between (ops._direct_kernel); with grad mode on and an input that
+    requires grad it takes the layer (and its gradient is right); with grad mode on and nothing
+    requiring grad, straight again. Each result is the product."""
+    if not fastmm.ops.DIRECT_KERNELS:
+        pytest.skip("this torch lacks the internals the direct kernels read")
+    call = OP_CALLS[op]
+    x, w, c = r(4, 8), r(6, 8, grad=True), r(4, 6)
+    want = {"matmul": x @ w.t(), "linear": x @ w.t(), "addmm": 0.5 * c + 2.0 * (x @ w.t())}[op].detach()
+    with torch.no_grad():
+        out, seen = _python_calls(lambda: call(x, w, c))
+    assert not _through_autograd_layer(seen) and len(_bodies(seen)) == 1, seen
+    assert torch.allclose(out, want, rtol=1e-6, atol=1e-6) and not out.requires_grad
+    out, seen = _python_calls(lambda: call(x, w.detach(), c))
+    assert not _through_autograd_layer(seen) and torch.allclose(out, want, rtol=1e-6, atol=1e-6)
+    out, seen = _python_calls(lambda: call(x, w, c))
+    assert _through_autograd_layer(seen) and out.requires_grad
+    g = r(4, 6)
+    out.backward(g)
+    scale = 2.0 if op == "addmm" else 1.0
+    assert torch.allclose(w.grad, scale * (g.t() @ x), rtol=1e-5, atol=1e-5)
+
+
+def test_an_op_call_under_a_mode_or_fake_tensors_keeps_the_autograd_layer():
+    """Grad mode off, but something below autograd must see the op: FlopCounterMode (the Python
+    key) counts it, fake tensors get a fake result; both through the general path."""
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+    from torch.utils.flop_counter import FlopCounterMode
+
+    x, w = r(4, 8), r(6, 8)
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        _, seen = _python_calls(lambda: torch.ops.fastmm.linear(x, w, None, "ieee"))
+    assert _through_autograd_layer(seen) and counter.get_total_flops() == 2 * 4 * 6 * 8
+    with FakeTensorMode(), torch.no_grad():
+        fx, fw = torch.empty(4, 8), torch.empty(6, 8)
+        out, seen = _python_calls(lambda: torch.ops.fastmm.linear(fx, fw, None, "ieee"))
+    assert isinstance(out, FakeTensor) and out.shape == (4, 6) and _through_autograd_layer(seen)
+
+
+def test_a_compiled_training_step_calls_the_op_bodies_straight(fresh_dynamo):
+    """Under torch.compile (aot_eager) the forward and backward graphs call the registered ops
+    with grad mode off: each step reaches the bodies with no autograd layer, and the gradients
+    equal eager's."""
+    if not fastmm.ops.DIRECT_KERNELS:
+        pytest.skip("this torch lacks the internals the direct kernels read")
+
+    def step(x, w, b):
+        return torch.ops.fastmm.linear(x, w, b, "ieee").square().sum()
+
+    x, w, b = r(2, 5, 8), r(6, 8, grad=True), r(6, grad=True)
+    step(x, w, b).backward()
+    gw, gb = w.grad.clone(), b.grad.clone()
+    w.grad = b.grad = None
+    compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
+    compiled(x, w, b).backward()  # (the first call traces)
+    w.grad = b.grad = None
+    loss, seen = _python_calls(lambda: compiled(x, w, b))
+    _, seen_back = _python_calls(lambda: loss.backward())
+    assert _bodies(seen) == ["linear_body"] and not _through_autograd_layer(seen), _bodies(seen)
+    assert _bodies(seen_back) == ["matmul_body"] and not _through_autograd_layer(seen_back)
+    assert torch.allclose(w.grad, gw, rtol=1e-5, atol=1e-5) and torch.allclose(b.grad, gb, rtol=1e-5, atol=1e-5)
 
 
 # --- the eager route's autograd apply: the C-level one outside functorch transforms --------------

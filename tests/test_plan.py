@@ -18,7 +18,7 @@ import fastmm.families.simt_core as simt_core
 from fastmm.families import (FAMILIES, LOAD_ELEM_FAST, LOAD_ELEM_K, LOAD_NAMES, LOAD_VEC_FAST, LOAD_VEC_K,
                              MAX_GRID_Z, MAX_SPLIT, SimtCpAsync, Skinny, WgmmaTf32, second_pass_config, split_cap,
                              split_k_for, stream_k_head_config)
-from fastmm.families.simt_core import FUSED_SPLIT_MAX, STAGE_MIN_FLOP_PER_BYTE
+from fastmm.families.simt_core import FUSED_SPLIT_MAX, STAGE_MIN_FLOP_PER_BYTE, staged_c_spills
 from fastmm.families.simt_cp_async import short_rows_first
 from fastmm.families.wgmma_tf32 import (ROWS64_A_MN_SPLIT_MAX_K, ROWS64_A_MN_SPLIT_MIN_K, ROWS64_A_MN_SPLIT_OLD_MAX_LINES,
                                         ROWS64_MID_SPLIT_MIN_K, X3_A_REGS_MAX_N, X3_A_REGS_MIN_K, X3_A_REGS_MIN_N,
@@ -119,7 +119,8 @@ def dynamic_smem_from_macros(family: str, m: dict) -> int:
     bm, bn = tile_from_macros(family, m)
     if family == "simt_cp_async":  # simt_core.cuh: A_TILE_FLOATS = BK * (BM + 4), B likewise
         pair = m.get("SPLIT_PAIR", 0) * m["WARPS_M"] * m["WARPS_N"] * 32 * m["THREAD_M"] * 8 // 2  # partner's half
-        return (m["STAGES"] * m["BK"] * ((bm + 4) + (bn + 4)) + pair) * 4
+        # (C staged on a tile whose buffers are smaller: C_STAGE_FLOATS, simt_cp_async.cu)
+        return (max(m["STAGES"] * m["BK"] * ((bm + 4) + (bn + 4)), m.get("C_STAGE_FLOATS", 0)) + pair) * 4
     if family == "tf32_mma":  # tf32_mma.cu: [m][k] rows BM x (32 + 4), [k][m] rows 32 x (BM + 8), ...
         a = bm * (32 + 4) if m["A_SMEM_MK"] else 32 * (bm + 8)
         b = 32 * (bn + 8) if m["B_SMEM_KN"] else bn * (32 + 4)
@@ -2298,38 +2299,53 @@ def test_tf32_mma_counts_two_blocks_per_sm_only_where_shared_memory_holds_them()
     assert MAX_SPLIT < a100.split_k <= DEV["sm_80"].sm_count
 
 
-def test_single_float_c_staged_on_any_tile_only_as_a_variant_and_in_shared_memory_that_keeps_the_blocks():
-    """SimtCpAsync(stage_c_all_tiles=True) stages single-float C on every tile, growing the
-    shared memory past the pipeline's buffers (C_STAGE_FLOATS: the tile's rows at C_PITCH) only
-    where the SM still holds as many blocks; the bias form that reads one value a thread
-    (EPILOGUE_FORM 1) only where the threads tile whole rows (its static_assert); the planner's
-    default stages only the largest tile."""
+def test_single_float_c_staged_on_any_tile_in_shared_memory_that_keeps_the_blocks():
+    """On sm_90 single-float C is staged on every SIMT tile, growing the shared memory past the
+    pipeline's buffers (C_STAGE_FLOATS: the tile's rows at C_PITCH) only where the SM still holds
+    as many blocks; the bias form that reads one value a thread (EPILOGUE_FORM 1) only where the
+    threads tile whole rows (its static_assert); not the tiles whose staged build spills
+    (staged_c_spills); SimtCpAsync(stage_c_all_tiles=False) stages the largest tile alone."""
     dev = DEV["sm_90"]
-    variant = (SimtCpAsync(stage_c_all_tiles=True),)
+    largest_only = (SimtCpAsync(stage_c_all_tiles=False),)
     scores = Problem.dense(197, 197, 64, batch=64, b_t=True)  # 128 x 128: 2 blocks an SM either way
-    assert "C_STAGED" not in macros(select(scores, dev))
-    k = select(scores, dev, variants=variant).kernel
+    assert "C_STAGED" not in macros(select(scores, dev, variants=largest_only))
+    k = select(scores, dev).kernel
     m = dict(k.macros)
     assert k.tile[:2] == (128, 128) and m["C_STAGED"] == 1 and m["C_STAGE_FLOATS"] == 128 * 128
     assert k.smem == 4 * 128 * 128 > SimtCpAsync().smem_bytes(128, 128, m["STAGES"])
     assert 2 * (k.smem + 1024) <= dev.smem_per_sm
+    assert "through shared memory" in dict(k.details)["C stores"]
     # an SM whose shared memory holds two blocks of the pipeline's size, not two of the tile's:
     # not grown (on the H100 and H200 no planned tile reaches that bound)
     small = dataclasses.replace(dev, smem_per_sm=110 * 1024)
-    k = select(scores, small, variants=variant).kernel
+    k = select(scores, small).kernel
     assert k.tile[:2] == (128, 128) and "C_STAGED" not in dict(k.macros)
     assert 2 * (k.smem + 1024) <= small.smem_per_sm < 2 * (4 * 128 * 128 + 1024)
     eight = dataclasses.replace(Problem.dense(77, 77, 64, batch=96, b_t=True), epilogue=EPILOGUE_BIAS_N)
-    k = select(eight, dev, variants=variant).kernel  # 128 x 64 of 8 x 8 threads: rows pitched by 64 + 16
+    k = select(eight, dev).kernel  # 128 x 64 of 8 x 8 threads: rows pitched by 64 + 16
     m = dict(k.macros)
     assert k.tile[:2] == (128, 64) and m["C_STAGED"] == 1 and m["C_STAGE_FLOATS"] == 128 * 80
     assert m["EPILOGUE_FORM"] == 1  # (128 threads: two whole rows of 64 columns)
     wide = dataclasses.replace(Problem.dense(33, 1001, 197, a_t=True, b_t=True), epilogue=EPILOGUE_BIAS_N)
-    k = select(wide, dev, variants=variant).kernel  # 64 x 256 of 128 threads: half a row each
+    k = select(wide, dev).kernel  # 64 x 256 of 128 threads: half a row each
     m = dict(k.macros)
     assert k.tile[:2] == (64, 256) and m["C_STAGED"] == 1 and m["EPILOGUE"] == 1 and "EPILOGUE_FORM" not in m
     aligned = Problem.dense(197, 196, 64, batch=64, b_t=True)  # float4 stores: nothing staged
-    assert "C_STAGED" not in dict(select(aligned, dev, variants=variant).kernel.macros)
+    assert "C_STAGED" not in macros(select(aligned, dev))
+    assert "C_STAGED" not in macros(select(scores, DEV["sm_80"]))  # (measured on sm_90 only)
+    # the tiles whose staged build spills keep the stores from the registers: the 32-row tiles,
+    # and the 128 x 128 tile with A in single floats along k beside B's float4 units along n
+    short = Problem.dense(17, 4095, 1100, b_t=True)  # (decode-like rows: the 32 x 128 tile)
+    k = select(short, dev).kernel
+    assert k.family == "simt_cp_async" and k.tile[0] == 32 and "C_STAGED" not in dict(k.macros)
+    capped = dataclasses.replace(Problem.dense(2047, 1001, 197), b_strides=(1004, 1))  # (B's rows padded)
+    k = select(capped, dev).kernel
+    m = dict(k.macros)
+    assert k.tile[:2] == (128, 128) and (m["A_MODE"], m["B_MODE"]) == (LOAD_ELEM_K, LOAD_VEC_FAST)
+    assert "C_STAGED" not in m
+    e, v = LOAD_ELEM_K, LOAD_VEC_FAST
+    assert [staged_c_spills(t, a, b) for t, a, b in (((2, 2, 16), e, v), ((2, 4, 16), e, v), ((2, 2, 16), e, e),
+                                                     ((2, 2, 4), v, e))] == [True, False, False, True]
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])

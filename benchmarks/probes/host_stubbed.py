@@ -13,7 +13,8 @@ On the GPU the launch itself adds ~5 us a call to fastmm (cuda.core) and cuBLAS'
 Rows: fastmm.matmul with out= (bench's decode rows: host-paced on the H200), without out=, a
 ``fastmm.nn.Linear`` forward without grad, with grad, and forward + backward (models.py's host
 table), an [in, out] layer (GPT-2's Conv1D form, registered with register_linear_like) without
-grad and forward + backward, each with torch's beside it. Times are the best of 5 repeats of back-to-back calls.
+grad and forward + backward, the registered ops as compiled graphs call them (grad mode off) and
+a compiled (aot_eager) Linear step, each with torch's beside it. Times are the best of 5 repeats of back-to-back calls.
 """
 from __future__ import annotations
 
@@ -85,10 +86,21 @@ def measure(repo: str) -> dict[str, float]:
         res["matmul(a, W.t())"] = (t(lambda: fastmm.matmul(a, w.t(), precision="ieee"), 50000),
                                    t(lambda: torch.matmul(a, w.t()), 50000))
         res["Linear, no grad"] = (t(lambda: fm(x), 50000), t(lambda: ref(x), 50000))
+        # what compiled graphs call at every step (grad mode off, the weight a Parameter)
+        wp, bp = ref.weight, ref.bias
+        res["op linear, no grad"] = (t(lambda: torch.ops.fastmm.linear.default(x, wp, bp, "ieee"), 30000),
+                                     t(lambda: torch.nn.functional.linear(x, wp, bp), 30000))
+        res["op matmul, no grad"] = (t(lambda: torch.ops.fastmm.matmul.default(x, wp.t(), "ieee"), 30000),
+                                     t(lambda: torch.matmul(x, wp.t()), 30000))
     res["Linear, with grad"] = (t(lambda: fm(xg), 30000), t(lambda: ref(xg), 30000))
     res["Linear, forward + backward"] = (t(lambda: fm(xg).backward(g), 5000), t(lambda: ref(xg).backward(g), 5000))
     res["[in, out] layer, forward + backward"] = (t(lambda: fm_conv(xg).backward(g), 5000),
                                                   t(lambda: conv(xg).backward(g), 5000))
+    # a compiled step (aot_eager: the graphs' calls without Inductor's code), forward + backward
+    step_fm = torch.compile(lambda x: fm(x).square().sum(), backend="aot_eager")
+    step_ref = torch.compile(lambda x: ref(x).square().sum(), backend="aot_eager")
+    res["compiled Linear step (aot_eager)"] = (t(lambda: step_fm(xg).backward(), 3000),
+                                               t(lambda: step_ref(xg).backward(), 3000))
     return res
 
 

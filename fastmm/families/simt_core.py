@@ -48,6 +48,18 @@ def fused_split_spills(tile: tuple[int, int, int], a: int, b: int, out_vec: bool
     return (wm, wn, tm) == (1, 2, 8) and b == LOAD_ELEM_K and epilogue and not out_vec
 
 
+def staged_c_spills(tile: tuple[int, int, int], a: int, b: int) -> bool:
+    """Whether simt_cp_async's staged C store (C_STAGED) spills on a tile where the store from
+    the registers does not: the 32-row tiles (4 outputs a thread along m, 128 registers: 4 bytes
+    with A in single floats along m, split), and the 128 x 128 tile (4 warps of 16 x 8, at the
+    255-register cap) with a k-contiguous A in single floats and B in float4 units along n (32
+    bytes). ptxas -v (sm_90) over every staged build the planner made on a grid of odd widths,
+    layouts, alignments, batches, splits and biases: under NVRTC 13.5 those alone, under 13.0
+    none (NOTES.md run 50). Such tiles keep the single-float stores from the registers."""
+    wm, wn, tm = tile
+    return tm == 4 or (wm * wn == 4 and tm == 16 and a == LOAD_ELEM_K and b == LOAD_VEC_FAST)
+
+
 def covered_area(p: Problem, tile: tuple[int, int]) -> int:
     """Outputs the tiles of ``tile`` (BM, BN) compute over ``p``'s M x N, padding included."""
     return tiles_of(p, *tile) * tile[0] * tile[1]
@@ -153,8 +165,8 @@ class SimtCore(Family):
     stage_c_cc = (9, 0)
     #: ... on every tile, not the largest alone, with shared memory grown to hold the tile where
     #: the pipeline's buffers do not (C_STAGE_FLOATS), as long as the SM still holds as many
-    #: blocks (no planned tile reaches that bound on the H100 and H200): a variant switch for
-    #: probes (off: the measured rule; its builds spill, NOTES run 49).
+    #: blocks (no planned tile reaches that bound on the H100 and H200), and not where the staged
+    #: build spills (staged_c_spills).
     stage_c_all_tiles = False
     #: ... and whether it does so for a C of any width the GEMM finishes with a bias over its
     #: columns (F.linear's; EPILOGUE_FORM 1 in cuda_src/common.cuh), where stage_c holds.
@@ -369,7 +381,7 @@ class SimtCore(Family):
                     and (split > 1 or p.c_strides[1] == 1)
                     and ((opt == self.tile_options[0] and pipeline >= 4 * c_floats
                           and (not c_vec or (self.stage_biased_c and bias_over_columns)))
-                         or (self.stage_c_all_tiles and not c_vec
+                         or (self.stage_c_all_tiles and not c_vec and not staged_c_spills(opt, a, b)
                              and blocks_by_smem(grown, dev) >= min(per_sm, blocks_by_smem(pipeline, dev)))))
         if staged_c:
             extra += (("C_STAGED", 1),)

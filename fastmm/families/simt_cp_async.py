@@ -142,9 +142,14 @@ class SimtCpAsync(SimtCore):
     #: 10231.3 us, 14336 x 4096 x 2048 4739.5 (plain) -> 4663.2, NOTES run 36), and stream-K is
     #: taken only where the last wave's idle SMs cost more than the penalty on the stretches.
     a_single_floats_stream_k_penalty: float = 0.045
-    #: Single-float C staged through shared memory on every tile (see SimtCore.stage_c_all_tiles):
-    #: a variant switch for probes.
-    stage_c_all_tiles: bool = False
+    #: Single-float C staged through shared memory on every tile (see SimtCore.stage_c_all_tiles).
+    #: Attention's scores at L = 197 or 77 (C 197 or 77 wide) store a 128 x 128 or 128 x 64 tile
+    #: for 64 k of work, so the store is most of the block's time: from the registers 4 bytes a
+    #: lane 16 bytes apart, staged in rows of consecutive floats a warp. H100 (NOTES run 49,
+    #: GPU us, registers / staged, torch): 768 x 197 x 197 x 64 278.6 / 255.4 (198.7), at a batch
+    #: of 64 35.4 / 24.8 (19.1), 96 x 77 x 77 x 64 15.0 / 13.8 (9.3), 300 x 701 x 1100 W^T split
+    #: 31.4 / 28.4 (21.0). False: the largest tile alone (a switch for probes).
+    stage_c_all_tiles: bool = True
 
     name, source, entry = "simt_cp_async", "simt_cp_async.cu", "fastmm_simt_cp_async"
     min_cc = (8, 0)
