@@ -467,7 +467,12 @@ def _direct_kernel(opdef, body, backend: str):
     per call, with a body of 2.5 (torch 2.13; NOTES.md run 50). A 1024-token BERT step calls
     the ops ~230 times. The checks here are what keeps every other call on the general path:
     a keyset with anything between autograd and the backend (the Python key of fake tensors
-    and dispatch modes such as FlopCounterMode, Functionalize) or a tensor that needs grad."""
+    and dispatch modes such as FlopCounterMode, Functionalize), a tensor that needs grad, or
+    Dynamo evaluating frames (a call from a function compiled around, e.g. one under
+    ``torch.compiler.disable(recursive=False)``: Dynamo would trace the body's frames). What the
+    route leaves out of custom_op's backend wrapper: its aliasing check (the bodies return fresh
+    tensors), ``set_kernel_enabled`` and kernels added by ``register_kernel`` (fastmm uses
+    neither)."""
     from torch._library.autograd import make_autograd_impl  # (private: see _register_direct_kernels)
 
     general = make_autograd_impl(opdef._opoverload, opdef)
@@ -476,10 +481,13 @@ def _direct_kernel(opdef, body, backend: str):
     any_requires_grad = torch._C._any_requires_grad
     dynamo_callback = torch._C._dynamo.eval_frame.get_eval_frame_callback
 
+    below_autograd = torch._C._AutoDispatchBelowAutograd
+
     def kernel(keyset, *args, **kwargs):
         if ((keyset & after_autograd).highestPriorityTypeId() == plain and dynamo_callback() is None
                 and not (torch.is_grad_enabled() and any_requires_grad(*args))):
-            return body(*args, **kwargs)
+            with below_autograd():  # (as the general path runs it: no autograd, forward-mode AD included, inside)
+                return body(*args, **kwargs)
         return general(keyset, *args, **kwargs)
 
     return kernel

@@ -629,19 +629,18 @@ def test_stream_k_entries_the_planner_can_choose_build_without_spills(arch):
 def _staged_c_macro_sets() -> list[tuple]:
     """Every simt_cp_async build with C stored through shared memory (C_STAGED) that the sm_90
     planner makes over a grid of products: odd and float4 widths, every operand layout, a batch,
-    16- and 4-byte alignment, a bias over columns, C written with an odd row pitch (out=), K from
+    16- and 4-byte alignment, a bias over columns or rows, C written with an odd row pitch (out=), K from
     64 to 20001 (splits, stream-K), rows from 1 to 4099 (every tile)."""
     import itertools
 
     dev = DeviceFacts.simulated_device("sm_90")
     found = {}
-    for (M, N, K), a_t, b_t, batch, bias, align, pitched in itertools.product(
+    for (M, N, K), a_t, b_t, batch, epilogue, align, pitched in itertools.product(
             itertools.product((1, 17, 33, 64, 77, 197, 300, 640, 999, 2047, 4099),
                               (3, 64, 77, 197, 701, 1001, 1024, 4095, 50257), (64, 197, 1100, 4096, 4097, 20001)),
-            (False, True), (False, True), (1, 16), (False, True), (16, 4), (False, True)):
-        p = Problem.dense(M, N, K, batch=batch, a_t=a_t, b_t=b_t, align=align)
-        if bias:
-            p = dataclasses.replace(p, epilogue=EPILOGUE_BIAS_N)
+            (False, True), (False, True), (1, 16), (EPILOGUE_NONE, EPILOGUE_BIAS_N, EPILOGUE_BIAS_M), (16, 4),
+            (False, True)):
+        p = dataclasses.replace(Problem.dense(M, N, K, batch=batch, a_t=a_t, b_t=b_t, align=align), epilogue=epilogue)
         if pitched:
             p = dataclasses.replace(p, c_strides=(N + 1, 1), c_batch_strides=(0, M * (N + 1)), c_align=4)
         for k in select(p, dev).kernels():

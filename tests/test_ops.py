@@ -326,6 +326,42 @@ def test_an_op_call_under_a_mode_or_fake_tensors_keeps_the_autograd_layer():
     assert isinstance(out, FakeTensor) and out.shape == (4, 6) and _through_autograd_layer(seen)
 
 
+def test_an_op_called_while_dynamo_evaluates_frames_keeps_the_autograd_layer(fresh_dynamo):
+    """A call from a function Dynamo does not trace but whose callees it would
+    (torch.compiler.disable(recursive=False)), under a compiled caller: Dynamo's frame
+    evaluation is on, so the body is reached through custom_op's layer (which shields it), and
+    Dynamo compiles the caller's two frames only, not the op body's internals."""
+    from torch._dynamo.testing import CompileCounter
+
+    @torch.compiler.disable(recursive=False)
+    def inner(x, w):
+        return torch.ops.fastmm.linear(x, w, None, "ieee")
+
+    def f(x, w):
+        return inner(x * 2, w) + 1
+
+    counter = CompileCounter()
+    compiled = torch.compile(f, backend=counter)
+    x, w = r(4, 8), r(6, 8)
+    with torch.no_grad():
+        compiled(x, w)
+        out = compiled(x, w)
+    assert counter.frame_count == 2, counter.frame_count
+    assert torch.allclose(out, (x * 2) @ w.t() + 1, rtol=1e-6, atol=1e-6)
+
+
+def test_an_op_call_without_gradient_carries_no_forward_mode_tangent():
+    """As through custom_op's own layer (which runs the op below autograd): a dual input's
+    tangent does not propagate through a direct call either (CPU tensors, where the body's
+    fallback is torch's own arithmetic, which would carry it)."""
+    import torch.autograd.forward_ad as fwAD
+
+    x, w = r(4, 8), r(6, 8)
+    with fwAD.dual_level():
+        out = torch.ops.fastmm.linear(fwAD.make_dual(x, torch.ones_like(x)), w, None, "ieee")
+        assert fwAD.unpack_dual(out).tangent is None
+
+
 def test_a_compiled_training_step_calls_the_op_bodies_straight(fresh_dynamo):
     """Under torch.compile (aot_eager) the forward and backward graphs call the registered ops
     with grad mode off: each step reaches the bodies with no autograd layer, and the gradients

@@ -49,15 +49,15 @@ def fused_split_spills(tile: tuple[int, int, int], a: int, b: int, out_vec: bool
 
 
 def staged_c_spills(tile: tuple[int, int, int], a: int, b: int) -> bool:
-    """Whether simt_cp_async's staged C store (C_STAGED) spills on a tile where the store from
-    the registers does not: the 32-row tiles (4 outputs a thread along m, 128 registers: 4 bytes
-    with A in single floats along m, split), and the 128 x 128 tile (4 warps of 16 x 8, at the
-    255-register cap) with a k-contiguous A in single floats and B in float4 units along n (32
-    bytes). ptxas -v (sm_90) over every staged build the planner made on a grid of odd widths,
-    layouts, alignments, batches, splits and biases: under NVRTC 13.5 those alone, under 13.0
-    none (NOTES.md run 50). Such tiles keep the single-float stores from the registers."""
-    wm, wn, tm = tile
-    return tm == 4 or (wm * wn == 4 and tm == 16 and a == LOAD_ELEM_K and b == LOAD_VEC_FAST)
+    """Whether simt_cp_async keeps single-float C stores from the registers on a tile where its
+    staged store (C_STAGED) spilled and the register one does not: the 128 x 128 tile (4 warps of
+    16 x 8, at the 255-register cap) with a k-contiguous A in single floats and B in float4 units
+    along n (32 bytes), and the 32-row tiles (4 outputs a thread along m, 128 registers: 4 bytes
+    with A in single floats along m beside B's along k, split; their other staged builds fit, but
+    staging them is unmeasured, so none is staged). ptxas -v (sm_90) over every staged build the
+    planner made on a grid of odd widths, layouts, alignments, batches, splits and biases: under
+    NVRTC 13.5 those alone, under 13.0 and 13.2 none (NOTES.md run 50)."""
+    return tile[2] == 4 or (tile == (2, 2, 16) and a == LOAD_ELEM_K and b == LOAD_VEC_FAST)
 
 
 def covered_area(p: Problem, tile: tuple[int, int]) -> int:
