@@ -465,7 +465,8 @@ def _direct_kernel(opdef, body, backend: str):
     (the autograd one, which redispatches below autograd, then the backend one with its
     aliasing check and Dynamo guard): fastmm.linear's op without grad, launches stubbed, 12.1 us
     a call through that layer against 8.2 this way, a compiled Linear step 237 against 203
-    (CPU, torch 2.13; NOTES.md run 50). A 1024-token BERT step calls the ops ~230 times. The checks here are what keeps every other call on the general path:
+    (CPU, torch 2.13; NOTES.md run 50). A 1024-token BERT step calls the ops ~230 times. The
+    checks here are what keeps every other call on the general path:
     a keyset with anything between autograd and the backend (the Python key of fake tensors
     and dispatch modes such as FlopCounterMode, Functionalize), a tensor that needs grad, or
     Dynamo evaluating frames (a call from a function compiled around, e.g. one under
