@@ -233,17 +233,27 @@ def tiles_of(p: Problem, bm: int, bn: int) -> int:
 PAD_SLACK = 1.1
 
 
+def covered_area(p: Problem, tile: tuple[int, int]) -> int:
+    """Outputs the tiles of ``tile`` (BM, BN) compute over ``p``'s M x N, padding included."""
+    return tiles_of(p, *tile) * tile[0] * tile[1]
+
+
+def fills_wave(p: Problem, dev: DeviceFacts, tile: tuple[int, int]) -> bool:
+    """Whether ``p``'s blocks of ``tile`` (BM, BN), over the whole batch, fill 90% of a wave of
+    one block an SM."""
+    return tiles_of(p, *tile) * p.batch_total >= 0.9 * dev.sm_count
+
+
 def pick_tile(p: Problem, dev: DeviceFacts, options, tile_of, pad_slack: float | None = PAD_SLACK):
     """First (largest) option whose tiles fill (90% of) a wave of blocks and cover no more than
     ``PAD_SLACK`` times the area the tightest option covers; else the smallest. Without the area
     test a 128 x 256 tile took attention's P.V (N = 64, a batch of 128): 4x the FFMAs, 360 us
     against 145 for 128 x 64 tiles on the H200 (and decode64's M = 64: 381 against 222 us;
     benchmarks/NOTES.md, the candidates probe). ``pad_slack`` None: no area test."""
-    areas = [tiles_of(p, *tile_of(opt)) * tile_of(opt)[0] * tile_of(opt)[1] for opt in options]
+    areas = [covered_area(p, tile_of(opt)) for opt in options]
     least = min(areas)
     for opt, area in zip(options, areas):
-        bm, bn = tile_of(opt)
-        if (pad_slack is None or area <= pad_slack * least) and tiles_of(p, bm, bn) * p.batch_total >= 0.9 * dev.sm_count:
+        if (pad_slack is None or area <= pad_slack * least) and fills_wave(p, dev, tile_of(opt)):
             return opt
     return options[-1]
 

@@ -9,8 +9,8 @@ from dataclasses import dataclass, replace
 
 from ..problem import EPILOGUE_BIAS_N, DeviceFacts, Problem
 from .base import (LOAD_ELEM_FAST, LOAD_ELEM_K, LOAD_NAMES, LOAD_VEC_FAST, LOAD_VEC_K, PAD_SLACK, Family,
-                   KernelConfig, blocks_by_smem, grid_of, k_dominant, pick_tile, round4, tiles_of, vec_ok,
-                   with_split_flags)
+                   KernelConfig, blocks_by_smem, covered_area, grid_of, k_dominant, pick_tile, round4, tiles_of,
+                   vec_ok, with_split_flags)
 from .work_split import effective_split, split_k_for, stream_k_for
 
 #: Stage an operand only when the product does at least this many FLOP per byte the copy moves
@@ -58,11 +58,6 @@ def staged_c_spills(tile: tuple[int, int, int], a: int, b: int) -> bool:
     planner made on a grid of odd widths, layouts, alignments, batches, splits and biases: under
     NVRTC 13.5 those alone, under 13.0 and 13.2 none (NOTES.md run 50)."""
     return tile[2] == 4 or (tile == (2, 2, 16) and a == LOAD_ELEM_K and b == LOAD_VEC_FAST)
-
-
-def covered_area(p: Problem, tile: tuple[int, int]) -> int:
-    """Outputs the tiles of ``tile`` (BM, BN) compute over ``p``'s M x N, padding included."""
-    return tiles_of(p, *tile) * tile[0] * tile[1]
 
 
 def pads_no_more(n: int, wide: int, narrow: int) -> bool:

@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..problem import DeviceFacts
-from .base import Family, KernelConfig, grid_of, k_dominant, pick_tile, round4, tiles_of, vec_ok, with_split_flags
+from .base import (Family, KernelConfig, covered_area, fills_wave, grid_of, k_dominant, pick_tile, round4, tiles_of,
+                   vec_ok, with_split_flags)
 from .simt_core import padded_copies
 from .stage_kmajor import stage_rows_config
 from .work_split import split_k_for
@@ -101,12 +102,9 @@ class Tf32Mma(Family):
         itself): among the multi-warp tiles that pad less than the one-warp tile's area over
         ONE_WARP_RATE and fill 90% of a wave, the area rule's choice; else ``one_warp`` (fewer
         blocks than SMs are better spread one warp a block). Only a one-warp choice moves."""
-        def area(o):
-            bm, bn = self.tile_dims(o)
-            return tiles_of(p, bm, bn) * bm * bn
-        bound = area(one_warp) / ONE_WARP_RATE
-        fits = tuple(o for o in options if o != one_warp and area(o) < bound
-                     and tiles_of(p, *self.tile_dims(o)) * p.batch_total >= 0.9 * dev.sm_count)
+        bound = covered_area(p, self.tile_dims(one_warp)) / ONE_WARP_RATE
+        fits = tuple(o for o in options if o != one_warp and covered_area(p, self.tile_dims(o)) < bound
+                     and fills_wave(p, dev, self.tile_dims(o)))
         return pick_tile(p, dev, fits, self.tile_dims) if fits else one_warp
 
     def options(self, p, dev):
