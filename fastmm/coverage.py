@@ -29,6 +29,8 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from .shapes import flat_rows
+
 #: aten products (overload packets) that a float32 matmul of a model can land on when it is not
 #: routed through fastmm.
 _TORCH_PRODUCTS = {"mm", "bmm", "addmm", "baddbmm", "addbmm", "addmv", "mv", "dot", "vdot", "matmul", "linear",
@@ -72,13 +74,18 @@ def _shapes(args) -> tuple:
     return tuple(tuple(a.shape) for a in args if isinstance(a, torch.Tensor))
 
 
-def _fastmm_operands(name: str, args, kwargs):
-    """(a, b, precision) of a fastmm op call, the product as fastmm.explain takes it."""
+def _fastmm_products(name: str, args, kwargs) -> list[tuple]:
+    """[(a, b, precision)] of a fastmm op call, each product as fastmm.explain takes it
+    (linear_grads makes two: grad_x = g @ w, grad_w = g^T @ x, rows flattened)."""
     if name == "linear":
-        return args[0], args[1].t(), (args[3] if len(args) > 3 else kwargs.get("precision"))
+        return [(args[0], args[1].t(), args[3] if len(args) > 3 else kwargs.get("precision"))]
     if name == "addmm":
-        return args[1], args[2], (args[5] if len(args) > 5 else kwargs.get("precision"))
-    return args[0], args[1], (args[2] if len(args) > 2 else kwargs.get("precision"))
+        return [(args[1], args[2], args[5] if len(args) > 5 else kwargs.get("precision"))]
+    if name == "linear_grads":
+        g, x, w = args[:3]
+        precision = args[3] if len(args) > 3 else kwargs.get("precision")
+        return [(g, w, precision), (flat_rows(g).t(), flat_rows(x), precision)]
+    return [(args[0], args[1], args[2] if len(args) > 2 else kwargs.get("precision"))]
 
 
 _CALL_IMPL = torch.nn.Module._call_impl.__code__
@@ -130,10 +137,12 @@ class _Recorder(TorchDispatchMode):
         if ns == "fastmm":
             from .explain import explain
 
-            a, b, precision = _fastmm_operands(name, args, kwargs)
-            plan = explain(a, b, precision=precision)
-            where, detail = ("fastmm", plan.kernel) if plan.kernel else ("torch", f"fastmm fell back: {plan.fallback}")
-            self.report.entries.append(CoverageEntry(self.phase, f"fastmm::{name}", _shapes(args), where, detail))
+            products = _fastmm_products(name, args, kwargs)
+            for a, b, precision in products:
+                plan = explain(a, b, precision=precision)
+                where, detail = ("fastmm", plan.kernel) if plan.kernel else ("torch", f"fastmm fell back: {plan.fallback}")
+                shapes = _shapes(args) if len(products) == 1 else _shapes((a, b))
+                self.report.entries.append(CoverageEntry(self.phase, f"fastmm::{name}", shapes, where, detail))
         elif ns == "aten" and name.startswith(_ATTENTION):
             self.report.entries.append(CoverageEntry(self.phase, f"aten::{name}", _shapes(args), "attention",
                                                      "attention core inside F.scaled_dot_product_attention"))

@@ -4,8 +4,9 @@ allocation,) and one launch (split-K, stream-K: two; a staged plan: its copies a
 
 The key holds everything the plan depends on that can be read cheaply: shapes, strides, dtypes,
 devices, pointer alignment, precision and the environment switches. A layout that never takes
-this path (several launch offsets, rows folded by a copy) is remembered as such too, so it
-is analysed once, not on every call. ``F.linear``'s product (every Linear layer's forward) has
+this path (several launch offsets, an out= whose rows are folded by a copy) is remembered as
+such too, so it is analysed once, not on every call; rows folded by a copy without out= are
+copied, then the copy's own entry serves. ``F.linear``'s product (every Linear layer's forward) has
 a key of its own, read from x, the weight and the bias as they are (:func:`compute_linear`):
 the same information, without making the transposed weight's view per call; and a Linear
 layer's backward (grad_x and grad_W, :func:`linear_backward`) one key for both products, read
@@ -44,10 +45,11 @@ class FastEntry:
 
 #: key -> FastEntry, or NOT_FAST for a key that never takes this path (a missing key: not known
 #: yet), or (for a fused key, :func:`compute_fused`) UNFUSED: the product and its epilogue are
-#: computed apart for this key, or (a linear key) FOLD_BY_COPY.
+#: computed apart for this key, or FOLD_BY_COPY (A's rows copied first, then the copy's entry).
 NOT_FAST = False
 UNFUSED = "unfused"
-#: (a linear key, :func:`compute_linear`) x's leading dims merge into rows only by a copy.
+#: (a linear key, :func:`compute_linear`, or a product's, :func:`compute`) x's (A's) leading dims
+#: merge into rows only by a copy.
 FOLD_BY_COPY = "fold by copy"
 ENTRIES: dict[tuple, FastEntry | bool | str] = {}
 
@@ -102,8 +104,10 @@ def remember(key: tuple, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | N
     s = analyse(a, b)
     if s.K == 0 or any(n == 0 for n in s.batch + (s.M, s.N)):
         return
-    if s.copied:  # A's rows are folded by a copy, made per call: the full path's job
-        ENTRIES[key] = NOT_FAST
+    if s.copied:
+        # A's rows merge only by a copy, made per call: a repeat call copies them and takes the
+        # copy's own entry (:func:`compute`); with an out=, the full path
+        _keep(key, FOLD_BY_COPY if out is None and epilogue is None else NOT_FAST)
         return
     view_shape = s.batch + (s.M, s.N)
     if out is None:
@@ -191,7 +195,20 @@ def compute(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, precisio
     pa, pb, po = a.data_ptr(), b.data_ptr(), 0 if out is None else out.data_ptr()
     key = key_at(a, b, out, precision, pa, pb, po)
     c = serve(key, pa, pb, out, po)
-    return c if c is not None else _compute_full(key, a, b, out, precision)
+    if c is not None:
+        return c
+    if out is None and a.dim() > 2 and b.dim() <= 2 and a.shape[-1] == b.shape[0]:
+        entry = ENTRIES.get(key)
+        if entry is FOLD_BY_COPY or (entry is None and fold_needs_copy(a)):
+            # rows that no view merges (a transposed batch view; a compiled backward's gradient in
+            # attention's head-major layout): copied into one (rows, K) matrix, as the full path
+            # would, whose own entry then serves. The full path planned the product again on
+            # every call (~100-250 us of host time on the H100 machine; 4 calls a step of a
+            # compiled ViT's backward). (A K mismatch takes the full path: torch's error, worded
+            # with these shapes.)
+            _keep(key, FOLD_BY_COPY)
+            return compute(rows_copy(a), b, None, precision).view(a.shape[:-1] + b.shape[1:])
+    return _compute_full(key, a, b, out, precision)
 
 
 def _compute_full(key: tuple, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None,

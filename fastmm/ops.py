@@ -1,12 +1,16 @@
 """fastmm with autograd, and as torch.library custom ops for torch.compile and CUDA graphs.
 
 Registered ops (what torch.compile, ``torch.library.opcheck``, fake tensors and dispatch modes
-see; each with a fake, an autograd formula and ``precision=None`` following torch's setting):
+see; each with a fake, an autograd formula (but linear_grads) and ``precision=None`` following
+torch's setting):
 
 - ``fastmm::matmul(a, b, precision=None) -> Tensor``: torch.matmul, allocating a contiguous result;
 - ``fastmm::matmul_out(a, b, precision, out) -> ()``: into ``out`` (already the right shape);
 - ``fastmm::linear(x, weight, bias=None, precision=None) -> Tensor``: ``F.linear``;
-- ``fastmm::addmm(c, a, b, beta=1, alpha=1, precision=None) -> Tensor``: ``torch.addmm``.
+- ``fastmm::addmm(c, a, b, beta=1, alpha=1, precision=None) -> Tensor``: ``torch.addmm``;
+- ``fastmm::linear_grads(g, x, weight, precision=None) -> (Tensor, Tensor)``: both gradients of
+  ``x @ weight.t()``, what fastmm::linear's backward calls with grad mode off (a compiled
+  graph's): one op call for the two products. It has no autograd formula of its own.
 
 In eager mode the same products take a cheaper route: ``torch.autograd.Function`` subclasses
 whose forward and backward call :func:`fastmm.fast_path.compute` directly. A Python custom op
@@ -410,11 +414,49 @@ def _linear_setup(ctx, inputs, output):
 def _linear_backward(ctx, g):
     x, w = ctx.saved_tensors
     nx, nw, nb = ctx.needs_input_grad[:3]
-    return linear_grads(_op_mm(ctx.precision), x, w, g, nx, nw) + (
-        bias_grad(g, ctx.bias_shape) if nb else None, None)
+    if nx and nw and not torch.is_grad_enabled() and w.dim() == 2 and g.shape == x.shape[:-1] + w.shape[:1]:
+        # (a compiled graph's backward, traced with grad mode off: one op call for both products;
+        # a double backward, grad mode on, takes the differentiable products one by one)
+        grads = torch.ops.fastmm.linear_grads(g, x, w, ctx.precision)
+    else:
+        grads = linear_grads(_op_mm(ctx.precision), x, w, g, nx, nw)
+    return grads + (bias_grad(g, ctx.bias_shape) if nb else None, None)
 
 
 linear_op.register_autograd(_linear_backward, setup_context=_linear_setup)
+
+
+def linear_grads_body(g: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
+                      precision: Optional[str] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(grad_x, grad_weight) of ``x @ weight.t()`` for the output gradient ``g`` (g of x's
+    leading shape by weight's rows), in one call: the registered linear's backward where both are
+    needed and grad mode is off (a compiled graph's). One call of an op where two were made, each
+    ~10-15 us of dispatcher and Python on the GPU machine's host (NOTES.md run 51), and both
+    products launched from one remembered entry (fastmm.fast_path.linear_backward). Not
+    differentiable itself: a double backward takes the product ops one by one."""
+    precision = resolve_precision(precision)
+
+    def mm(a, b):  # (no autograd here: the op's inputs may require grad, its body records none)
+        return compute(a, b, None, precision)
+
+    grad_x, grad_w = fast_path.linear_backward(g, x, weight, precision, True, True,
+                                               lambda: linear_grads(mm, x, weight, g, True, True))
+    return (grad_x if grad_x.is_contiguous() else grad_x.contiguous(),
+            grad_w if grad_w.is_contiguous() else grad_w.contiguous())
+
+
+linear_grads_op = torch.library.custom_op("fastmm::linear_grads", linear_grads_body, mutates_args=())
+
+
+@linear_grads_op.register_fake
+def _(g, x, weight, precision=None):
+    torch._check(g.dtype == x.dtype and x.dtype == weight.dtype,
+                 lambda: f"expected g, x and weight to have one dtype, but got: {g.dtype}, {x.dtype}, {weight.dtype}")
+    torch._check(weight.dim() == 2, lambda: "weight must be a matrix")
+    torch._check(x.dim() >= 1 and g.shape == x.shape[:-1] + weight.shape[:1] and x.shape[-1] == weight.shape[1],
+                 lambda: f"linear_grads: g {tuple(g.shape)} is not the gradient of x {tuple(x.shape)} @ "
+                         f"weight {tuple(weight.shape)}.t()")
+    return x.new_empty(x.shape), weight.new_empty(weight.shape)
 
 
 def addmm_body(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, beta: float = 1.0, alpha: float = 1.0,
@@ -483,10 +525,19 @@ def _direct_kernel(opdef, body, backend: str):
     dynamo_callback = torch._C._dynamo.eval_frame.get_eval_frame_callback
 
     below_autograd = torch._C._AutoDispatchBelowAutograd
+    # Whether a keyset has nothing between autograd and the backend, by the keyset's raw bits:
+    # one C call (~0.1 us here) where the test itself takes three and an enum comparison (0.7
+    # us here, 3.7 on the H100 machine's host), on every call of a compiled graph's ops.
+    plain_below: dict[int, bool] = {}
 
     def kernel(keyset, *args, **kwargs):
-        if ((keyset & after_autograd).highestPriorityTypeId() == plain and dynamo_callback() is None
-                and not (torch.is_grad_enabled() and any_requires_grad(*args))):
+        raw = keyset.raw_repr()
+        below = plain_below.get(raw)
+        if below is None:
+            if len(plain_below) >= 64:  # (a handful in practice: the bound only keeps it small)
+                plain_below.clear()
+            below = plain_below[raw] = (keyset & after_autograd).highestPriorityTypeId() == plain
+        if below and dynamo_callback() is None and not (torch.is_grad_enabled() and any_requires_grad(*args)):
             with below_autograd():  # (as the general path runs it: no autograd, forward-mode AD included, inside)
                 return body(*args, **kwargs)
         return general(keyset, *args, **kwargs)
@@ -504,7 +555,8 @@ def _register_direct_kernels() -> bool:
     which is correct, only slower."""
     try:
         kernels = [(opdef._name, _direct_kernel(opdef, body, backend), "Autograd" + backend)
-                   for opdef, body in ((matmul_op, matmul_body), (linear_op, linear_body), (addmm_op, addmm_body))
+                   for opdef, body in ((matmul_op, matmul_body), (linear_op, linear_body), (addmm_op, addmm_body),
+                                       (linear_grads_op, linear_grads_body))
                    for backend in ("CUDA", "CPU")]
     except (ImportError, AttributeError):
         return False
@@ -536,6 +588,10 @@ def _register_flop_formulas() -> None:
     @register_flop_formula(torch.ops.fastmm.linear)
     def _(x_shape, w_shape, *args, out_shape=None, **kwargs):
         return product_flops(x_shape, x_shape[-1], out_shape)
+
+    @register_flop_formula(torch.ops.fastmm.linear_grads)
+    def _(g_shape, x_shape, w_shape, *args, out_shape=None, **kwargs):
+        return 2 * product_flops(x_shape, w_shape[0], x_shape)  # two products of x's rows x N x K
 
     @register_flop_formula(torch.ops.fastmm.addmm)
     def _(c_shape, a_shape, b_shape, *args, out_shape=None, **kwargs):

@@ -387,23 +387,39 @@ def test_a_linear_on_rows_no_view_merges_runs_one_product_on_a_copy(emulated_gpu
 
 
 @pytest.mark.parametrize("precision", ["ieee", "tf32"])
-def test_matmul_folds_rows_no_view_merges_by_a_copy_on_the_full_path(emulated_gpu, precision):
-    """fastmm.matmul(a, W) with a's batch dims transposed: one 2-D product of all rows (as
-    torch.matmul), planned and launched on a fresh copy of a every call (no fast entry: the
-    entry would launch on a's own pointer), right into a fresh result and into a NaN-filled out."""
+def test_matmul_folds_rows_no_view_merges_by_a_copy_then_the_copys_entry_serves(emulated_gpu, precision):
+    """fastmm.matmul(a, W) with a's batch dims transposed (a compiled backward hands attention's
+    gradients over so): one 2-D product of all rows (as torch.matmul), launched on a fresh copy
+    of a every call. Only the first call plans; the next ones copy the rows and take the copy's
+    own entry (they planned again on every call before: ~100-250 us of host time each). With an
+    out=, the full path every call, right into a NaN-filled out. a is never written."""
     gpu = emulated_gpu
     a = torch.randn(5, 24, 36).transpose(0, 1)  # (24, 5, 36)
-    w = torch.randn(36, 52)
+    a0 = a.clone()
+    w, v = torch.randn(36, 52), torch.randn(36)
     exp = fastmm.explain(a, w, precision=precision)
     assert (exp.shapes["M"], exp.shapes["batch"]) == (120, ())
-    for _ in range(2):
+    for call in range(3):
         gpu.clear()
-        _check(fastmm.matmul(a, w, precision=precision).reshape(120, 52), a.reshape(120, 36), w, precision)
+        c = fastmm.matmul(a, w, precision=precision)
+        assert c.shape == (24, 5, 52) and c.is_contiguous()
+        _check(c.reshape(120, 52), a.reshape(120, 36), w, precision)
+        assert gpu.launches and all(launch.pointers[0] != a.data_ptr() for launch in gpu.launches)
+        assert gpu.slow_calls == 1  # (counted over the calls: the first one planned the 2-D product)
+        assert torch.equal(a, a0)
+    assert _entry(a, w, None, precision) is fast_path.FOLD_BY_COPY
+    assert type(_entry(a0.reshape(120, 36), w, None, precision)) is fast_path.FastEntry
+    for call in range(2):  # a matrix @ vector: (24, 5), the same route
+        c = fastmm.matmul(a, v, precision=precision)
+        assert c.shape == (24, 5) and gpu.slow_calls == 2
+        torch.testing.assert_close(c, a @ v, rtol=1e-5 if precision == "ieee" else 3e-3, atol=1e-4 if precision == "ieee" else 3e-2)
+    for call in range(2):
+        gpu.clear()
         out = torch.full((24, 5, 52), NAN)
         assert fastmm.matmul(a, w, precision=precision, out=out) is out
         assert relative_error(out.reshape(120, 52), a.reshape(120, 36), w) <= (1e-6 if precision == "ieee" else 3e-3)
-        assert all(launch.pointers[0] != a.data_ptr() for launch in gpu.launches)
-    assert _entry(a, w, None, precision) is fast_path.NOT_FAST
+        assert gpu.slow_calls == 3 + call and all(launch.pointers[0] != a.data_ptr() for launch in gpu.launches)
+    assert _entry(a, w, out, precision) is fast_path.NOT_FAST
 
 
 @pytest.mark.parametrize("bias_shape", [(4, 36), (16, 1, 36), (4, 1), (36,), ()])

@@ -50,6 +50,29 @@ def test_an_nd_input_times_a_linear_weight_is_one_folded_product(shape, precisio
     assert torch.equal(again, y)
 
 
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("shape", [(4, 197, 1024, 1024), (3, 50, 192, 160), (2, 7, 129, 3)])
+@pytest.mark.parametrize("weight", ["row_major", "w_t"])
+def test_rows_no_view_merges_are_copied_then_the_copys_entry_serves_every_call(shape, precision, weight):
+    """A seq-first view (a compiled backward hands attention's gradients over so) times a weight,
+    row-major (grad_x's form) or nn.Linear's W^T: one product of all rows on a copy, the copy's
+    own entry from the second call on; fresh values in the same buffers each call, the result
+    right against float64 every time and a never written."""
+    B, S, K, N = shape
+    a_sf, w = randn(S, B, K), randn(N, K) if weight == "w_t" else randn(K, N)
+    a = a_sf.transpose(0, 1)  # (B, S, K): rows merge only by a copy
+    b = w.t() if weight == "w_t" else w
+    for call in range(3):
+        with torch.no_grad():
+            a_sf.normal_(), w.normal_()
+        a0 = a.clone()
+        y = fastmm.matmul(a, b, precision=precision)
+        assert y.shape == (B, S, N) and y.is_contiguous() and not torch.isnan(y).any()
+        assert rel(y, a0.double() @ b.double()) <= tol(precision, K)
+        assert torch.equal(a, a0)
+    assert fast_path.ENTRIES.get(fast_path.key_of(a, b, None, precision)) is fast_path.FOLD_BY_COPY
+
+
 def test_a_folded_product_into_an_out_it_cannot_view_is_computed_aside():
     a, b = randn(4, 6, 32), randn(32, 48)
     out = torch.full((6, 4, 48), NAN, device="cuda").transpose(0, 1)

@@ -12,6 +12,7 @@ import torch
 from torch.library import opcheck
 
 import fastmm  # noqa: F401  (registers torch.ops.fastmm.*)
+import emulation
 from conftest import relative_error
 
 
@@ -275,7 +276,7 @@ def _through_autograd_layer(seen) -> bool:
 
 
 def _bodies(seen) -> list[str]:
-    return [name for f, name in seen if name in ("matmul_body", "linear_body", "addmm_body")]
+    return [name for f, name in seen if name in ("matmul_body", "linear_body", "addmm_body", "linear_grads_body")]
 
 
 OP_CALLS = {
@@ -384,6 +385,76 @@ def test_a_compiled_training_step_calls_the_op_bodies_straight(fresh_dynamo):
     assert _bodies(seen) == ["linear_body"] and not _through_autograd_layer(seen), _bodies(seen)
     assert _bodies(seen_back) == ["matmul_body"] and not _through_autograd_layer(seen_back)
     assert torch.allclose(w.grad, gw, rtol=1e-5, atol=1e-5) and torch.allclose(b.grad, gb, rtol=1e-5, atol=1e-5)
+
+
+def test_a_compiled_linear_step_makes_both_gradient_products_in_one_op_call(fresh_dynamo, emulated_gpu, monkeypatch):
+    """With both x and the weight needing gradients, the compiled backward calls
+    fastmm::linear_grads once (straight to its body: one dispatcher call where there were two),
+    whose two products come from one remembered entry on a repeat step; the gradients equal
+    eager's, which equal float64's."""
+    if not fastmm.ops.DIRECT_KERNELS:
+        pytest.skip("this torch lacks the internals the direct kernels read")
+    monkeypatch.setattr(emulation, "CHECK_MEMORY", False)  # (the graph's g is made by torch's ops)
+
+    def step(x, w, b):
+        return torch.ops.fastmm.linear(x, w, b, "ieee").square().sum()
+
+    x, w, b = r(2, 5, 8, grad=True), r(6, 8, grad=True), r(6, grad=True)
+    compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
+    for _ in range(2):  # (the first call traces; the second plans the products and remembers them)
+        x.grad = w.grad = b.grad = None
+        compiled(x, w, b).backward()
+    x.grad = w.grad = b.grad = None
+    loss = compiled(x, w, b)
+    slow, launches = emulated_gpu.slow_calls, len(emulated_gpu.launches)
+    _, seen_back = _python_calls(lambda: loss.backward())
+    assert _bodies(seen_back) == ["linear_grads_body"] and not _through_autograd_layer(seen_back)
+    assert emulated_gpu.slow_calls == slow and len(emulated_gpu.launches) == launches + 2  # grad_x, grad_w
+    x64, w64, b64 = (t.detach().double().requires_grad_() for t in (x, w, b))
+    ((x64 @ w64.t() + b64) ** 2).sum().backward()
+    for got, ref in ((x.grad, x64.grad), (w.grad, w64.grad), (b.grad, b64.grad)):
+        assert ((got.double() - ref).norm() / ref.norm()).item() <= 1e-6
+
+
+LINEAR_GRADS_CASES = {
+    "2d": lambda: (r(4, 6), r(4, 8), r(6, 8)),
+    "3d": lambda: (r(2, 3, 6), r(2, 3, 8), r(6, 8)),
+    "3d_seq_first": lambda: (r(3, 2, 6).transpose(0, 1), r(3, 2, 8).transpose(0, 1), r(6, 8)),  # rows copied
+    "1d": lambda: (r(6), r(8), r(6, 8)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LINEAR_GRADS_CASES))
+def test_opcheck_linear_grads(case):
+    opcheck(torch.ops.fastmm.linear_grads, LINEAR_GRADS_CASES[case]() + ("ieee",))
+
+
+@pytest.mark.parametrize("case", sorted(LINEAR_GRADS_CASES))
+def test_linear_grads_are_both_gradients_of_x_times_w_transposed(emulated_gpu, case, monkeypatch):
+    monkeypatch.setattr(emulation, "CHECK_MEMORY", False)  # (seq-first rows: a copy by torch's reshape)
+    g, x, w = LINEAR_GRADS_CASES[case]()
+    for _ in range(2):  # (the second from the remembered entry)
+        gx, gw = torch.ops.fastmm.linear_grads(g, x, w, "ieee")
+        assert gx.shape == x.shape and gw.shape == w.shape and gx.is_contiguous() and gw.is_contiguous()
+        assert relative_error(gx, g, w) <= 1e-6
+        assert relative_error(gw, g.reshape(-1, g.shape[-1]).t(), x.reshape(-1, x.shape[-1])) <= 1e-6
+
+
+def test_a_double_backward_through_the_registered_linear_takes_differentiable_products():
+    """Grad mode on in the backward (create_graph): the products one by one, whose own
+    autograd gives the second derivatives (linear_grads has none)."""
+    x, w, b = r(2, 3, 4, grad=True, dtype=torch.float64), r(5, 4, grad=True, dtype=torch.float64), \
+        r(5, grad=True, dtype=torch.float64)
+    assert torch.autograd.gradgradcheck(lambda x, w, b: torch.ops.fastmm.linear(x, w, b, "ieee"), (x, w, b))
+
+
+def test_flop_counter_counts_the_registered_linears_three_products():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    x, w = r(4, 8, grad=True), r(6, 8, grad=True)
+    with FlopCounterMode(display=False) as counter:
+        torch.ops.fastmm.linear(x, w, None, "ieee").sum().backward()
+    assert counter.get_total_flops() == 3 * 2 * 4 * 6 * 8
 
 
 # --- the eager route's autograd apply: the C-level one outside functorch transforms --------------

@@ -3,7 +3,7 @@
 bound by the host (enqueueing) or by the GPU, and, on the host, which code takes the time.
 
     PYTHONPATH=. python benchmarks/probes/model_step.py [--models llama,bert] [--precisions tf32]
-        [--steps 10] [--top 25] [--pieces] [--kernels 20] [--tokens 8192]
+        [--steps 10] [--top 25] [--pieces] [--kernels 20] [--tokens 8192] [--compile]
 
 Per model and precision, for each side: the step time (CUDA events, as ``models.py``), the host
 time to enqueue one step with the GPU kept busy ahead (a sleep kernel queued first: a step that
@@ -11,7 +11,8 @@ synchronizes shows it as host time close to the step time), the GPU's kernel tim
 profiler's kernel events summed) and the number of kernels. Then cProfile of the patched model's
 steps: own time per step by file (fastmm's modules, torch's autograd, cuda.core) and the top
 functions. ``--pieces``: the host cost of each piece of one patched Linear call on the GPU
-(allocation, the stream, the key, the launch, the autograd.Function apply). Models come from
+(allocation, the stream, the key, the launch, the autograd.Function apply). ``--compile``: the
+same numbers again with both sides under ``torch.compile``. Models come from
 ``benchmarks/models.py`` (needs ``transformers``).
 """
 from __future__ import annotations
@@ -93,11 +94,13 @@ def kernel_table(model, batch, loss_fn, label: str, top: int, trace: str | None)
     print(f"  {label}: kernels {len(kernels)}, busy {busy / 1e3:.2f} ms of a {span / 1e3:.2f} ms span")
     for name, (t, n) in sorted(by_name.items(), key=lambda kv: -kv[1][0])[:top]:
         print(f"    {t / 1e3:8.3f} ms {n:4d}x  {name}")
+    print(f"  {label}: host ops by total CPU time (profiler's, inflated by it), one step:")
+    print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=top, max_name_column_width=60))
     if trace:
         prof.export_chrome_trace(f"{trace}/{label.replace(' ', '_')}.json")
 
 
-def profile_host(model, batch, loss_fn, steps: int, top: int) -> None:
+def profile_host(model, batch, loss_fn, steps: int, top: int, sort: str = "tottime") -> None:
     prof = cProfile.Profile()
     torch.cuda.synchronize()
     prof.enable()
@@ -116,11 +119,17 @@ def profile_host(model, batch, loss_fn, steps: int, top: int) -> None:
             group = "torch.autograd (python)"
         elif path == "~":
             group = "builtin: " + func
+        elif "torchinductor" in path:
+            group = "inductor's generated code"
+        elif "/torch/_" in path:  # torch._dynamo, _functorch (AOT's runtime), _inductor, _library, _ops
+            group = "torch/_" + path.split("/torch/_")[-1].split("/")[0]
         else:
             continue
         by_file[group] += own
-    print("  own time per step, ms:", ", ".join(f"{k} {1e3 * v / steps:.3f}" for k, v in by_file.most_common(14)))
-    stats.sort_stats("tottime").print_stats(top)
+    print("  own time per step, ms (cProfile's, inflated by it):")
+    for k, v in by_file.most_common(16):
+        print(f"    {1e3 * v / steps:7.3f}  {k}")
+    stats.sort_stats(sort).print_stats(top)
 
 
 def pieces() -> None:
@@ -157,13 +166,28 @@ def pieces() -> None:
         rows.append(("fast_path.launch (alloc + launch)", lambda: fast_path.launch(entry, x.data_ptr(), wt.data_ptr(), None, 0, bias)))
     else:
         print(f"  (the Linear's entry is {entry!r}: no single-launch pieces)")
-    with torch.no_grad():
-        rows += [("fastmm.nn.Linear, no grad", lambda: fm(x)), ("torch nn.Linear, no grad", lambda: ref(x))]
+    # what a compiled graph calls: the registered op (the dispatcher, then ops._direct_kernel),
+    # its body alone, and inductor's extern call for torch's side (addmm into a buffer)
+    x2, out = x.view(1024, 1024), torch.empty((1024, 2816), device="cuda")
+    no_grad_rows = [
+        ("fastmm.nn.Linear, no grad", lambda: fm(x)), ("torch nn.Linear, no grad", lambda: ref(x)),
+        ("torch.ops.fastmm.linear.default, no grad", lambda: torch.ops.fastmm.linear.default(x2, w, bias, "tf32")),
+        ("ops.linear_body", lambda: ops.linear_body(x2, w, bias, "tf32")),
+        ("torch.ops.fastmm.matmul.default (g @ W)", lambda: torch.ops.fastmm.matmul.default(out, w, "tf32")),
+        ("ops.matmul_body (g @ W)", lambda: ops.matmul_body(out, w, "tf32")),
+        ("torch.addmm(bias, x, W^T, out=)", lambda: torch.addmm(bias, x2, wt, out=out)),
+        ("torch.ops.aten.addmm.default", lambda: torch.ops.aten.addmm.default(bias, x2, wt)),
+        ("torch.ops.aten.mm.default (g @ W)", lambda: torch.ops.aten.mm.default(out, w)),
+    ]
     rows += [("fastmm.nn.Linear, with grad", lambda: fm(xg)), ("torch nn.Linear, with grad", lambda: ref(xg)),
              ("ops._Linear.apply", lambda: ops._Linear.apply(xg, w, bias, "tf32")),
-             ("torch.addmm with grad", lambda: torch.addmm(bias, xg.view(1024, 1024), wt))]
+             ("torch.addmm with grad", lambda: torch.addmm(bias, xg.view(1024, 1024), wt)),
+             ("torch.ops.fastmm.linear.default, with grad", lambda: torch.ops.fastmm.linear.default(x2, w, bias, "tf32"))]
     for what, fn in rows:
-        print(f"  {what:<40} {enqueue_us(fn, 400):8.2f} us")
+        print(f"  {what:<44} {enqueue_us(fn, 400):8.2f} us")
+    with torch.no_grad():
+        for what, fn in no_grad_rows:
+            print(f"  {what:<44} {enqueue_us(fn, 400):8.2f} us")
 
 
 def main(argv=None) -> int:
@@ -176,7 +200,11 @@ def main(argv=None) -> int:
     ap.add_argument("--kernels", type=int, default=0, help="list the step's top N kernels of each side")
     ap.add_argument("--trace", help="with --kernels: write each side's chrome trace of one step here")
     ap.add_argument("--no-cprofile", action="store_true")
+    ap.add_argument("--sort", default="tottime", help="cProfile's order: tottime (own) or cumulative")
     ap.add_argument("--tokens", type=int, default=1024, help="tokens a training step (models.py's --tokens)")
+    ap.add_argument("--compile", action="store_true",
+                    help="both sides under torch.compile (default mode) as well, after their eager numbers")
+    ap.add_argument("--only-compiled", action="store_true", help="with --compile: leave the eager numbers out")
     o = ap.parse_args(argv)
     if not need_gpu(ap.prog):
         return 2
@@ -194,20 +222,23 @@ def main(argv=None) -> int:
         batch = {k: v.cuda() for k, v in batch.items()}
         patched = fastmm.patch(copy.deepcopy(model))
         for precision in o.precisions.split(","):
-            for mod in patched.modules():
-                if mod.__class__.__module__.startswith("fastmm"):
-                    mod.precision = precision
+            patched = fastmm.patch(patched, precision=precision)  # (as models.py: modules and routing)
             with torch_precision(precision):
-                t = step_numbers(model, batch, loss_fn, o.steps)
-                f = step_numbers(patched, batch, loss_fn, o.steps)
-                print(f"\n{name} {precision}: " + "; ".join(
-                    f"{side}: step {r['step_ms']:.2f} ms, host {r['host_ms']:.2f} ms, GPU {r['gpu_ms']:.2f} ms, "
-                    f"{r['kernels']:.0f} kernels" for side, r in (("torch", t), ("fastmm", f))))
-                if o.kernels:
-                    kernel_table(model, batch, loss_fn, f"{name} {precision} torch", o.kernels, o.trace)
-                    kernel_table(patched, batch, loss_fn, f"{name} {precision} fastmm", o.kernels, o.trace)
-                if not o.no_cprofile:
-                    profile_host(patched, batch, loss_fn, o.steps, o.top)
+                sides = [] if o.compile and o.only_compiled else [("", model, patched)]
+                if o.compile:
+                    torch._dynamo.reset()
+                    sides.append((" compiled", torch.compile(model), torch.compile(patched)))
+                for how, tm, fm in sides:
+                    t = step_numbers(tm, batch, loss_fn, o.steps)
+                    f = step_numbers(fm, batch, loss_fn, o.steps)
+                    print(f"\n{name} {precision}{how}: " + "; ".join(
+                        f"{side}: step {r['step_ms']:.2f} ms, host {r['host_ms']:.2f} ms, GPU {r['gpu_ms']:.2f} ms, "
+                        f"{r['kernels']:.0f} kernels" for side, r in (("torch", t), ("fastmm", f))), flush=True)
+                    if o.kernels:
+                        kernel_table(tm, batch, loss_fn, f"{name} {precision}{how} torch", o.kernels, o.trace)
+                        kernel_table(fm, batch, loss_fn, f"{name} {precision}{how} fastmm", o.kernels, o.trace)
+                    if not o.no_cprofile:
+                        profile_host(fm, batch, loss_fn, o.steps, o.top, o.sort)
         del model, patched
         torch.cuda.empty_cache()
     return 0
