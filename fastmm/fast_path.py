@@ -106,7 +106,8 @@ def remember(key: tuple, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | N
         return
     if s.copied:
         # A's rows merge only by a copy, made per call: a repeat call copies them and takes the
-        # copy's own entry (:func:`compute`); with an out=, the full path
+        # copy's own entry (:func:`compute`; remembered here only after fastmm served the call);
+        # with an out=, the full path
         _keep(key, FOLD_BY_COPY if out is None and epilogue is None else NOT_FAST)
         return
     view_shape = s.batch + (s.M, s.N)
@@ -197,17 +198,14 @@ def compute(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, precisio
     c = serve(key, pa, pb, out, po)
     if c is not None:
         return c
-    if out is None and a.dim() > 2 and b.dim() <= 2 and a.shape[-1] == b.shape[0]:
-        entry = ENTRIES.get(key)
-        if entry is FOLD_BY_COPY or (entry is None and fold_needs_copy(a)):
-            # rows that no view merges (a transposed batch view; a compiled backward's gradient in
-            # attention's head-major layout): copied into one (rows, K) matrix, as the full path
-            # would, whose own entry then serves. The full path planned the product again on
-            # every call (~100-250 us of host time on the H100 machine; 4 calls a step of a
-            # compiled ViT's backward). (A K mismatch takes the full path: torch's error, worded
-            # with these shapes.)
-            _keep(key, FOLD_BY_COPY)
-            return compute(rows_copy(a), b, None, precision).view(a.shape[:-1] + b.shape[1:])
+    if out is None and ENTRIES.get(key) is FOLD_BY_COPY:
+        # rows that no view merges (a transposed batch view; a compiled backward's seq-first
+        # gradient), served by fastmm on a first call (:func:`remember`): copied into one
+        # (rows, K) matrix, as the full path does, whose own entry then serves. The full path
+        # planned the product again on every call (~100-250 us of host time on the H100
+        # machine; 4 calls a step of a compiled ViT's backward). A call fastmm does not serve
+        # (torch's, on the caller's own tensors: its bits and errors) never gets this entry.
+        return compute(rows_copy(a), b, None, precision).view(a.shape[:-1] + b.shape[1:])
     return _compute_full(key, a, b, out, precision)
 
 

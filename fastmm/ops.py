@@ -435,6 +435,10 @@ def linear_grads_body(g: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
     products launched from one remembered entry (fastmm.fast_path.linear_backward). Not
     differentiable itself: a double backward takes the product ops one by one."""
     precision = resolve_precision(precision)
+    if g.dtype != x.dtype or x.dtype != weight.dtype:  # (the fake's checks, in its words)
+        raise RuntimeError(_linear_grads_dtypes(g, x, weight))
+    if not _linear_grads_shapes_fit(g, x, weight):
+        raise RuntimeError(_linear_grads_shapes(g, x, weight))
 
     def mm(a, b):  # (no autograd here: the op's inputs may require grad, its body records none)
         return compute(a, b, None, precision)
@@ -445,17 +449,27 @@ def linear_grads_body(g: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
             grad_w if grad_w.is_contiguous() else grad_w.contiguous())
 
 
+def _linear_grads_shapes_fit(g, x, weight) -> bool:
+    return (weight.dim() == 2 and x.dim() >= 1 and x.shape[-1] == weight.shape[1]
+            and g.shape == x.shape[:-1] + weight.shape[:1])
+
+
+def _linear_grads_dtypes(g, x, weight) -> str:
+    return f"expected g, x and weight to have one dtype, but got: {g.dtype}, {x.dtype}, {weight.dtype}"
+
+
+def _linear_grads_shapes(g, x, weight) -> str:
+    return (f"linear_grads: g {tuple(g.shape)} is not the gradient of x {tuple(x.shape)} @ "
+            f"weight {tuple(weight.shape)}.t()")
+
+
 linear_grads_op = torch.library.custom_op("fastmm::linear_grads", linear_grads_body, mutates_args=())
 
 
 @linear_grads_op.register_fake
 def _(g, x, weight, precision=None):
-    torch._check(g.dtype == x.dtype and x.dtype == weight.dtype,
-                 lambda: f"expected g, x and weight to have one dtype, but got: {g.dtype}, {x.dtype}, {weight.dtype}")
-    torch._check(weight.dim() == 2, lambda: "weight must be a matrix")
-    torch._check(x.dim() >= 1 and g.shape == x.shape[:-1] + weight.shape[:1] and x.shape[-1] == weight.shape[1],
-                 lambda: f"linear_grads: g {tuple(g.shape)} is not the gradient of x {tuple(x.shape)} @ "
-                         f"weight {tuple(weight.shape)}.t()")
+    torch._check(g.dtype == x.dtype and x.dtype == weight.dtype, lambda: _linear_grads_dtypes(g, x, weight))
+    torch._check(_linear_grads_shapes_fit(g, x, weight), lambda: _linear_grads_shapes(g, x, weight))
     return x.new_empty(x.shape), weight.new_empty(weight.shape)
 
 
@@ -529,9 +543,10 @@ def _direct_kernel(opdef, body, backend: str):
     # one C call (~0.1 us here) where the test itself takes three and an enum comparison (0.7
     # us here, 3.7 on the H100 machine's host), on every call of a compiled graph's ops.
     plain_below: dict[int, bool] = {}
+    raw_repr = torch._C.DispatchKeySet.raw_repr  # (read here: a torch without it keeps the general path)
 
     def kernel(keyset, *args, **kwargs):
-        raw = keyset.raw_repr()
+        raw = raw_repr(keyset)
         below = plain_below.get(raw)
         if below is None:
             if len(plain_below) >= 64:  # (a handful in practice: the bound only keeps it small)

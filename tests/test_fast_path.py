@@ -388,38 +388,60 @@ def test_a_linear_on_rows_no_view_merges_runs_one_product_on_a_copy(emulated_gpu
 
 @pytest.mark.parametrize("precision", ["ieee", "tf32"])
 def test_matmul_folds_rows_no_view_merges_by_a_copy_then_the_copys_entry_serves(emulated_gpu, precision):
-    """fastmm.matmul(a, W) with a's batch dims transposed (a compiled backward hands attention's
-    gradients over so): one 2-D product of all rows (as torch.matmul), launched on a fresh copy
-    of a every call. Only the first call plans; the next ones copy the rows and take the copy's
-    own entry (they planned again on every call before: ~100-250 us of host time each). With an
-    out=, the full path every call, right into a NaN-filled out. a is never written."""
+    """fastmm.matmul(a, W) with a's batch dims transposed (a compiled backward hands a seq-first
+    gradient over so): one 2-D product of all rows (as torch.matmul), launched on a fresh copy
+    of a every call. The first call plans it, the second plans the copy's 2-D product once; from
+    then on a call copies the rows and takes the copy's own entry (they planned again on every
+    call before: ~100-250 us of host time each). With an out=, the full path every call, right
+    into a NaN-filled out. a is never written."""
     gpu = emulated_gpu
     a = torch.randn(5, 24, 36).transpose(0, 1)  # (24, 5, 36)
     a0 = a.clone()
     w, v = torch.randn(36, 52), torch.randn(36)
     exp = fastmm.explain(a, w, precision=precision)
     assert (exp.shapes["M"], exp.shapes["batch"]) == (120, ())
-    for call in range(3):
+    for call in range(4):
         gpu.clear()
         c = fastmm.matmul(a, w, precision=precision)
         assert c.shape == (24, 5, 52) and c.is_contiguous()
         _check(c.reshape(120, 52), a.reshape(120, 36), w, precision)
         assert gpu.launches and all(launch.pointers[0] != a.data_ptr() for launch in gpu.launches)
-        assert gpu.slow_calls == 1  # (counted over the calls: the first one planned the 2-D product)
+        assert gpu.slow_calls == min(call + 1, 2)  # (counted over the calls)
         assert torch.equal(a, a0)
     assert _entry(a, w, None, precision) is fast_path.FOLD_BY_COPY
     assert type(_entry(a0.reshape(120, 36), w, None, precision)) is fast_path.FastEntry
-    for call in range(2):  # a matrix @ vector: (24, 5), the same route
+    for call in range(3):  # a matrix @ vector: (24, 5), the same route
         c = fastmm.matmul(a, v, precision=precision)
-        assert c.shape == (24, 5) and gpu.slow_calls == 2
-        torch.testing.assert_close(c, a @ v, rtol=1e-5 if precision == "ieee" else 3e-3, atol=1e-4 if precision == "ieee" else 3e-2)
+        assert c.shape == (24, 5) and gpu.slow_calls == 2 + min(call + 1, 2)
+        torch.testing.assert_close(c, a @ v, rtol=1e-5 if precision == "ieee" else 3e-3,
+                                   atol=1e-4 if precision == "ieee" else 3e-2)
     for call in range(2):
         gpu.clear()
         out = torch.full((24, 5, 52), NAN)
         assert fastmm.matmul(a, w, precision=precision, out=out) is out
         assert relative_error(out.reshape(120, 52), a.reshape(120, 36), w) <= (1e-6 if precision == "ieee" else 3e-3)
-        assert gpu.slow_calls == 3 + call and all(launch.pointers[0] != a.data_ptr() for launch in gpu.launches)
+        assert gpu.slow_calls == 5 + call and all(launch.pointers[0] != a.data_ptr() for launch in gpu.launches)
     assert _entry(a, w, out, precision) is fast_path.NOT_FAST
+
+
+def test_rows_no_view_merges_on_a_call_fastmm_does_not_serve_stay_torchs_own(emulated_gpu, monkeypatch):
+    """The copy route is for calls fastmm served: a call that goes to torch (FASTMM_DISABLE, a
+    mixed dtype, a 0-d operand) gets torch.matmul on the caller's own tensors, every time: its
+    exact bits and its error words, never a copy's."""
+    a = torch.randn(5, 33, 64).transpose(0, 1)  # (33, 5, 64): rows merge only by a copy
+    v, w = torch.randn(64), torch.randn(64, 7)
+    monkeypatch.setenv("FASTMM_DISABLE", "1")
+    for _ in range(3):
+        assert torch.equal(fastmm.matmul(a, v, precision="ieee"), torch.matmul(a, v))
+        assert torch.equal(fastmm.matmul(a, w, precision="ieee"), torch.matmul(a, w))
+    monkeypatch.delenv("FASTMM_DISABLE")
+    for b in (w.double(), torch.tensor(2.0)):
+        with pytest.raises(RuntimeError) as want:
+            torch.matmul(a, b)
+        for _ in range(2):
+            with pytest.raises(RuntimeError) as got:
+                fastmm.matmul(a, b, precision="ieee")
+            assert str(got.value) == str(want.value)
 
 
 @pytest.mark.parametrize("bias_shape", [(4, 36), (16, 1, 36), (4, 1), (36,), ()])

@@ -440,6 +440,23 @@ def test_linear_grads_are_both_gradients_of_x_times_w_transposed(emulated_gpu, c
         assert relative_error(gw, g.reshape(-1, g.shape[-1]).t(), x.reshape(-1, x.shape[-1])) <= 1e-6
 
 
+@pytest.mark.parametrize("args", [
+    lambda: (r(2, 3, 6), r(3, 2, 8), r(6, 8)),  # g not of x's leading shape
+    lambda: (r(4, 5), r(4, 8), r(6, 8)),  # g not weight's rows wide
+    lambda: (r(4, 6), r(4, 7), r(6, 8)),  # x not weight's columns wide
+    lambda: (r(4, 6), r(4, 8), r(6, 8, dtype=torch.float64)),  # two dtypes
+])
+def test_linear_grads_refuses_what_its_fake_refuses_in_the_same_words(args):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    g, x, w = args()
+    with pytest.raises(RuntimeError) as real:
+        torch.ops.fastmm.linear_grads(g, x, w, "ieee")
+    with FakeTensorMode() as mode, pytest.raises(RuntimeError) as fake:
+        torch.ops.fastmm.linear_grads(*(mode.from_tensor(t) for t in (g, x, w)), "ieee")
+    assert str(real.value) in str(fake.value)
+
+
 def test_a_double_backward_through_the_registered_linear_takes_differentiable_products():
     """Grad mode on in the backward (create_graph): the products one by one, whose own
     autograd gives the second derivatives (linear_grads has none)."""
