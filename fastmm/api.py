@@ -11,7 +11,7 @@ import torch
 from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 from . import ops
-from .dispatch import torch_matmul
+from .dispatch import torch_matmul, transform_active
 from .errors import FastmmWarning  # noqa: F401  (re-exported: fastmm.FastmmWarning)
 from .fast_path import compute
 from .precision import autocast_any_half_active, autocast_half_active_on, resolve_precision, resolve_precision_eager
@@ -28,7 +28,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
     ``torch.matmul``; :func:`explain` says which and why.
     """
     if type(a) in PLAIN_TYPES and type(b) in PLAIN_TYPES and (out is None or type(out) in PLAIN_TYPES) \
-            and not torch.compiler.is_compiling() and not is_in_torch_dispatch_mode():
+            and not torch.compiler.is_compiling() and not is_in_torch_dispatch_mode() and not transform_active():
         # Plain tensors in eager mode, the usual call: the tests below, each made once (this
         # path runs on every product of a decode step, where the host time is the step's time)
         precision = resolve_precision_eager(precision)
@@ -43,6 +43,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
     precision = resolve_precision(precision)
     if autocast_half_active_on(a) or a.is_nested or b.is_nested:  # autocast decides the dtype; fastmm is float32 only
         return torch_matmul(a, b, out)
+    if transform_active() and not torch.compiler.is_compiling():  # (torch.func: torch serves it)
+        return ops.torch_in_transform(precision, a, lambda: torch_matmul(a, b, out))
     if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
         if out is not None:  # torch refuses this itself, with its own message
             return torch_matmul(a, b, out)

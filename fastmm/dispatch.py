@@ -38,10 +38,17 @@ from .tuned import TunedChoice, bucket_of
 # the decision: fastmm kernel or torch
 
 
+#: Whether a torch.func transform (vmap, grad, vjp, jvp, jacrev, ...) is active (torch's C test)
+transform_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
+
+
 def not_served_reason(a: torch.Tensor, b: torch.Tensor) -> str | None:
     """Why fastmm's kernels cannot take these operands at all (None: they can)."""
     if config.disabled():
         return f"{config.DISABLE_ENV}=1 routes every call to torch.matmul"
+    if transform_active():
+        return ("a torch.func transform (vmap, grad, jvp, jacrev, ...) is active: its tensors have no data pointer "
+                "for fastmm's kernels, and torch's ops carry its rules")
     if a.device.type != "cuda" or b.device.type != "cuda":
         return f"operands are on {a.device} and {b.device}; fastmm kernels run on CUDA devices"
     if a.device != b.device:

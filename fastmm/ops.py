@@ -36,8 +36,9 @@ import torch
 from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 from . import fast_path
+from .dispatch import transform_active
 from .fast_path import compute, compute_fused, compute_linear
-from .precision import autocast_half_active, autocast_half_active_on, resolve_precision
+from .precision import autocast_half_active, autocast_half_active_on, resolve_precision, torch_precision
 from .problem import PRECISIONS
 from .shapes import PLAIN_TYPES, addmm_bias_fits, analyse, flat_rows, raise_torch_error, resize_out
 
@@ -124,6 +125,16 @@ try:
     _unwrap = torch._C._functorch.unwrap_if_dead
 except AttributeError:
     _transforms_active, _unwrap = (lambda: True), None
+
+
+def torch_in_transform(precision: str, t: torch.Tensor, fn):
+    """``fn()``, torch's own op for the call, at ``precision`` (tf32x3 as full fp32): the route
+    under a torch.func transform. Its wrapped tensors have no data pointer for fastmm's kernels,
+    and fastmm's autograd Functions have no functorch rules (they would raise), so torch serves
+    the call, as the transform expects. Torch function modes are off for it (a ``use_fastmm``
+    block would route it back here)."""
+    with torch_precision(precision if t.is_cuda else None), torch._C.DisableTorchFunction():
+        return fn()
 
 
 def _c_apply(fn: type):
@@ -248,6 +259,8 @@ def matmul_autograd(a: torch.Tensor, b: torch.Tensor, precision: str) -> torch.T
     if use_registered_op(a, b):
         return torch.ops.fastmm.matmul(a, b, precision)
     if _transforms_active():
+        if transform_active():
+            return torch_in_transform(precision, a, lambda: torch.matmul(a, b))
         return _Matmul.apply(a, b, precision)
     return _MATMUL_APPLY(_unwrap(a), _unwrap(b), precision)
 
@@ -268,6 +281,8 @@ def linear_eager(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     """:func:`linear`'s eager route, for callers that made its checks already (plain tensors,
     no autocast to a half dtype, not compiling, no dispatch mode; ``precision`` resolved):
     ``fastmm.nn.Linear`` runs it on every call of every layer, so nothing is checked twice."""
+    if transform_active():
+        return torch_in_transform(precision, x, lambda: torch.nn.functional.linear(x, weight, bias))
     if not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
                                          or (bias is not None and bias.requires_grad))):
         return compute_linear(x, weight, bias, precision)
@@ -281,6 +296,8 @@ def linear_in_out_eager(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
     """``x @ weight + bias`` with weight stored [in, out] (GPT-2's Conv1D), on the eager route (its
     caller made :func:`linear_eager`'s checks): F.linear's product on weight.t()'s view, and with
     gradients :class:`_LinearInOut`, whose weight gradient comes out in weight's own layout."""
+    if transform_active():
+        return torch_in_transform(precision, x, lambda: torch.nn.functional.linear(x, weight.t(), bias))
     if not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
                                          or (bias is not None and bias.requires_grad))):
         return compute_linear(x, weight.t(), bias, precision)
@@ -301,6 +318,8 @@ def addmm(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta=1, alpha=1,
     _check_addmm(c, a, b)
     if autocast_half_active_on(a):  # autocast owns the dtype: torch computes in half
         return torch.addmm(c, a, b, beta=beta, alpha=alpha)
+    if transform_active():
+        return torch_in_transform(precision, a, lambda: torch.addmm(c, a, b, beta=beta, alpha=alpha))
     if use_registered_op(c, a, b):
         return torch.ops.fastmm.addmm(c, a, b, beta, alpha, precision)
     if torch.is_grad_enabled() and (c.requires_grad or a.requires_grad or b.requires_grad):
