@@ -118,13 +118,10 @@ _EAGER_MM = {precision: _eager_mm(precision) for precision in PRECISIONS}
 # apply: a few us a call, a fair share of an enqueue-bound product's host time. Where no functorch
 # transform is active it does no more than unwrap dead functorch wrappers (tensors that outlived
 # their transform) and call it, since these Functions define no setup_context: so the eager route
-# does that itself (``_c_apply``), and leaves the rest (vmap, grad, ...) to the wrapper. A torch
-# without these functions always takes the wrapper.
-try:
-    _transforms_active = torch._C._are_functorch_transforms_active
-    _unwrap = torch._C._functorch.unwrap_if_dead
-except AttributeError:
-    _transforms_active, _unwrap = (lambda: True), None
+# does that itself (``_c_apply``). Inside a transform torch serves the call instead
+# (:func:`torch_in_transform`: the wrapper would refuse these Functions). A torch without
+# ``unwrap_if_dead`` takes the wrapper.
+_unwrap = getattr(getattr(torch._C, "_functorch", None), "unwrap_if_dead", None)
 
 
 def torch_in_transform(precision: str, t: torch.Tensor, fn):
@@ -240,8 +237,15 @@ class _Addmm(torch.autograd.Function):
             + (None, None, None)
 
 
-_MATMUL_APPLY, _LINEAR_APPLY, _ADDMM_APPLY = _c_apply(_Matmul), _c_apply(_Linear), _c_apply(_Addmm)
-_LINEAR_IN_OUT_APPLY = _c_apply(_LinearInOut)
+if _unwrap is None:
+    _MATMUL_APPLY, _LINEAR_APPLY, _ADDMM_APPLY = _Matmul.apply, _Linear.apply, _Addmm.apply
+    _LINEAR_IN_OUT_APPLY = _LinearInOut.apply
+
+    def _unwrap(t):
+        return t
+else:
+    _MATMUL_APPLY, _LINEAR_APPLY, _ADDMM_APPLY = _c_apply(_Matmul), _c_apply(_Linear), _c_apply(_Addmm)
+    _LINEAR_IN_OUT_APPLY = _c_apply(_LinearInOut)
 
 
 def _addmm_grads(mm, a, b, g, c_shape, beta, alpha, need_c, need_a, need_b):
@@ -258,10 +262,8 @@ def matmul_autograd(a: torch.Tensor, b: torch.Tensor, precision: str) -> torch.T
     """``a @ b`` with gradients: the eager route, or the registered op where it must be."""
     if use_registered_op(a, b):
         return torch.ops.fastmm.matmul(a, b, precision)
-    if _transforms_active():
-        if transform_active():
-            return torch_in_transform(precision, a, lambda: torch.matmul(a, b))
-        return _Matmul.apply(a, b, precision)
+    if transform_active():
+        return torch_in_transform(precision, a, lambda: torch.matmul(a, b))
     return _MATMUL_APPLY(_unwrap(a), _unwrap(b), precision)
 
 
@@ -286,8 +288,6 @@ def linear_eager(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     if not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
                                          or (bias is not None and bias.requires_grad))):
         return compute_linear(x, weight, bias, precision)
-    if _transforms_active():
-        return _Linear.apply(x, weight, bias, precision)
     return _LINEAR_APPLY(_unwrap(x), _unwrap(weight), None if bias is None else _unwrap(bias), precision)
 
 
@@ -301,8 +301,6 @@ def linear_in_out_eager(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
     if not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
                                          or (bias is not None and bias.requires_grad))):
         return compute_linear(x, weight.t(), bias, precision)
-    if _transforms_active():
-        return _LinearInOut.apply(x, weight, bias, precision)
     return _LINEAR_IN_OUT_APPLY(_unwrap(x), _unwrap(weight), None if bias is None else _unwrap(bias), precision)
 
 
@@ -323,8 +321,6 @@ def addmm(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta=1, alpha=1,
     if use_registered_op(c, a, b):
         return torch.ops.fastmm.addmm(c, a, b, beta, alpha, precision)
     if torch.is_grad_enabled() and (c.requires_grad or a.requires_grad or b.requires_grad):
-        if _transforms_active():
-            return _Addmm.apply(c, a, b, beta, alpha, precision)
         return _ADDMM_APPLY(_unwrap(c), _unwrap(a), _unwrap(b), beta, alpha, precision)
     return compute_fused(a, b, c, alpha, beta, precision)
 
