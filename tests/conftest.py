@@ -190,9 +190,10 @@ def emulated_gpu(tmp_cache, monkeypatch):
     import emulation
     from fastmm.runtime import arrivals
 
+    arrivals.forget()  # (the emulated stream's counters live in CPU memory made during the test;
+    # before the simulation: a real device's counters, made by an earlier test, are freed by it)
     gpu = simulate_h200(monkeypatch)
     emulation.install(monkeypatch, gpu)
-    arrivals.forget()  # (the emulated stream's counters live in CPU memory made during the test)
     yield gpu
     emulation.forget()
     arrivals.forget()

@@ -46,9 +46,75 @@ def test_a_captured_launch_gets_a_fresh_buffer_not_the_streams(monkeypatch):
     assert arrivals._buffers == {("cpu", None, 7): eager}  # nothing captured was kept
 
 
-def test_a_device_without_an_index_means_the_current_one(monkeypatch):
+class FakeDriverCounters:
+    """arrivals.DriverCounters without a driver: records what was made and freed."""
+
+    made: list = []
+    replaced_ones: list = []
+
+    def __init__(self, n, index, stream):
+        self.n, self.index, self.stream = n, index, stream
+        FakeDriverCounters.made.append(self)
+
+    def numel(self):
+        return self.n
+
+    def data_ptr(self):
+        return id(self)
+
+    def replaced(self):
+        FakeDriverCounters.replaced_ones.append(self)
+
+
+@pytest.fixture
+def fake_driver(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(arrivals, "DriverCounters", FakeDriverCounters)
+    FakeDriverCounters.made, FakeDriverCounters.replaced_ones = [], []
+
+    def no_torch_memory(*args, device=None, **kwargs):
+        raise AssertionError(f"a CUDA device's eager counters came from PyTorch's allocator ({device})")
+
+    monkeypatch.setattr(torch, "zeros", no_torch_memory)
+    return FakeDriverCounters
+
+
+def test_a_device_without_an_index_means_the_current_one(fake_driver, monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    buf = arrivals.counters(torch.device("cuda"), 7, 4)
+    assert [(b.index, b.stream) for b in fake_driver.made] == [(3, 7)] and arrivals._buffers == {("cuda", 3, 7): buf}
+
+
+def test_a_cuda_streams_counters_are_the_drivers_memory_not_a_torch_pools(fake_driver):
+    """Eager counters outlive the call that made them, and PyTorch may be routing this thread's
+    allocations to a CUDA graph's private pool when they are made (torch.compile's CUDA graphs
+    warm a step up that way, then refuse to record while pool memory is held elsewhere): so on a
+    CUDA device they are the driver's, one buffer a stream, kept while it is large enough."""
+    dev = torch.device("cuda", 0)
+    a = arrivals.counters(dev, 7, 40)
+    assert isinstance(a, fake_driver) and a.numel() >= 40 and a.stream == 7 and a.index == 0
+    assert arrivals.counters(dev, 7, 12) is a
+    b = arrivals.counters(dev, 8, 12)
+    assert b is not a and b.stream == 8
+
+
+def test_an_outgrown_cuda_buffer_is_freed_on_its_stream(fake_driver):
+    dev = torch.device("cuda", 0)
+    small = arrivals.counters(dev, 7, 10)
+    big = arrivals.counters(dev, 7, small.numel() + 1)
+    assert big.numel() > small.numel() and fake_driver.replaced_ones == [small]
+    assert arrivals.counters(dev, 7, 10) is big
+
+
+def test_a_driver_that_refuses_leaves_the_counters_in_torch_memory_and_says_so(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(arrivals, "driver_refused", [])
+
+    class Refused:
+        def __init__(self, n, index, stream):
+            raise RuntimeError("no driver here")
+
+    monkeypatch.setattr(arrivals, "DriverCounters", Refused)
     made = []
     real = torch.zeros
 
@@ -57,5 +123,8 @@ def test_a_device_without_an_index_means_the_current_one(monkeypatch):
         return real(*args, **kwargs)  # (on the CPU)
 
     monkeypatch.setattr(torch, "zeros", zeros)
-    arrivals.counters(torch.device("cuda"), 7, 4)
-    assert made == [torch.device("cuda", 3)] and ("cuda", 3, 7) in arrivals._buffers
+    with pytest.warns(UserWarning, match="no driver here"):
+        buf = arrivals.counters(torch.device("cuda", 0), 7, 4)
+    assert made == [torch.device("cuda", 0)] and not buf.any()
+    assert arrivals.counters(torch.device("cuda", 0), 8, 4) is not buf and len(made) == 2  # not asked again
+    assert arrivals.driver_refused == ["RuntimeError: no driver here"]

@@ -654,6 +654,45 @@ def test_compiled_transformer_has_no_graph_breaks_cuda(precision):
 
 
 @needs_cuda
+@pytest.mark.parametrize("precision", ["ieee", "tf32x3"])
+def test_cuda_graphs_of_a_compiled_step_replay_fastmm_on_each_steps_inputs_cuda(calls, precision):
+    """torch.compile(mode="reduce-overhead"): cudagraph trees run a compiled step eagerly first
+    (where fastmm plans, compiles and remembers its launches), then record the step's kernels in
+    CUDA graphs and replay them, copying each step's inputs into the recorded buffers. So fastmm's
+    Python runs in the first steps only, and every replay must still compute that step's products:
+    its loss and gradients against a float64 copy of the model on the same inputs."""
+    ref, ours, _, _ = make_models("cuda")
+    fastmm.unpatch(ours)
+    fastmm.patch(ours, precision="tf32x3" if precision == "tf32x3" else None)
+    _set_precision(precision)
+    torch._dynamo.reset()
+    step = torch.compile(lambda x, t: loss_of(ours, x, t)[1], mode="reduce-overhead", fullgraph=True)
+    ref64 = copy.deepcopy(ref).double()
+    seen = []
+    for i in range(6):
+        x, t = torch.randn(4, 16, 256, device="cuda"), torch.randn(4, 16, 10, device="cuda")
+        for p in ours.parameters():
+            p.grad = None
+        ref64.zero_grad()
+        torch.compiler.cudagraph_mark_step_begin()
+        loss = step(x, t)
+        loss.backward()
+        loss = loss.detach().clone()  # (a replay's output lives in the graph's pool: read it now)
+        g = grads(ours)
+        loss64 = loss_of(ref64, x.double(), t.double())[1]
+        loss64.backward()
+        assert relative_error(loss, loss64) <= TOL[precision], i
+        for name, exact in grads(ref64).items():
+            assert relative_error(g[name], exact) <= TOL[precision], (i, name)
+        seen.append(len(calls))
+    assert seen[0] >= 6 and all(r is None for r in calls.fallbacks), calls.fallbacks  # fastmm kernels ran
+    assert set(calls.precisions) == {precision}
+    # the last steps were replays: no Python of fastmm's ran in them (a graph skipped, e.g. for an
+    # op cudagraph trees will not record, would run the compiled code eagerly and call it again)
+    assert seen[-1] == seen[-2] == seen[-3], seen
+
+
+@needs_cuda
 def test_autocast_cuda_hands_half_matmuls_to_torch(calls):
     ref, ours, x, target = make_models("cuda")
     for dtype in (torch.float16, torch.bfloat16):

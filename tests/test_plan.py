@@ -1137,13 +1137,19 @@ def test_simt_splits_its_largest_tile_where_that_was_measured_faster(M, N, K, la
 
 
 @pytest.mark.parametrize("M,N,K,batch,tile", [
-    (512, 512, 64, 128, (128, 128)),  # attention's Q @ K^T, 64-wide heads: 128 x 256 ran 6% behind
-    (2048, 2048, 128, 32, (128, 128)),  # 128-wide heads: 6% behind
+    (2048, 2048, 128, 32, (128, 128)),  # 128-wide heads: 128 x 256 ran 6% behind
     (1024, 1024, 128, 64, (128, 128)),  # 7% behind
     (2048, 2048, 256, 32, (128, 256)),  # K = 256: the rule stops at 128
     (4096, 4096, 64, 1, (128, 256)),  # one matrix: not measured, not taken
+    # K <= 64 (batched_thin_k): 8 x 8 tiles only; 128 x 128 ran 16-23% behind 128 x 64 (H100)
+    (197, 197, 64, 96, (128, 64)),
+    (256, 256, 64, 42, (128, 64)),
+    (512, 512, 64, 128, (128, 64)),
+    (512, 512, 32, 64, (128, 64)),
 ])
 def test_batched_short_k_products_take_no_128x256_simt_tile(M, N, K, batch, tile):
+    """Batched products with a short K (attention's Q @ K^T) take no 128 x 256 SIMT tile, and
+    with K <= 64 none of the 16 x 8 tiles (SimtCore.batched_short_k, batched_thin_k)."""
     plan = select(Problem.dense(M, N, K, "ieee", batch=batch, b_t=True), DEV["sm_90"])
     assert plan.kernel.family == "simt_cp_async" and plan.kernel.tile[:2] == tile, plan.describe()
     check_geometry(plan)
@@ -2307,7 +2313,7 @@ def test_single_float_c_staged_on_any_tile_in_shared_memory_that_keeps_the_block
     (staged_c_spills); SimtCpAsync(stage_c_all_tiles=False) stages the largest tile alone."""
     dev = DEV["sm_90"]
     largest_only = (SimtCpAsync(stage_c_all_tiles=False),)
-    scores = Problem.dense(197, 197, 64, batch=64, b_t=True)  # 128 x 128: 2 blocks an SM either way
+    scores = Problem.dense(197, 197, 128, batch=64, b_t=True)  # 128 x 128: 2 blocks an SM either way
     assert "C_STAGED" not in macros(select(scores, dev, variants=largest_only))
     k = select(scores, dev).kernel
     m = dict(k.macros)
@@ -2423,7 +2429,7 @@ def test_only_skinny_plans_on_sm90_ask_for_dependent_launch(arch):
 @pytest.mark.parametrize("M,N,K,batch,b_t,tile", [
     (512, 64, 512, 128, False, (128, 64)),  # attention's P.V: N = 64
     (2048, 128, 2048, 32, False, (128, 128)),  # P.V with 128-wide heads
-    (128, 128, 64, 1024, True, (128, 128)),  # many small heads
+    (128, 128, 64, 1024, True, (128, 64)),  # many small heads (K = 64: 8 x 8 tiles, batched_thin_k)
     (64, 14336, 4096, 1, True, (64, 64)),  # decode with 64 rows
 ])
 def test_simt_tiles_do_not_pad_the_output_far_beyond_a_smaller_tile(M, N, K, batch, b_t, tile):

@@ -124,15 +124,21 @@ def choice_label(ch: TunedChoice) -> str:
     return ch.family + (" " + ",".join(map(str, ch.option)) if ch.option else "")
 
 
+def _ident(plan: Plan) -> tuple:
+    """What a plan launches: its kernels (explain's lines aside: a heuristic rule may say why it
+    took a tile the tuner names plainly) and its staging."""
+    return tuple(dataclasses.replace(k, details=()) for k in plan.kernels()), plan.staging
+
+
 def candidates_of(problem: Problem, dev: DeviceFacts) -> tuple[Plan, list[Candidate]]:
     """The heuristic plan and the tuner's candidates, as fastmm.tuning._tune enumerates them: one
     per distinct (kernel, second pass, staging), in preference order."""
     heuristic = select(problem, dev)
     out, seen = [], set()
-    h_ident = (heuristic.kernels(), heuristic.staging)
+    h_ident = _ident(heuristic)
     for choice in candidate_choices(problem, dev):
         plan = select(problem, dev, tuned=choice)
-        ident = (plan.kernels(), plan.staging)
+        ident = _ident(plan)
         if plan.kernel is None or ident in seen:
             continue
         seen.add(ident)

@@ -188,6 +188,12 @@ class SimtCore(Family):
     #: candidates probe, NOTES run 26: Q @ K^T at K = 64 / 128, 128 x 256 6-9% behind the
     #: 128 x 128 or 128 x 64 tile on 4 of 4 attention products; at 197 tokens a tie).
     batched_short_k = 128
+    #: ... and with K up to this none of the 16 x 8 tiles (128 x 256, 128 x 128): the 8 x 8 ones
+    #: (128 x 64, 64 x 64), twice the blocks of half the outputs, overlap the fill and store that
+    #: an 8-step K loop leaves exposed. H100, probes/candidates.py on attention's Q @ K^T with
+    #: 64-wide heads (NOTES run 52; GPU us, 128 x 128 -> 128 x 64, torch): 96 x 197 x 197 x 64
+    #: 48.6 -> 39.6 (34.4), 42 x 256 x 256 x 64 22.4 -> 19.3 (21.3).
+    batched_thin_k = 64
 
     @staticmethod
     def tile_of(opt):
@@ -308,7 +314,9 @@ class SimtCore(Family):
             may_split = True
         else:
             options = self.tile_options
-            if p.batch_total > 1 and p.K <= self.batched_short_k:
+            if p.batch_total > 1 and p.K <= self.batched_thin_k:
+                options = tuple(o for o in options if o[2] == 8)  # (see batched_thin_k)
+            elif p.batch_total > 1 and p.K <= self.batched_short_k:
                 options = options[1:]  # (see batched_short_k)
             opt, may_split = pick_tile(p, dev, options, self.tile_of), self.can_split
             if may_split and opt != self.tile_options[0] and self._big_tile_split_fills(p, dev):

@@ -11,8 +11,16 @@ long as two launches never use it at the same time:
   by a fill captured just before it. A graph may be replayed on any stream, alongside eager
   work, so it must not hold a stream's eager buffer.
 
-The buffers are tiny (4 bytes a tile) and come from PyTorch's stream-ordered allocator, so one
-that grows can be dropped at once: no later launch gets its memory before the earlier ones ran.
+A CUDA device's eager buffers are the driver's memory (``cuMemAllocAsync``), not PyTorch's. A
+buffer outlives the call that made it, and PyTorch may be routing this thread's allocations to
+a CUDA graph's private pool when it is made: torch.compile's CUDA graphs
+(``mode="reduce-overhead"``) run each compiled step eagerly first with the graph's pool current,
+then refuse to record while memory of that pool is held by something other than the step's
+outputs ("Detected 1 tensor(s) in the cudagraph pool not tracked as outputs"). The driver's
+stream-ordered allocator orders them as PyTorch's would: a buffer that grows is freed on its
+stream (``cuMemFreeAsync``), after the launches queued there, and its replacement is zeroed on
+that stream before the launch that uses it. Other devices (the CPU tensors of fastmm's emulated
+GPU in the CPU tests) keep tensors. The buffers are tiny: 4 bytes a tile.
 """
 from __future__ import annotations
 
@@ -20,15 +28,80 @@ import threading
 
 import torch
 
+from ..errors import warn_once
+
 _INT32 = torch.int32
-_buffers: dict[tuple[str, int | None, int], torch.Tensor] = {}  # (device type, index, stream)
+#: (device type, index, stream) -> the stream's eager counters: a tensor, or a DriverCounters
+_buffers: dict[tuple[str, int | None, int], object] = {}
 _grow = threading.Lock()
+#: The least counters a new eager buffer holds (one launch of up to 1024 tiles).
+MIN_COUNTERS = 1024
+#: Why the driver refused a buffer, if it ever did (then every buffer is PyTorch's).
+driver_refused: list[str] = []
 
 
-def counters(device: torch.device, stream: int, n: int) -> torch.Tensor:
+def _driver():
+    from cuda.bindings import driver
+
+    return driver
+
+
+def _check(result, what: str):
+    err = result[0]
+    if int(err) != 0:
+        raise RuntimeError(f"fastmm: {what} failed for the split-K arrival counters: {err}")
+    return result[1] if len(result) > 1 else None
+
+
+class DriverCounters:
+    """``n`` int32 counters in the driver's memory, zeroed on ``stream`` when made: what a launch
+    needs of a tensor (:meth:`data_ptr`, :meth:`numel`), and a copy to the host for checks."""
+
+    __slots__ = ("ptr", "n", "index", "stream", "stream_ordered")
+
+    def __init__(self, n: int, index: int, stream: int):
+        d = _driver()
+        self.n, self.index, self.stream = n, index, stream
+        try:  # stream-ordered, as PyTorch's allocator is
+            self.ptr, self.stream_ordered = int(_check(d.cuMemAllocAsync(4 * n, stream), "cuMemAllocAsync")), True
+        except RuntimeError:  # (a platform without the stream-ordered allocator)
+            self.ptr, self.stream_ordered = int(_check(d.cuMemAlloc(4 * n), "cuMemAlloc")), False
+        _check(d.cuMemsetD32Async(self.ptr, 0, n, stream), "cuMemsetD32Async")
+
+    def data_ptr(self) -> int:
+        return self.ptr
+
+    def numel(self) -> int:
+        return self.n
+
+    def replaced(self) -> None:
+        """Free the buffer after the launches queued on its stream, which is live (it is the
+        stream of the launch that outgrew the buffer)."""
+        if self.stream_ordered:
+            _check(_driver().cuMemFreeAsync(self.ptr, self.stream), "cuMemFreeAsync")
+        else:
+            self.freed()
+
+    def freed(self) -> None:
+        """Free the buffer once the device is idle (its stream may be gone)."""
+        with torch.cuda.device(self.index):
+            torch.cuda.synchronize()
+            _check(_driver().cuMemFree(self.ptr), "cuMemFree")
+
+    def values(self) -> torch.Tensor:
+        """The counters on the host, after the work queued on the device (for checks)."""
+        with torch.cuda.device(self.index):
+            torch.cuda.synchronize()
+            host = torch.empty(self.n, dtype=_INT32)
+            _check(_driver().cuMemcpyDtoH(host.data_ptr(), self.ptr, 4 * self.n), "cuMemcpyDtoH")
+        return host
+
+
+def counters(device: torch.device, stream: int, n: int):
     """At least ``n`` zeroed int32 counters for a launch on ``stream`` (the current stream of
-    ``device``), valid until the next launch on that stream. Keep the tensor referenced until
-    the launch is queued."""
+    ``device``), valid until the next launch on that stream: a tensor, or on a CUDA device
+    outside capture a :class:`DriverCounters`; either way its ``data_ptr()`` is what the launch
+    takes. Keep it referenced until the launch is queued."""
     if torch.cuda.is_current_stream_capturing():
         return torch.zeros(n, dtype=_INT32, device=device)
     index = device.index
@@ -40,12 +113,37 @@ def counters(device: torch.device, stream: int, n: int) -> torch.Tensor:
         with _grow:
             buf = _buffers.get(key)
             if buf is None or buf.numel() < n:
-                # zeroed on this stream, before the launch that will use it
-                buf = _buffers[key] = torch.zeros(max(n, 1024), dtype=_INT32,
-                                                  device=torch.device(device.type, index) if index is not None else device)
+                old, buf = buf, None
+                if device.type == "cuda" and not driver_refused:  # (the launch's device is current)
+                    try:
+                        buf = DriverCounters(max(n, MIN_COUNTERS), index, stream)
+                    except Exception as exc:  # (not expected: then PyTorch's memory, as before)
+                        driver_refused.append(f"{type(exc).__name__}: {exc}")
+                        warn_once(f"fastmm: split-K arrival counters in PyTorch's memory ({driver_refused[0]}); "
+                                  "torch.compile's CUDA graphs may then refuse to record")
+                if buf is None:  # zeroed on this stream, before the launch that will use it
+                    buf = torch.zeros(max(n, MIN_COUNTERS), dtype=_INT32,
+                                      device=torch.device(device.type, index) if index is not None else device)
+                if isinstance(old, DriverCounters):
+                    old.replaced()
+                _buffers[key] = buf
     return buf
 
 
+def values(buf) -> torch.Tensor:
+    """A buffer's counters as a CPU tensor (after the launches queued before: for checks)."""
+    if isinstance(buf, DriverCounters):
+        return buf.values()
+    if buf.is_cuda:
+        torch.cuda.synchronize(buf.device)
+    return buf.cpu()
+
+
 def forget() -> None:
-    """Drop every eager buffer (tests; a process that is done with fastmm)."""
-    _buffers.clear()
+    """Drop every eager buffer (tests; a process that is done with fastmm): the driver's are
+    freed after the work queued on their streams."""
+    with _grow:
+        for buf in _buffers.values():
+            if isinstance(buf, DriverCounters):
+                buf.freed()
+        _buffers.clear()
