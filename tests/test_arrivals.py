@@ -50,7 +50,7 @@ class FakeDriverCounters:
     """arrivals.DriverCounters without a driver: records what was made and freed."""
 
     made: list = []
-    replaced_ones: list = []
+    freed_ones: list = []
 
     def __init__(self, n, index, stream):
         self.n, self.index, self.stream = n, index, stream
@@ -62,15 +62,15 @@ class FakeDriverCounters:
     def data_ptr(self):
         return id(self)
 
-    def replaced(self):
-        FakeDriverCounters.replaced_ones.append(self)
+    def freed(self):
+        FakeDriverCounters.freed_ones.append(self)
 
 
 @pytest.fixture
 def fake_driver(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     monkeypatch.setattr(arrivals, "DriverCounters", FakeDriverCounters)
-    FakeDriverCounters.made, FakeDriverCounters.replaced_ones = [], []
+    FakeDriverCounters.made, FakeDriverCounters.freed_ones = [], []
 
     def no_torch_memory(*args, device=None, **kwargs):
         raise AssertionError(f"a CUDA device's eager counters came from PyTorch's allocator ({device})")
@@ -98,17 +98,76 @@ def test_a_cuda_streams_counters_are_the_drivers_memory_not_a_torch_pools(fake_d
     assert b is not a and b.stream == 8
 
 
-def test_an_outgrown_cuda_buffer_is_freed_on_its_stream(fake_driver):
+def test_an_outgrown_cuda_buffer_is_retired_not_freed_until_forget(fake_driver):
+    """Another thread may hold the outgrown buffer for a launch it has not queued yet (nothing
+    ties the driver's memory to that reference, as a tensor's did): it is freed by forget only.
+    Buffers double as they grow, so few are retired."""
     dev = torch.device("cuda", 0)
     small = arrivals.counters(dev, 7, 10)
     big = arrivals.counters(dev, 7, small.numel() + 1)
-    assert big.numel() > small.numel() and fake_driver.replaced_ones == [small]
-    assert arrivals.counters(dev, 7, 10) is big
+    assert big.numel() == 2 * small.numel() and fake_driver.freed_ones == []
+    assert arrivals.counters(dev, 7, 10) is big and arrivals._retired == [small]
+    arrivals.forget()
+    assert fake_driver.freed_ones == [big, small] and arrivals._buffers == {} and arrivals._retired == []
+
+
+class FakeDriver:
+    """cuda.bindings.driver's calls that DriverCounters makes, recorded; ``fail`` names the ones
+    that return an error."""
+
+    def __init__(self, fail=()):
+        self.calls, self.fail, self.next_ptr = [], set(fail), 0x1000
+
+    def _result(self, name, *value):
+        self.calls.append(name)
+        return (1 if name in self.fail else 0, *value)
+
+    def cuMemAllocAsync(self, nbytes, stream):
+        self.next_ptr += 0x1000
+        return self._result(f"cuMemAllocAsync({nbytes}, stream {stream})", self.next_ptr)
+
+    def cuMemAlloc(self, nbytes):
+        self.next_ptr += 0x1000
+        return self._result(f"cuMemAlloc({nbytes})", self.next_ptr)
+
+    def cuMemsetD32Async(self, ptr, value, n, stream):
+        return self._result(f"cuMemsetD32Async({ptr:#x}, {value}, {n}, stream {stream})")
+
+    def cuMemFree(self, ptr):
+        return self._result(f"cuMemFree({ptr:#x})")
+
+
+def test_driver_counters_are_allocated_and_zeroed_on_their_stream(monkeypatch):
+    d = FakeDriver()
+    monkeypatch.setattr(arrivals, "_driver", lambda: d)
+    buf = arrivals.DriverCounters(1024, 0, 7)
+    assert (buf.data_ptr(), buf.numel()) == (0x2000, 1024)
+    assert d.calls == ["cuMemAllocAsync(4096, stream 7)", "cuMemsetD32Async(0x2000, 0, 1024, stream 7)"]
+
+
+def test_driver_counters_without_the_stream_ordered_allocator_use_cumemalloc(monkeypatch):
+    d = FakeDriver(fail={"cuMemAllocAsync(4096, stream 7)"})
+    monkeypatch.setattr(arrivals, "_driver", lambda: d)
+    assert arrivals.DriverCounters(1024, 0, 7).data_ptr() == 0x3000
+    assert d.calls[1:] == ["cuMemAlloc(4096)", "cuMemsetD32Async(0x3000, 0, 1024, stream 7)"]
+
+
+def test_driver_counters_that_cannot_be_zeroed_are_freed_and_refused(monkeypatch):
+    d = FakeDriver(fail={"cuMemsetD32Async(0x2000, 0, 1024, stream 7)"})
+    monkeypatch.setattr(arrivals, "_driver", lambda: d)
+    with pytest.raises(RuntimeError, match="cuMemsetD32Async failed"):
+        arrivals.DriverCounters(1024, 0, 7)
+    assert d.calls[-1] == "cuMemFree(0x2000)"
 
 
 def test_a_driver_that_refuses_leaves_the_counters_in_torch_memory_and_says_so(monkeypatch):
+    """A refusal costs that buffer alone (the next one asks the driver again: a refusal may be
+    passing, e.g. out of memory for a moment), with one warning."""
+    import fastmm.errors
+
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     monkeypatch.setattr(arrivals, "driver_refused", [])
+    monkeypatch.setattr(fastmm.errors, "_warned", set())
 
     class Refused:
         def __init__(self, n, index, stream):
@@ -126,5 +185,5 @@ def test_a_driver_that_refuses_leaves_the_counters_in_torch_memory_and_says_so(m
     with pytest.warns(UserWarning, match="no driver here"):
         buf = arrivals.counters(torch.device("cuda", 0), 7, 4)
     assert made == [torch.device("cuda", 0)] and not buf.any()
-    assert arrivals.counters(torch.device("cuda", 0), 8, 4) is not buf and len(made) == 2  # not asked again
-    assert arrivals.driver_refused == ["RuntimeError: no driver here"]
+    assert arrivals.counters(torch.device("cuda", 0), 8, 4) is not buf and len(made) == 2
+    assert arrivals.driver_refused == ["RuntimeError: no driver here"] * 2

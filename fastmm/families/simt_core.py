@@ -188,11 +188,13 @@ class SimtCore(Family):
     #: candidates probe, NOTES run 26: Q @ K^T at K = 64 / 128, 128 x 256 6-9% behind the
     #: 128 x 128 or 128 x 64 tile on 4 of 4 attention products; at 197 tokens a tie).
     batched_short_k = 128
-    #: ... and with K up to this none of the 16 x 8 tiles (128 x 256, 128 x 128): the 8 x 8 ones
+    #: ... and with K up to this neither 16 x 8 tile of tile_options (128 x 256, 128 x 128; the
+    #: narrow and short tiles keep their own rules): the 8 x 8 ones
     #: (128 x 64, 64 x 64), twice the blocks of half the outputs, overlap the fill and store that
-    #: an 8-step K loop leaves exposed. H100, probes/candidates.py on attention's Q @ K^T with
-    #: 64-wide heads (NOTES run 52; GPU us, 128 x 128 -> 128 x 64, torch): 96 x 197 x 197 x 64
-    #: 48.6 -> 39.6 (34.4), 42 x 256 x 256 x 64 22.4 -> 19.3 (21.3).
+    #: an 8-step K loop leaves exposed. H100, probes/candidates.py on attention's Q @ K^T
+    #: (probes/thin_k_rows.json, NOTES run 52; GPU us, 128 x 128 -> the new plan, torch): faster
+    #: on 11 of 12, 4 of them held out (96 x 197 x 197 x 64 48.7 -> 39.7 (34.5), 64 x 300 x 300 x
+    #: 64 56.7 -> 39.1 (39.8)); 1024 x 128 x 128 x 64 3% slower (89.7 -> 92.6).
     batched_thin_k = 64
 
     @staticmethod

@@ -16,11 +16,14 @@ buffer outlives the call that made it, and PyTorch may be routing this thread's 
 a CUDA graph's private pool when it is made: torch.compile's CUDA graphs
 (``mode="reduce-overhead"``) run each compiled step eagerly first with the graph's pool current,
 then refuse to record while memory of that pool is held by something other than the step's
-outputs ("Detected 1 tensor(s) in the cudagraph pool not tracked as outputs"). The driver's
-stream-ordered allocator orders them as PyTorch's would: a buffer that grows is freed on its
-stream (``cuMemFreeAsync``), after the launches queued there, and its replacement is zeroed on
-that stream before the launch that uses it. Other devices (the CPU tensors of fastmm's emulated
-GPU in the CPU tests) keep tensors. The buffers are tiny: 4 bytes a tile.
+outputs ("Detected 1 tensor(s) in the cudagraph pool not tracked as outputs"). A buffer is zeroed
+on its stream before the launch that uses it. One that a larger launch outgrows is retired, not
+freed: another thread may hold it for a launch it has not queued yet (a tensor's reference kept
+PyTorch's memory alive for that launch; the driver's memory has no such tie), so it is freed by
+:func:`forget` only. Buffers at least double when they grow, so few are ever retired. If the
+driver refuses a buffer, that buffer is PyTorch's, as before, with a warning. Other devices (the
+CPU tensors of fastmm's emulated GPU in the CPU tests) keep tensors. The buffers are tiny: 4
+bytes a tile.
 """
 from __future__ import annotations
 
@@ -36,7 +39,9 @@ _buffers: dict[tuple[str, int | None, int], object] = {}
 _grow = threading.Lock()
 #: The least counters a new eager buffer holds (one launch of up to 1024 tiles).
 MIN_COUNTERS = 1024
-#: Why the driver refused a buffer, if it ever did (then every buffer is PyTorch's).
+#: Buffers outgrown by a larger launch, freed by forget() (see the module's docstring).
+_retired: list = []
+#: Why the driver refused a buffer, each time it did (that buffer was then PyTorch's memory).
 driver_refused: list[str] = []
 
 
@@ -57,30 +62,26 @@ class DriverCounters:
     """``n`` int32 counters in the driver's memory, zeroed on ``stream`` when made: what a launch
     needs of a tensor (:meth:`data_ptr`, :meth:`numel`), and a copy to the host for checks."""
 
-    __slots__ = ("ptr", "n", "index", "stream", "stream_ordered")
+    __slots__ = ("ptr", "n", "index", "stream")
 
     def __init__(self, n: int, index: int, stream: int):
         d = _driver()
         self.n, self.index, self.stream = n, index, stream
         try:  # stream-ordered, as PyTorch's allocator is
-            self.ptr, self.stream_ordered = int(_check(d.cuMemAllocAsync(4 * n, stream), "cuMemAllocAsync")), True
+            self.ptr = int(_check(d.cuMemAllocAsync(4 * n, stream), "cuMemAllocAsync"))
         except RuntimeError:  # (a platform without the stream-ordered allocator)
-            self.ptr, self.stream_ordered = int(_check(d.cuMemAlloc(4 * n), "cuMemAlloc")), False
-        _check(d.cuMemsetD32Async(self.ptr, 0, n, stream), "cuMemsetD32Async")
+            self.ptr = int(_check(d.cuMemAlloc(4 * n), "cuMemAlloc"))
+        try:
+            _check(d.cuMemsetD32Async(self.ptr, 0, n, stream), "cuMemsetD32Async")
+        except Exception:
+            d.cuMemFree(self.ptr)  # (nothing was queued on it)
+            raise
 
     def data_ptr(self) -> int:
         return self.ptr
 
     def numel(self) -> int:
         return self.n
-
-    def replaced(self) -> None:
-        """Free the buffer after the launches queued on its stream, which is live (it is the
-        stream of the launch that outgrew the buffer)."""
-        if self.stream_ordered:
-            _check(_driver().cuMemFreeAsync(self.ptr, self.stream), "cuMemFreeAsync")
-        else:
-            self.freed()
 
     def freed(self) -> None:
         """Free the buffer once the device is idle (its stream may be gone)."""
@@ -114,18 +115,19 @@ def counters(device: torch.device, stream: int, n: int):
             buf = _buffers.get(key)
             if buf is None or buf.numel() < n:
                 old, buf = buf, None
-                if device.type == "cuda" and not driver_refused:  # (the launch's device is current)
+                size = max(n, MIN_COUNTERS, 2 * old.numel() if old is not None else 0)
+                if device.type == "cuda":  # (the launch's device is current)
                     try:
-                        buf = DriverCounters(max(n, MIN_COUNTERS), index, stream)
+                        buf = DriverCounters(size, index, stream)
                     except Exception as exc:  # (not expected: then PyTorch's memory, as before)
                         driver_refused.append(f"{type(exc).__name__}: {exc}")
-                        warn_once(f"fastmm: split-K arrival counters in PyTorch's memory ({driver_refused[0]}); "
+                        warn_once(f"fastmm: split-K arrival counters in PyTorch's memory ({driver_refused[-1]}); "
                                   "torch.compile's CUDA graphs may then refuse to record")
                 if buf is None:  # zeroed on this stream, before the launch that will use it
-                    buf = torch.zeros(max(n, MIN_COUNTERS), dtype=_INT32,
+                    buf = torch.zeros(size, dtype=_INT32,
                                       device=torch.device(device.type, index) if index is not None else device)
                 if isinstance(old, DriverCounters):
-                    old.replaced()
+                    _retired.append(old)  # (not freed: see the module's docstring)
                 _buffers[key] = buf
     return buf
 
@@ -140,10 +142,15 @@ def values(buf) -> torch.Tensor:
 
 
 def forget() -> None:
-    """Drop every eager buffer (tests; a process that is done with fastmm): the driver's are
-    freed after the work queued on their streams."""
+    """Drop every eager buffer (tests; a process that is done with fastmm, with no launch of its
+    own still to be queued): the driver's are freed once their devices are idle, or left (a
+    device in an error state keeps them; the process is past using it)."""
     with _grow:
-        for buf in _buffers.values():
+        for buf in [*_buffers.values(), *_retired]:
             if isinstance(buf, DriverCounters):
-                buf.freed()
+                try:
+                    buf.freed()
+                except Exception:  # (see above)
+                    pass
         _buffers.clear()
+        _retired.clear()
