@@ -450,7 +450,7 @@ def linear_grads_body(g: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
     products launched from one remembered entry (fastmm.fast_path.linear_backward). Not
     differentiable itself: a double backward takes the product ops one by one."""
     precision = resolve_precision(precision)
-    if g.dtype != x.dtype or x.dtype != weight.dtype:  # (the fake's checks, in its words)
+    if not _linear_grads_dtypes_fit(g, x, weight):  # (the fake's checks, in its words)
         raise RuntimeError(_linear_grads_dtypes(g, x, weight))
     if not _linear_grads_shapes_fit(g, x, weight):
         raise RuntimeError(_linear_grads_shapes(g, x, weight))
@@ -469,6 +469,10 @@ def _linear_grads_shapes_fit(g, x, weight) -> bool:
             and g.shape == x.shape[:-1] + weight.shape[:1])
 
 
+def _linear_grads_dtypes_fit(g, x, weight) -> bool:
+    return g.dtype == x.dtype and x.dtype == weight.dtype
+
+
 def _linear_grads_dtypes(g, x, weight) -> str:
     return f"expected g, x and weight to have one dtype, but got: {g.dtype}, {x.dtype}, {weight.dtype}"
 
@@ -483,7 +487,7 @@ linear_grads_op = torch.library.custom_op("fastmm::linear_grads", linear_grads_b
 
 @linear_grads_op.register_fake
 def _(g, x, weight, precision=None):
-    torch._check(g.dtype == x.dtype and x.dtype == weight.dtype, lambda: _linear_grads_dtypes(g, x, weight))
+    torch._check(_linear_grads_dtypes_fit(g, x, weight), lambda: _linear_grads_dtypes(g, x, weight))
     torch._check(_linear_grads_shapes_fit(g, x, weight), lambda: _linear_grads_shapes(g, x, weight))
     return x.new_empty(x.shape), weight.new_empty(weight.shape)
 
