@@ -11,7 +11,12 @@
 // SM (persistent), several, the producer filling the ring for the next while the consumers store.
 //
 // TMA_STORE = 1: the consumers stage C in shared memory and the copy engine writes it (see the
-// epilogue); else they store it from registers.
+// epilogue); else they store it from registers. C_COPY_OUT = 1 (a C whose rows the copy engine
+// cannot take: an odd width, a pitch or base not 16-byte aligned): staged the same way, then the
+// consumer threads write it out, a warp a row of 32 columns at a time, coalesced single floats.
+// From registers such a C went out as single floats two columns apart, 8 rows an instruction: a
+// product whose K is short is mostly its C (attention's 197-token scores at K = 64 ran at half
+// of cuBLAS's speed, benchmarks/NOTES.md run 53).
 //
 // EPILOGUE_VECTOR = 1 or 2 (with EPILOGUE, not SPLIT): D is one vector, the same for every row (1:
 // F.linear's bias, D[n]) or for every column (2: D[m], the same bias of a product computed as
@@ -108,6 +113,13 @@
 #ifndef TMA_STORE
 #define TMA_STORE 0  // 1: C leaves through shared memory and the copy engine (see the epilogue)
 #endif
+#ifndef C_COPY_OUT
+#define C_COPY_OUT 0  // 1: C leaves through shared memory and the consumers' coalesced stores
+#endif
+#if TMA_STORE && C_COPY_OUT
+#error "C leaves through the copy engine (TMA_STORE) or the consumers' stores (C_COPY_OUT), not both"
+#endif
+#define C_STAGED (TMA_STORE || C_COPY_OUT)  // C staged in shared memory C_BOXES boxes at a time
 #ifndef PINGPONG
 #define PINGPONG 0
 #endif
@@ -117,7 +129,7 @@
 #if EPILOGUE_VECTOR && (!EPILOGUE || SPLIT)
 #error "EPILOGUE_VECTOR applies a fused epilogue in the stores of C (SPLIT applies it in split_finish)"
 #endif
-#if PINGPONG && (PRECISION_X3 || A_MN || TMA_STORE || (EPILOGUE && !EPILOGUE_VECTOR))
+#if PINGPONG && (PRECISION_X3 || A_MN || C_STAGED || (EPILOGUE && !EPILOGUE_VECTOR))
 // (a D of any strides: applied in the store loop, its loads and addresses spill at BN 128-192
 // with two accumulator sets, and a second sweep over C read back would outlast the other
 // consumer's main loop; the cooperative form applies it to C staged for the copy engine)
@@ -129,12 +141,12 @@
 #ifndef SPLIT
 #define SPLIT 0
 #endif
-#if SPLIT && (PINGPONG || TMA_STORE)
+#if SPLIT && (PINGPONG || C_STAGED)
 #error "SPLIT stores its slices from registers into workspace slices (along m where C_VEC = 2, else along n), in the cooperative form"
 #endif
 #define ORDER_BAR 2  // PINGPONG: named barriers 2 and 3 (0: __syncthreads, 1: consumer_sync)
 #ifndef C_BOXES
-#define C_BOXES 4  // TMA_STORE: 32-column boxes of C staged at once (BM x 32 floats each)
+#define C_BOXES 4  // C_STAGED: 32-column boxes of C staged at once (BM x 32 floats each)
 #endif
 #if A_MN && PRECISION_X3
 #error "tf32x3 reads split K-major halves: A_MN is for tf32 only"
@@ -192,14 +204,19 @@
 #define LOAD_BYTES (STAGE_BYTES - X3_SPLIT_B * B_BYTES)  // what the copy engine writes a slot
 #define ACC (BN / 2)  // fp32 accumulators per consumer thread
 #define C_BOX_BYTES (BM * 32 * 4)
-#if TMA_STORE
+#if C_STAGED
 #if C_VEC == 2
-#error "TMA_STORE writes C along n (C_VEC = 2 stores an m-contiguous C)"
+#error "C staged in shared memory goes out along n (C_VEC = 2 stores an m-contiguous C)"
 #endif
 #define C_STAGE_BYTES (C_BOXES * C_BOX_BYTES)
 #else
 #define C_STAGE_BYTES 0
 #endif
+// C_STAGED's sweeps over a staged box (the fused epilogue, the copy-out): consumer thread ct takes
+// column ct % 32 and rows ct / 32 + BOX_RSTEP * i (8 apart with two consumer warpgroups, 4 with
+// one; BOX_RN = 16 rows a thread), so a warp reads (and writes) 32 adjacent floats of a row.
+#define BOX_RSTEP (CONSUMER_THREADS / 32)
+#define BOX_RN (BM / BOX_RSTEP)
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
@@ -249,6 +266,14 @@ __device__ __forceinline__ void order_signal(int id) { asm volatile("bar.arrive 
 __device__ __forceinline__ unsigned c_box_offset(int r, int c) {
     return r * 128 + ((((unsigned)c >> 2) ^ (r & 7)) << 4) + (c & 3) * 4;
 }
+#if C_STAGED
+// Column c of a staged box, this thread's BOX_RN rows (r0 + BOX_RSTEP i): all loaded before any is
+// used, so their latencies overlap (one at a time, each sweep waited out every load in turn).
+__device__ __forceinline__ void lds_box_column(unsigned box, int r0, int c, float (&v)[BOX_RN]) {
+#pragma unroll
+    for (int i = 0; i < BOX_RN; ++i) v[i] = lds_f32(box + c_box_offset(r0 + BOX_RSTEP * i, c));
+}
+#endif
 
 // Shared-memory matrix descriptor: K-major tile, rows of 128 bytes, 128-byte swizzle; groups of
 // 8 rows are 1024 bytes apart (stride byte offset); the leading byte offset is unused here.
@@ -691,7 +716,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fastmm_wgmma_tf32(
     extern __shared__ unsigned char smem_raw[];
     // Swizzled tiles must start on a 1024-byte boundary; the host asks for 1 KiB of slack.
     const unsigned base = (smem_addr(smem_raw) + 1023u) & ~1023u;
-    const unsigned c_stage = base + STAGES * STAGE_BYTES;  // TMA_STORE: C's boxes (1024-aligned)
+    const unsigned c_stage = base + STAGES * STAGE_BYTES;  // C_STAGED: C's boxes (1024-aligned)
     const unsigned bars = c_stage + C_STAGE_BYTES;  // full[STAGES], then empty[STAGES]
     const int wg = threadIdx.x / 128;
     const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN, tiles = tiles_m * tiles_n;
@@ -918,7 +943,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fastmm_wgmma_tf32(
 #else
             const int tile_row = cw * 64 + warp * 16 + lane / 4, row_step = 8;
 #endif
-#if TMA_STORE
+#if C_STAGED
             // Through shared memory: the consumer warpgroups write C_BOXES boxes of 32 columns
             // into the staging buffer (swizzled), then one thread hands them to the copy engine and
             // everyone goes on to the next tile's main loop while the stores drain. Stored from
@@ -946,8 +971,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fastmm_wgmma_tf32(
                         for (int e = 0; e < 2; ++e)
                             dn[j][e] = 4 * b0 + j < BN / 8 ? d_column_value(epi, col_n + 8 * (4 * b0 + j) + e, N) : 0.f;
 #endif
+#if TMA_STORE
                     if (ct == 0) bulk_wait_read_all();
-                    consumer_sync();
+#endif
+                    consumer_sync();  // (C_COPY_OUT: the last boxes' copy-out has read the buffer)
 #pragma unroll
                     for (int j = 0; j < BN / 8; ++j) {
                         if (j / 4 < b0 || j / 4 >= b0 + C_BOXES) continue;
@@ -977,26 +1004,24 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fastmm_wgmma_tf32(
                     consumer_sync();
                     {
                         FASTMM_EPILOGUE
-                        // (RSTEP rows apart: 8 with two consumer warpgroups, 4 with one; 16 rows a thread)
-                        constexpr int RSTEP = CONSUMER_THREADS / 32, RN = BM / RSTEP;
                         const int c = ct % 32, r0 = ct / 32;
 #pragma unroll 1
                         for (int bx = 0; bx < boxes; ++bx) {
                             const int n = tn * BN + 32 * (b0 + bx) + c;
                             const unsigned box = c_stage + bx * C_BOX_BYTES;
-                            float v[RN];
+                            float v[BOX_RN];
+                            lds_box_column(box, r0, c, v);
 #pragma unroll
-                            for (int i = 0; i < RN; ++i) v[i] = lds_f32(box + c_box_offset(r0 + RSTEP * i, c));
-#pragma unroll
-                            for (int i = 0; i < RN; ++i) {
-                                const int m = tm * BM + r0 + RSTEP * i;
+                            for (int i = 0; i < BOX_RN; ++i) {
+                                const int m = tm * BM + r0 + BOX_RSTEP * i;
                                 if (m < M && n < N) v[i] = epi(v[i], m, n);
                             }
 #pragma unroll
-                            for (int i = 0; i < RN; ++i) sts_f32(box + c_box_offset(r0 + RSTEP * i, c), v[i]);  // (outside M, N: unchanged, and clipped by the copy engine)
+                            for (int i = 0; i < BOX_RN; ++i) sts_f32(box + c_box_offset(r0 + BOX_RSTEP * i, c), v[i]);  // (outside M, N: unchanged, and clipped by the copy engine)
                         }
                     }
 #endif
+#if TMA_STORE
                     fence_async_shared();  // (each writer: its writes, before the copy engine reads)
                     consumer_sync();
                     if (ct == 0) {
@@ -1005,6 +1030,29 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fastmm_wgmma_tf32(
                             tma_store_4d(&mapC, c_stage + bx * C_BOX_BYTES, tn * BN + 32 * (b0 + bx), tm * BM, z1, z0);
                         bulk_commit();
                     }
+#else
+                    // Copy-out: lane c of a warp takes column c of a box, the warps rows RSTEP apart,
+                    // so each store instruction writes 32 adjacent floats of one row (128 bytes). A
+                    // thread loads its rows of a box before it stores any (16 shared loads in flight).
+                    consumer_sync();
+                    {
+                        const int c = ct % 32, r0 = ct / 32;
+                        float* Cb = C + (i64)z0 * sC0 + (i64)z1 * sC1;
+#pragma unroll 1
+                        for (int bx = 0; bx < boxes; ++bx) {
+                            const int n = tn * BN + 32 * (b0 + bx) + c;
+                            float v[BOX_RN];
+                            lds_box_column(c_stage + bx * C_BOX_BYTES, r0, c, v);
+                            if (n < N) {
+#pragma unroll
+                                for (int i = 0; i < BOX_RN; ++i) {
+                                    const int m = tm * BM + r0 + BOX_RSTEP * i;
+                                    if (m < M) Cb[(i64)m * sCm + (i64)n * sCn] = v[i];
+                                }
+                            }
+                        }
+                    }
+#endif
                 }
             }
 #else
@@ -1110,7 +1158,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fastmm_wgmma_tf32(
 #undef EPI_GROUPS
             }
 #endif
-#endif  // TMA_STORE
+#endif  // C_STAGED
 #if SPLIT
             {
                 FASTMM_EPILOGUE

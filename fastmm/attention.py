@@ -50,20 +50,27 @@ def math_attention(query, key, value, attn_mask=None, dropout_p: float = 0.0, is
     triangular mask of L x S aligned at the top left; a boolean mask keeps the True positions; a
     float mask is added; rows with no position to attend give zeros (``_safe_softmax``); with
     ``enable_gqa`` each key head serves ``q_heads / k_heads`` query heads in turn, each value head
-    ``q_heads / v_heads``."""
+    ``q_heads / v_heads``. Those query heads are rows of one product with their key (value) head
+    where their strides allow a view (decode's single query row; the probabilities, always),
+    instead of k (v) repeated per query head as torch's math path does: the same sums, without
+    the copy, in fewer and taller products."""
     if is_causal and attn_mask is not None:
         raise RuntimeError("_scaled_dot_product_attention: Explicit attn_mask should not be set when is_causal=True")
     size = 1.0 / math.sqrt(query.size(-1)) if scale is None else abs(scale)
     root = math.sqrt(size)
     q = query * (-root if scale is not None and scale < 0 else root)
-    k, v = key, value
+    hq = hk = hv = None  # (heads are read only for grouped queries: SDPA takes 2-D q, k, v too)
     if enable_gqa:  # (key and value heads each divide the query heads; torch's check and words)
         hq, hk, hv = query.size(-3), key.size(-3), value.size(-3)
         if hq % hk or hq % hv:
             raise RuntimeError("Number of heads in key and value must divide the number of heads in ")
-        k = key if hk == hq else key.repeat_interleave(hq // hk, dim=-3)
-        v = value if hv == hq else value.repeat_interleave(hq // hv, dim=-3)
-    scores = _matmul(q, k.transpose(-2, -1) * root, precision=precision)
+    # grouped-query heads: the query heads a key head serves become rows of one product (a view
+    # where the layout allows: decode's single query row, a contiguous q), not k repeated per head
+    folded = _heads_as_rows(q, hk)
+    k = key if folded is not None else key.repeat_interleave(hq // hk, dim=-3)
+    scores = _matmul(q if folded is None else folded, k.transpose(-2, -1) * root, precision=precision)
+    if folded is not None and folded is not q:  # (back to [..., q heads, L, S])
+        scores = scores.reshape(scores.shape[:-3] + q.shape[-3:-1] + scores.shape[-1:])
     if is_causal:
         L, S = query.size(-2), key.size(-2)
         attn_mask = torch.ones(L, S, dtype=torch.bool, device=query.device).tril()
@@ -79,4 +86,21 @@ def math_attention(query, key, value, attn_mask=None, dropout_p: float = 0.0, is
     probs = torch.ops.aten._safe_softmax(scores, -1)
     if dropout_p > 0.0:
         probs = F.dropout(probs, dropout_p, training=True)
-    return _matmul(probs, v, precision=precision)
+    folded = _heads_as_rows(probs, hv)
+    if folded is None:
+        return _matmul(probs, value.repeat_interleave(hq // hv, dim=-3), precision=precision)
+    out = _matmul(folded, value, precision=precision)
+    return out if folded is probs else out.reshape(out.shape[:-3] + probs.shape[-3:-1] + out.shape[-1:])
+
+
+def _heads_as_rows(t: torch.Tensor, heads: int | None) -> torch.Tensor | None:
+    """``t`` of shape [..., H, L, E] as [..., heads, (H / heads) * L, E] (the H / heads
+    consecutive heads that share a key or value head stacked as rows), a view of ``t``; ``t``
+    itself where ``heads`` is H or None (no grouped queries); None where its strides allow no
+    such view (those heads' rows are not one evenly strided run)."""
+    if heads is None or heads == t.size(-3):
+        return t
+    H, L, E = t.shape[-3:]
+    if L != 1 and t.stride(-3) != L * t.stride(-2):
+        return None
+    return t.view(t.shape[:-3] + (heads, (H // heads) * L, E))

@@ -235,3 +235,49 @@ def test_a_patched_sdpa_llama_keeps_its_attention_routed_where_torch_takes_the_m
 
 def test_the_module_reads_no_environment_and_imports_no_cuda_at_import():
     assert "os" not in vars(attention) and "cuda" not in vars(attention)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "seq_first", "seq_first_one_row"])
+def test_grouped_query_heads_become_rows_of_one_product_where_the_layout_allows(gpu, layout, monkeypatch):
+    """Each key (value) head's share of the query heads is stacked as rows of one product, with
+    no copy of k or v per query head, where q's (the probabilities') strides allow a view: a
+    contiguous q, and decode's single query row in the [B, L, H, E] layout Hugging Face
+    transposes; other layouts repeat k as torch's math path does. The values match float64."""
+    L = 1 if layout == "seq_first_one_row" else 9
+    g = torch.Generator().manual_seed(11)
+    if layout == "contiguous":
+        q = torch.randn(2, 8, L, 16, generator=g)
+    else:
+        q = torch.randn(2, L, 8, 16, generator=g).transpose(1, 2)
+    k, v = torch.randn(2, 2, 13, 16, generator=g), torch.randn(2, 4, 13, 24, generator=g)
+    p = torch.softmax(torch.einsum("bhle,bhse->bhls", q.double(), k.double().repeat_interleave(4, dim=1)) / 4.0, -1)
+    want = torch.einsum("bhls,bhse->bhle", p, v.double().repeat_interleave(2, dim=1))
+    shapes = []
+    real = attention._matmul
+
+    def spy(a, b, **kw):
+        shapes.append((tuple(a.shape), tuple(b.shape)))
+        return real(a, b, **kw)
+
+    monkeypatch.setattr(attention, "_matmul", spy)
+    repeats = []
+    real_repeat = torch.Tensor.repeat_interleave
+    monkeypatch.setattr(torch.Tensor, "repeat_interleave", lambda t, *a, **kw: repeats.append(t.shape) or real_repeat(t, *a, **kw))
+    got = math_attention(q, k, v, enable_gqa=True)
+    assert got.shape == (2, 8, L, 24)
+    torch.testing.assert_close(got.double(), want, rtol=0, atol=2e-5)
+    if layout == "seq_first":
+        assert shapes[0] == ((2, 8, L, 16), (2, 8, 16, 13)) and repeats == [k.shape]  # k repeated per query head
+    else:
+        assert shapes[0] == ((2, 2, 4 * L, 16), (2, 2, 16, 13)) and repeats == []
+    assert shapes[1] == ((2, 4, 2 * L, 13), (2, 4, 13, 24))  # (the probabilities are contiguous)
+
+
+def test_q_k_v_without_a_heads_dimension_are_taken_as_torch_takes_them(gpu):
+    """SDPA takes 2-D q, k, v (no heads, no batch): the math path reads heads only for grouped
+    queries."""
+    g = torch.Generator().manual_seed(12)
+    q, k, v = torch.randn(7, 16, generator=g), torch.randn(9, 16, generator=g), torch.randn(9, 8, generator=g)
+    got = math_attention(q, k, v)
+    assert got.shape == (7, 8) and len(gpu.launches) >= 2
+    torch.testing.assert_close(got.double(), reference(q, k, v), rtol=0, atol=2e-5)

@@ -987,6 +987,46 @@ WGMMA_CASES = {
 }
 
 
+#: C with contiguous rows the copy engine cannot write (odd widths, an odd pitch, a base 4 bytes
+#: past 16-byte alignment): (a, b, the rows' pitch of out=, or None for a fresh C)
+COPY_OUT_CASES = {
+    "scores-197": lambda: (randn(24, 197, 64), randn(24, 197, 64).transpose(-1, -2), None),
+    "scores-77": lambda: (randn(16, 77, 64), randn(16, 77, 64).transpose(-1, -2), None),
+    "linear-odd": lambda: (randn(333, 517), randn(1001, 517).t(), None),
+    "pitch-odd": lambda: (randn(300, 256), randn(640, 256).t(), 643),
+    "base-offset": lambda: (randn(260, 384), randn(200, 384).t(), -1),
+}
+
+
+@pytest.mark.parametrize("precision", ["tf32", "tf32x3"])
+@pytest.mark.parametrize("case", sorted(COPY_OUT_CASES))
+def test_wgmma_writes_c_rows_the_copy_engine_cannot_take_through_shared_memory(case, precision, rel_err):
+    """C_COPY_OUT: C staged in shared memory, then written by the consumer threads, a warp 32
+    adjacent floats of a row at a time. Every output is written (NaN-poisoned C), nothing past N
+    or outside the view is (the padding of a wider buffer keeps its NaN), against float64."""
+    needs_sm90()
+    a, b, pitch = COPY_OUT_CASES[case]()
+    shape = a.shape[:-1] + b.shape[-1:]
+    buf = None
+    if pitch is None:
+        out = torch.full(shape, NAN, device="cuda")
+    elif pitch == -1:  # (a C whose base is one float past a 16-byte boundary: no tensor map)
+        buf = torch.full((shape[0] * shape[1] + 1,), NAN, device="cuda")
+        out = buf[1:].view(shape)
+    else:
+        buf = torch.full((shape[0], pitch), NAN, device="cuda")
+        out = buf[:, :shape[1]]
+    c, plan = forced_plan(a, b, "wgmma_tf32", precision, out=out)
+    m = dict(plan.kernel.macros)
+    assert c is out and m.get("C_COPY_OUT") == 1 and not m.get("TMA_STORE"), plan.describe()
+    assert "written by the consumer threads" in dict(plan.kernel.details)["C stores"]
+    check(c, a, b, precision, rel_err)
+    if pitch is not None and pitch > 0:
+        assert torch.isnan(buf[:, shape[1]:]).all()  # the pitch's padding: not written
+    elif pitch == -1:
+        assert torch.isnan(buf[0])
+
+
 @pytest.mark.parametrize("precision", ["tf32", "tf32x3"])
 @pytest.mark.parametrize("case", sorted(WGMMA_CASES))
 def test_wgmma_layouts_match_float64(case, precision, rel_err):

@@ -312,6 +312,38 @@ def test_an_in_out_layer_matches_float64_and_repeats_its_gradients(precision):
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("rows", [1, 77], ids=["decode", "prefill"])
+def test_grouped_query_sdpa_in_hugging_faces_layout_matches_float64(precision, rows):
+    """q, k, v as a Hugging Face attention hands them over ([B, L, H, E] transposed to
+    [B, H, L, E]): decode's single query row folds each key head's query heads into the rows of
+    one product; a longer q repeats k per query head. Both products and the four of the backward
+    on fastmm; output and gradients within the precision's tolerance of float64."""
+    torch.manual_seed(6)
+    q = randn(2, rows, 16, 64).transpose(1, 2).requires_grad_()
+    k, v = (randn(2, 93, 4, 64).transpose(1, 2).requires_grad_() for _ in range(2))
+    g = randn(2, 16, rows, 64)
+    from fastmm.coverage import coverage
+
+    def run():
+        with fastmm.use_fastmm(precision):
+            return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
+    report = coverage(run, backward=True, loss=lambda out: (out * g).sum())
+    assert report.counts()["fastmm"] == 2 + 4 and report.counts()["attention"] == 0, report.entries
+    q.grad = k.grad = v.grad = None
+    out = run()
+    assert out.shape == (2, 16, rows, 64) and out.grad_fn is not None
+    out.backward(g)
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    want = F.scaled_dot_product_attention(q64, k64, v64, enable_gqa=True)
+    want.backward(g.double())
+    bound = tol(precision, 93)
+    assert rel(out, want) <= bound
+    for got, ref in ((q.grad, q64.grad), (k.grad, k64.grad), (v.grad, v64.grad)):
+        assert rel(got, ref) <= 4 * bound
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
 @pytest.mark.parametrize("mask_kind", ["causal", "bool", "none"])
 def test_grouped_query_sdpa_on_the_math_path_runs_fastmm_and_matches_float64(precision, mask_kind):
     """Float32 SDPA with enable_gqa (torch's math path on CUDA) under the functional routing:

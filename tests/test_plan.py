@@ -134,7 +134,8 @@ def dynamic_smem_from_macros(family: str, m: dict) -> int:
     if family == "wgmma_tf32":  # wgmma_tf32.cu: STAGES x (A + B tiles of 32 floats a row, twice for
         parts = 2 if m["PRECISION_X3"] else 1  # tf32x3's halves, A in fp32 under X3_A_REGS), the mbarriers,
         a_parts = 1 if m.get("X3_A_REGS") else parts  # 1 KiB to align the ring, and C_STAGE_BYTES
-        c_stage = m.get("TMA_STORE", 0) * m.get("C_BOXES", 4) * bm * 32 * 4
+        staged = m.get("TMA_STORE", 0) or m.get("C_COPY_OUT", 0)  # (C_STAGED: C's boxes in shared memory)
+        c_stage = staged * m.get("C_BOXES", 4) * bm * 32 * 4
         return m["STAGES"] * ((a_parts * bm + parts * bn) * 32 * 4 + 16) + 1024 + c_stage
     return 0  # scalar, simt_float4, skinny and kmajor_mma use static shared memory only
 

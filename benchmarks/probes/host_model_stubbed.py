@@ -99,6 +99,64 @@ def step_times(models, batch, loss_fn, steps: int) -> list[float]:
     return [statistics.median(t) for t in times]
 
 
+def generate_us(models, prompt, tokens: int, rounds: int) -> list[float]:
+    """Best over ``rounds`` of the wall time (us) a token of a greedy generate call of each
+    model, calls interleaved."""
+    kw = dict(max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False, use_cache=True, pad_token_id=0)
+    times = [[] for _ in models]
+    with torch.no_grad():
+        for r in range(rounds):
+            for i in (range(len(models)) if r % 2 == 0 else reversed(range(len(models)))):
+                t0 = time.perf_counter()
+                models[i].generate(prompt, **kw)
+                times[i].append(1e6 * (time.perf_counter() - t0) / tokens)
+    return [min(t) for t in times]
+
+
+def decode(models_py, o, launches) -> int:
+    """Decode's host cost a token: torch's model against the patched one (and one patched with
+    ``functional=False``: modules only), both sides' SDPA on the math path (torch's composite in
+    C++, fastmm's :func:`~fastmm.attention.math_attention` routed as on a CUDA device)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from fastmm import patching
+    patching.takes_math_path = lambda *args: True  # (on CUDA, grouped-query float32 SDPA is the math path)
+    print(f"{'model':<9}{'torch us':>10}{'fastmm us':>11}{'modules us':>12}{'launches':>10}  (a token)")
+    for name in o.models.split(","):
+        model, batch, _, decoder = models_py.build(name, tiny=True)
+        if not decoder:
+            continue
+        model.eval()
+        prompt = batch["input_ids"][:1, :8]
+        with sdpa_kernel(SDPBackend.MATH):
+            patched = fastmm.patch(copy.deepcopy(model), precision=o.precision)
+            modules = fastmm.patch(copy.deepcopy(model), precision=o.precision, functional=False)
+            sides = [model, patched, modules]
+            generate_us(sides, prompt, 4, 2)  # (first calls: plans, remembered entries, probes)
+            del launches[:]
+            generate_us([patched], prompt, o.decode, 1)
+            per_token = len(launches) / o.decode
+            t, f, m = generate_us(sides, prompt, o.decode, o.rounds)
+            print(f"{name:<9}{t:10.1f}{f:11.1f}{m:12.1f}{per_token:10.1f}")
+            if o.profile:
+                prof = cProfile.Profile()
+                kw = dict(max_new_tokens=o.decode, min_new_tokens=o.decode, do_sample=False, use_cache=True,
+                          pad_token_id=0)
+                with torch.no_grad():
+                    prof.enable()
+                    for _ in range(o.rounds):
+                        patched.generate(prompt, **kw)
+                    prof.disable()
+                stats = pstats.Stats(prof)
+                rows = sorted(stats.stats.items(), key=lambda kv: -kv[1][2])
+                n = o.rounds * o.decode
+                print(f"  top {o.profile} by own time (us a token: own / with callees, calls a token)")
+                for (file, line, fn), (cc, nc, tt, ct, _) in rows[:o.profile]:
+                    where = f"{Path(file).name}:{line}" if file != "~" else ""
+                    print(f"  {1e6 * tt / n:8.1f} {1e6 * ct / n:8.1f} {nc / n:6.1f}  {fn} {where}")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="llama,gpt2,bert,vit,encoder")
@@ -106,11 +164,16 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--profile", type=int, default=0, metavar="N")
+    ap.add_argument("--decode", type=int, default=0, metavar="TOKENS",
+                    help="greedy decoding of the decoders (llama, gpt2) instead of a training step: TOKENS new "
+                         "tokens a generate call, us a token; SDPA taken as the math path on both sides")
     o = ap.parse_args()
     torch.set_num_threads(1)  # (torch's CPU arithmetic on one thread: no pool to wake an op)
     torch.set_flush_denormal(True)
     launches = simulate_h200_stubbed()
     models_py = load_models_module()
+    if o.decode:
+        return decode(models_py, o, launches)
     print(f"{'model':<9}{'torch us':>10}{'fastmm us':>11}{'diff us':>9}{'launches':>10}{'us/launch':>11}")
     for name in o.models.split(","):
         model, batch, loss_fn, _ = models_py.build(name, tiny=True)

@@ -34,7 +34,7 @@ import torch  # noqa: E402
 
 import fastmm  # noqa: E402
 from fastmm.precision import torch_precision  # noqa: E402
-from probe_util import enqueue_us, need_gpu  # noqa: E402
+from probe_util import enqueue_us, need_gpu, own_time_by_group  # noqa: E402
 
 
 def one_step(model, batch, loss_fn):
@@ -109,23 +109,7 @@ def profile_host(model, batch, loss_fn, steps: int, top: int, sort: str = "totti
     prof.disable()
     torch.cuda.synchronize()
     stats = pstats.Stats(prof)
-    by_file = collections.Counter()
-    for (path, _, func), (_, _, own, _, _) in stats.stats.items():
-        if "/fastmm/" in path:
-            group = "fastmm/" + path.split("/fastmm/")[-1]
-        elif "cuda/core" in path or "cuda.core" in path:
-            group = "cuda.core"
-        elif "autograd" in path:
-            group = "torch.autograd (python)"
-        elif path == "~":
-            group = "builtin: " + func
-        elif "torchinductor" in path:
-            group = "inductor's generated code"
-        elif "/torch/_" in path:  # torch._dynamo, _functorch (AOT's runtime), _inductor, _library, _ops
-            group = "torch/_" + path.split("/torch/_")[-1].split("/")[0]
-        else:
-            continue
-        by_file[group] += own
+    by_file = own_time_by_group(stats)
     print("  own time per step, ms (cProfile's, inflated by it):")
     for k, v in by_file.most_common(16):
         print(f"    {1e3 * v / steps:7.3f}  {k}")
@@ -205,6 +189,10 @@ def main(argv=None) -> int:
     ap.add_argument("--compile", action="store_true",
                     help="both sides under torch.compile (default mode) as well, after their eager numbers")
     ap.add_argument("--only-compiled", action="store_true", help="with --compile: leave the eager numbers out")
+    ap.add_argument("--routing", choices=("default", "no-sdpa", "modules"), default="default",
+                    help="the patched side's functional routing: patch's default; the same with SDPA left to "
+                         "torch (its math path too: the attention module then loses its hooks); modules only "
+                         "(patch(functional=False))")
     o = ap.parse_args(argv)
     if not need_gpu(ap.prog):
         return 2
@@ -216,13 +204,18 @@ def main(argv=None) -> int:
     if o.pieces:
         print("pieces of one patched Linear call (host us, GPU busy ahead):")
         pieces()
+    if o.routing == "no-sdpa":
+        from fastmm import patching
+        patching.takes_math_path = lambda *args: False
+    functional = o.routing != "modules"
     for name in o.models.split(","):
         model, batch, loss_fn, _ = models.build(name, tokens=o.tokens)
         model = model.cuda().train()
         batch = {k: v.cuda() for k, v in batch.items()}
-        patched = fastmm.patch(copy.deepcopy(model))
+        patched = fastmm.patch(copy.deepcopy(model), functional=functional)
         for precision in o.precisions.split(","):
-            patched = fastmm.patch(patched, precision=precision)  # (as models.py: modules and routing)
+            # (as models.py: modules and routing at the row's precision)
+            patched = fastmm.patch(patched, precision=precision, functional=functional)
             with torch_precision(precision):
                 sides = [] if o.compile and o.only_compiled else [("", model, patched)]
                 if o.compile:

@@ -174,3 +174,32 @@ def compile_plans(plans, arch: str) -> int:
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 4) as pool:
         list(pool.map(build, cfgs.values()))
     return len(cfgs)
+
+
+def own_time_by_group(stats) -> dict[str, float]:
+    """A cProfile ``pstats.Stats``'s own time (s) by where the code lives: fastmm's modules by
+    file, cuda.core, torch's Python autograd, each C builtin by name, inductor's generated code,
+    torch's private packages (``torch/_dynamo``, ``_functorch``...), transformers' packages; the
+    rest is left out."""
+    import collections
+
+    groups = collections.Counter()
+    for (path, _, func), (_, _, own, _, _) in stats.stats.items():
+        if "/fastmm/" in path:
+            group = "fastmm/" + path.split("/fastmm/")[-1]
+        elif "cuda/core" in path or "cuda.core" in path:
+            group = "cuda.core"
+        elif "autograd" in path:
+            group = "torch.autograd (python)"
+        elif path == "~":
+            group = "builtin: " + func[:70]
+        elif "torchinductor" in path:
+            group = "inductor's generated code"
+        elif "/torch/_" in path:  # torch._dynamo, _functorch (AOT's runtime), _inductor, _library, _ops
+            group = "torch/_" + path.split("/torch/_")[-1].split("/")[0]
+        elif "/transformers/" in path:
+            group = "transformers/" + path.split("/transformers/")[-1].split("/")[0]
+        else:
+            continue
+        groups[group] += own
+    return groups

@@ -475,6 +475,11 @@ class WgmmaTf32(Family):
     #: (:meth:`c_tma_ready`), so the stores drain under the next tile's main loop. False: from
     #: registers (a variant for benchmarks).
     tma_store: bool = True
+    #: C that the copy engine cannot take but whose rows are contiguous (an odd width, a pitch or
+    #: base not 16-byte aligned: stores from registers would be single floats) staged the same way
+    #: and written by the consumer threads, a warp 32 adjacent floats of a row at a time
+    #: (C_COPY_OUT). False: single floats from registers (a variant for benchmarks).
+    c_copy_out: bool = True
     #: 32-column boxes of C staged at once (0: the rule in :meth:`configure`): for probes.
     c_boxes: int = 0
     #: The two consumer warpgroups take turns on whole tiles (PINGPONG in the kernel: one's main
@@ -714,13 +719,9 @@ class WgmmaTf32(Family):
         # (A_MN on a 64-row tile 256 wide holds 128 accumulators and two fragment sets a thread: a D
         # of any strides applied to C staged for the copy engine spilled there, NVRTC 13.0 and 13.5;
         # from registers it does not)
-        tma = (self.tma_store and not pingpong and self.c_tma_ready(p)
-               and (bn < 256 or self.c_boxes or p.K <= TMA_STORE_256_MAX_K)
-               and not (a_mn and bm == 64 and bn == 256 and p.epilogue == EPILOGUE_D))
-        two_boxes = x3 or (bn == 256 and p.K >= TMA_STORE_256_TWO_BOXES_MIN_K)
-        c_boxes = (min(self.c_boxes or (2 if two_boxes else 4), bn // 32)) if tma else 0
-        a_regs = x3 and self.x3_splits_a(p)
-        stages = self.fit_stages(dev, bn, stages, x3, c_boxes, bm, a_regs)
+        stageable = (not pingpong and (bn < 256 or self.c_boxes or p.K <= TMA_STORE_256_MAX_K)
+                     and not (a_mn and bm == 64 and bn == 256 and p.epilogue == EPILOGUE_D))
+        tma = self.tma_store and stageable and self.c_tma_ready(p)
         sCm, sCn = p.c_strides
         pairs_ok = p.c_align >= 8 and all(s % 2 == 0 for s in p.c_batch_strides)
         # float2 stores: along n (any A), or along m over the adjacent row pairs of A_MN (C^T)
@@ -730,11 +731,19 @@ class WgmmaTf32(Family):
             c_vec = 2
         else:
             c_vec = 0
-        if tma:
-            c_vec = 0  # (unused: the copy engine stores)
+        # (rows of C contiguous, but stores from registers would be single floats: see c_copy_out)
+        copy_out = not tma and self.c_copy_out and stageable and c_vec == 0 and sCn == 1
+        two_boxes = x3 or (bn == 256 and p.K >= TMA_STORE_256_TWO_BOXES_MIN_K)
+        c_boxes = (min(self.c_boxes or (2 if two_boxes else 4), bn // 32)) if tma or copy_out else 0
+        a_regs = x3 and self.x3_splits_a(p)
+        stages = self.fit_stages(dev, bn, stages, x3, c_boxes, bm, a_regs)
+        if tma or copy_out:
+            c_vec = 0  # (unused: C goes out from shared memory)
         macros = (("BN", bn), ("STAGES", stages), ("C_VEC", c_vec), ("PRECISION_X3", int(x3)), ("A_MN", int(a_mn)))
         if tma:
             macros += (("TMA_STORE", 1), ("C_BOXES", c_boxes))
+        elif copy_out:
+            macros += (("C_COPY_OUT", 1), ("C_BOXES", c_boxes))
         macros += self.row_macros(bm, x3)
         if pingpong:
             macros += (("PINGPONG", 1),)
@@ -752,6 +761,9 @@ class WgmmaTf32(Family):
                                    "other stores its tile)" if pingpong else "")),
                    ("C stores", f"staged in shared memory {c_boxes} boxes of {bm}x32 at a time, written by the copy "
                                 "engine (TMA) while the next tile's main loop runs" if tma else
+                    f"staged in shared memory {c_boxes} boxes of {bm}x32 at a time, written by the consumer threads "
+                    "a warp 32 adjacent floats of a row at a time (C's rows are not 16-byte aligned for the copy "
+                    "engine; from registers they would be single floats)" if copy_out else
                     ("single floats", "float2 along n", "float2 along m")[c_vec]),
                    ("math", f"3xTF32 wgmma m64n{bn}k8: big*big promoted to fp32 (compensated) every "
                             f"{'k-step' if every == 1 else f'{every} k-steps'}, small cross terms in their own "
