@@ -41,7 +41,7 @@ from torch.overrides import TorchFunctionMode
 
 from . import ops
 from .api import matmul as _fastmm_matmul
-from .attention import math_attention, takes_math_path
+from .attention import computes_as_torch, math_attention, takes_math_path
 from .precision import autocast_any_half_active, autocast_half_active, resolve_precision, resolve_precision_eager
 from .nn import Linear, MultiheadAttention, plain_tensor
 
@@ -162,8 +162,11 @@ def patch(model: torch.nn.Module, precision: str | None = None, *, functional: b
       modules inside them run with the mode taken off the stack; a candidate that made none
       (the attention of an SDPA model whose SDPA calls take a fused kernel) loses its hooks.
       ``F.scaled_dot_product_attention`` is routed where torch would take its math path (float32
-      on CUDA with grouped-query attention: :mod:`fastmm.attention`), so a grouped-query SDPA
-      model's attention keeps its hooks and its products run on fastmm.
+      on CUDA with grouped-query attention: :mod:`fastmm.attention`) and fastmm's precision is
+      not the one torch computes at (tf32x3; tf32 under torch's "highest"), so there a
+      grouped-query SDPA model's attention keeps its hooks and its products run on fastmm; at
+      torch's own precision (``None`` included) its math path is torch's (the same products,
+      less host time: :func:`fastmm.attention.computes_as_torch`).
     - ``"forward"``: the mode is on for the whole of every forward of ``model`` (hooks on
       ``model``): also calls the code does not show (``getattr(torch, name)``) in modules no
       probe ran, and branches no probe took, at the price of every torch call of the forward.
@@ -405,9 +408,11 @@ class FastmmMode(TorchFunctionMode):
 
     def _sdpa(self, args, kwargs):
         """SDPA where torch would take its math path (float32 on CUDA under grouped-query
-        attention, say): the same path with fastmm's products (:mod:`fastmm.attention`). Fused
-        kernels, other devices, tensor subclasses, a mask that is neither bool nor float32, and
-        anything under ``torch.compile`` (inductor has its own SDPA patterns) stay torch's."""
+        attention, say) and the mode's precision is not the one torch computes at: the same path
+        with fastmm's products (:mod:`fastmm.attention`). Fused kernels, the math path at torch's
+        own precision (``computes_as_torch``: the same products, less host time), other devices,
+        tensor subclasses, a mask that is neither bool nor float32, and anything under
+        ``torch.compile`` (inductor has its own SDPA patterns) stay torch's."""
         names = self._SDPA_NAMES
         # (scale and enable_gqa are keyword-only)
         if len(args) > 6 or any(k not in names for k in kwargs) or any(n in kwargs for n in names[:len(args)]):
@@ -423,7 +428,8 @@ class FastmmMode(TorchFunctionMode):
             tensors = (q, k, v)  # (a boolean mask: plain, on the same device)
             if type(mask) is not torch.Tensor or mask.device != q.device:
                 return NotImplemented
-        if not self._takes(*tensors) or not takes_math_path(q, k, v, mask, dropout_p, is_causal, gqa):
+        if computes_as_torch(self.precision) or not self._takes(*tensors) \
+                or not takes_math_path(q, k, v, mask, dropout_p, is_causal, gqa):
             return NotImplemented
         return math_attention(q, k, v, mask, dropout_p, is_causal, scale, gqa, precision=self.precision)
 
@@ -488,9 +494,11 @@ def use_fastmm(precision: str | None = None, *, devices: tuple[str, ...] = ("cud
     inside torch functions that are written in Python and dispatch ``__torch_function__``
     themselves (``F.multi_head_attention_forward``) stay on torch: the mode sees only the outer call.
     ``F.scaled_dot_product_attention`` is routed where torch would take its math path (no fused
-    kernel takes the call: float32 with ``enable_gqa`` on CUDA, say): the same path, its two
-    products (and the four of its backward) on fastmm (:func:`fastmm.attention.math_attention`);
-    where a fused kernel applies, torch's.
+    kernel takes the call: float32 with ``enable_gqa`` on CUDA, say) and ``precision`` is not
+    the one torch computes at (tf32x3; tf32 under torch's "highest"; ieee under "high"): the same
+    path, its two products (and the four of its backward) on fastmm
+    (:func:`fastmm.attention.math_attention`); where a fused kernel applies, or fastmm would
+    compute what torch's own math path computes, torch's.
 
     ``precision``: ``None`` follows ``torch.set_float32_matmul_precision`` at each call.
     Returns the mode; ``with`` enters it (it nests with other torch function modes).

@@ -161,7 +161,7 @@ def math_path(monkeypatch):
 def test_sdpa_on_the_math_path_runs_fastmms_products(gpu, math_path, form):
     q, k, v = inputs(gqa=True)
     mask = torch.rand(37, 45, generator=torch.Generator().manual_seed(2)) > 0.2
-    with FastmmMode(devices=("cpu",)):
+    with FastmmMode("tf32x3", devices=("cpu",)):  # (a precision torch's math path does not compute)
         if form == "positional":
             got = F.scaled_dot_product_attention(q, k, v, mask, 0.0, False, scale=0.3, enable_gqa=True)
         else:
@@ -174,18 +174,41 @@ def test_sdpa_on_the_math_path_runs_fastmms_products(gpu, math_path, form):
 def test_sdpa_stays_torchs_where_a_fused_kernel_takes_it_or_the_inputs_are_not_fastmms(gpu, monkeypatch):
     q, k, v = inputs(gqa=False)
     monkeypatch.setattr(patching, "takes_math_path", lambda *a: False)  # a fused kernel applies
-    with FastmmMode(devices=("cpu",)):
+    with FastmmMode("tf32x3", devices=("cpu",)):
         F.scaled_dot_product_attention(q, k, v)
     assert gpu.launches == []
     monkeypatch.setattr(patching, "takes_math_path", lambda *a: True)
-    with FastmmMode(devices=("cpu",)):
+    with FastmmMode("tf32x3", devices=("cpu",)):
         F.scaled_dot_product_attention(q.double(), k.double(), v.double())  # not float32
         with pytest.raises(RuntimeError, match="Expected attn_mask dtype to be bool or float"):  # torch's own error
             F.scaled_dot_product_attention(q, k, v, torch.ones(37, 45, dtype=torch.int32))
     assert gpu.launches == []
-    with FastmmMode():  # the mode's devices: CUDA only
+    with FastmmMode("tf32x3"):  # the mode's devices: CUDA only
         F.scaled_dot_product_attention(q, k, v)
     assert gpu.launches == []
+
+
+@pytest.mark.parametrize("torch_setting", ["ieee", "tf32"])
+def test_the_math_path_is_routed_only_where_fastmm_computes_other_than_torchs_own_products(
+        gpu, math_path, torch_setting):
+    """At the precision torch's float32 setting names (and with precision None, which follows
+    it) fastmm's products compute what torch's math path does: the call stays torch's (less
+    host time); tf32x3, and the precision torch is not set to, are routed."""
+    from fastmm.attention import computes_as_torch
+    from fastmm.precision import torch_precision
+
+    q, k, v = inputs(gqa=True)
+    other = "tf32" if torch_setting == "ieee" else "ieee"
+    with torch_precision(torch_setting):
+        assert computes_as_torch(None) and computes_as_torch(torch_setting)
+        assert not computes_as_torch(other) and not computes_as_torch("tf32x3")
+        for precision, routed in ((None, False), (torch_setting, False), (other, True), ("tf32x3", True)):
+            before = len(gpu.launches)
+            with FastmmMode(precision, devices=("cpu",)):
+                got = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+            assert (len(gpu.launches) > before) == routed, precision
+            if routed:
+                torch.testing.assert_close(got.double(), reference(q, k, v, gqa=True), rtol=0, atol=1e-3)
 
 
 def test_the_route_passes_the_modes_precision_and_leaves_compile_and_nested_calls_to_torch(gpu, math_path, monkeypatch):
@@ -207,7 +230,11 @@ def test_the_route_passes_the_modes_precision_and_leaves_compile_and_nested_call
     assert seen == ["tf32x3"]
 
 
-def test_a_patched_sdpa_llama_keeps_its_attention_routed_where_torch_takes_the_math_path(math_path):
+@pytest.mark.parametrize("precision", ["tf32x3", None])
+def test_a_patched_sdpa_llama_keeps_its_attention_routed_where_torch_takes_the_math_path(math_path, precision):
+    """tf32x3: the attention modules keep their hooks and SDPA's products run on fastmm. At
+    torch's own precision (None) the math path stays torch's (reported as attention) and the
+    attention modules lose their hooks (no mode around their other torch calls)."""
     tf = pytest.importorskip("transformers")
     tf.logging.set_verbosity_error()
     torch.manual_seed(0)
@@ -220,16 +247,24 @@ def test_a_patched_sdpa_llama_keeps_its_attention_routed_where_torch_takes_the_m
     ref.load_state_dict(model.state_dict())
     import fastmm
 
-    model = fastmm.patch(model)
+    model = fastmm.patch(model, precision=precision)
     report = fastmm.coverage(model, input_ids=ids, labels=ids, loss=lambda out: out.loss)
-    assert math_path, "the SDPA calls were not offered to the route"
-    assert report.counts()["attention"] == 0  # no attention core left on torch
     sdpa_products = [e for e in report.entries if e.op == "fastmm::matmul" and e.phase == "forward"
                      and len(e.shapes[0]) == 4]
-    assert len(sdpa_products) == 2 * 2  # q @ k^T and p @ v in each layer
+    model.eval()
+    with torch.no_grad():
+        model(input_ids=ids)  # (the eval-mode probe: a module that routed in neither loses its hooks)
+    model.train()
     hooked = [n for n, m in model.named_modules()
               if any(isinstance(h, patching._Enter) for h in m._forward_pre_hooks.values())]
-    assert "model.layers.0.self_attn" in hooked and "model.layers.1.self_attn" in hooked
+    if precision == "tf32x3":
+        assert math_path, "the SDPA calls were not offered to the route"
+        assert report.counts()["attention"] == 0  # no attention core left on torch
+        assert len(sdpa_products) == 2 * 2  # q @ k^T and p @ v in each layer
+        assert "model.layers.0.self_attn" in hooked and "model.layers.1.self_attn" in hooked
+    else:
+        assert report.counts()["attention"] > 0 and not sdpa_products  # torch's math path, reported
+        assert not any("self_attn" in n for n in hooked), hooked
     torch.testing.assert_close(model(input_ids=ids).logits, ref(input_ids=ids).logits, rtol=1e-5, atol=1e-5)
 
 

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 import fastmm
 from fastmm import dispatch, fast_path
 from fastmm.families import SimtCpAsync
+from fastmm.precision import torch_precision
 
 pytestmark = pytest.mark.cuda
 
@@ -324,8 +325,8 @@ def test_grouped_query_sdpa_in_hugging_faces_layout_matches_float64(precision, r
     g = randn(2, 16, rows, 64)
     from fastmm.coverage import coverage
 
-    def run():
-        with fastmm.use_fastmm(precision):
+    def run():  # (torch set to another precision: the route takes only what torch would not compute)
+        with fastmm.use_fastmm(precision), torch_precision("tf32" if precision == "ieee" else "ieee"):
             return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
 
     report = coverage(run, backward=True, loss=lambda out: (out * g).sum())
@@ -361,8 +362,8 @@ def test_grouped_query_sdpa_on_the_math_path_runs_fastmm_and_matches_float64(pre
     assert attention.takes_math_path(q, k, v, mask, 0.0, causal, True)
     g = randn(2, 8, 200, 64)
 
-    def run():
-        with fastmm.use_fastmm(precision):
+    def run():  # (torch set to another precision: the route takes only what torch would not compute)
+        with fastmm.use_fastmm(precision), torch_precision("tf32" if precision == "ieee" else "ieee"):
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True)
 
     report = coverage(run, backward=True, loss=lambda out: (out * g).sum())

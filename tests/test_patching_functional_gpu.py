@@ -22,12 +22,14 @@ def llama(attn, kv_heads=1):
     return tf.LlamaForCausalLM(cfg).cuda()
 
 
+@pytest.mark.parametrize("precision", [None, "tf32x3"])
 @pytest.mark.parametrize("attn, kv_heads", [("eager", 1), ("sdpa", 1), ("sdpa", 4)])
-def test_patched_llama_leaves_no_float32_product_on_torch(attn, kv_heads):
-    """Grouped-query SDPA in float32 takes torch's math path, which fastmm routes (its products on
-    fastmm); with as many key heads as query heads a fused kernel takes the call and stays torch's,
-    reported as attention."""
-    model = fastmm.patch(llama(attn, kv_heads))
+def test_patched_llama_leaves_no_float32_product_on_torch(attn, kv_heads, precision):
+    """Grouped-query SDPA in float32 takes torch's math path, which fastmm routes at a precision
+    torch does not compute at (tf32x3: its products on fastmm) and leaves torch's at torch's own
+    (None), reported as attention; with as many key heads as query heads a fused kernel takes
+    the call and stays torch's, reported as attention."""
+    model = fastmm.patch(llama(attn, kv_heads), precision=precision)
     ids = torch.randint(0, 1000, (2, 64), device="cuda")
     for _ in range(2):  # the probe forward, then the routed modules
         report = fastmm.coverage(model, input_ids=ids, labels=ids, loss=lambda out: out.loss)
@@ -35,8 +37,8 @@ def test_patched_llama_leaves_no_float32_product_on_torch(attn, kv_heads):
         assert not report.on_torch(), str(report)
         counts = report.counts()
         assert counts["fastmm"] > 0
-        fused = attn == "sdpa" and kv_heads == 4
-        assert (counts["attention"] > 0) == fused  # a fused SDPA kernel's core: the one exception, reported
+        torchs = attn == "sdpa" and (kv_heads == 4 or precision is None)
+        assert (counts["attention"] > 0) == torchs  # SDPA's core on torch: the one exception, reported
     assert torch._C._len_torch_function_stack() == 0
 
 
