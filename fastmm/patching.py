@@ -163,10 +163,12 @@ def patch(model: torch.nn.Module, precision: str | None = None, *, functional: b
       (the attention of an SDPA model whose SDPA calls take a fused kernel) loses its hooks.
       ``F.scaled_dot_product_attention`` is routed where torch would take its math path (float32
       on CUDA with grouped-query attention: :mod:`fastmm.attention`) and fastmm's precision is
-      not the one torch computes at (tf32x3; tf32 under torch's "highest"), so there a
-      grouped-query SDPA model's attention keeps its hooks and its products run on fastmm; at
-      torch's own precision (``None`` included) its math path is torch's (the same products,
-      less host time: :func:`fastmm.attention.computes_as_torch`).
+      not the one torch computes at (tf32x3; tf32 under torch's "highest"; ieee under "high"),
+      so there a grouped-query SDPA model's attention keeps its hooks and its products run on
+      fastmm; at torch's own precision its math path is torch's (the same products, less host
+      time: :func:`fastmm.attention.computes_as_torch`). With ``precision=None`` that holds at
+      every call; with a precision named, the attention's hooks stay, dormant (no mode), and
+      route again should torch's setting change.
     - ``"forward"``: the mode is on for the whole of every forward of ``model`` (hooks on
       ``model``): also calls the code does not show (``getattr(torch, name)``) in modules no
       probe ran, and branches no probe took, at the price of every torch call of the forward.
@@ -428,10 +430,17 @@ class FastmmMode(TorchFunctionMode):
             tensors = (q, k, v)  # (a boolean mask: plain, on the same device)
             if type(mask) is not torch.Tensor or mask.device != q.device:
                 return NotImplemented
-        if computes_as_torch(self.precision) or not self._takes(*tensors) \
+        if self.precision is None or not self._takes(*tensors) \
                 or not takes_math_path(q, k, v, mask, dropout_p, is_causal, gqa):
+            return NotImplemented  # (None follows torch's setting: torch's products, always)
+        if computes_as_torch(self.precision):
+            self._declined_as_torch()
             return NotImplemented
         return math_attention(q, k, v, mask, dropout_p, is_causal, scale, gqa, precision=self.precision)
+
+    def _declined_as_torch(self) -> None:
+        """A call this mode would route at another torch setting was left to torch (see
+        ``_sdpa``): nothing to note but in a probe (:class:`_ProbeMode`)."""
 
 
 def _add_operands(args, kwargs, first: str, second: str):
@@ -574,7 +583,15 @@ class _Enter:
     """Forward pre-hook: enter the routing's mode (``routes``: the module made routed calls), or
     a probe mode (a candidate's first call in this ``training`` value), or nothing where a
     FastmmMode is on already (a :func:`use_fastmm` block, an outer routed module, this module
-    inside itself)."""
+    inside itself).
+
+    ``dormant``: the module's SDPA calls were left to torch in its probe only because fastmm's
+    precision is the one torch computes at (``attention.computes_as_torch``). That holds as long
+    as torch's setting does: the hook enters no mode while it holds (the mode would cost every
+    other torch call of the module) and the routing's mode once it no longer does, so a patch
+    made at an explicit precision keeps computing at it whatever torch is later set to."""
+
+    dormant = False  # (a class default: hooks pickled before it existed read False)
 
     def __init__(self, routing: _FunctionalRouting, routes: bool) -> None:
         self.routing, self.routes = routing, routes
@@ -596,6 +613,9 @@ class _Enter:
             mode = self.routing.mode()
         elif module.training not in self.probed:
             mode = _ProbeMode(self, module)
+        elif self.dormant and not computes_as_torch(self.routing.precision):
+            _shield_inside(module, self.routing)  # (torch's setting changed since the probe)
+            mode = self.routing.mode()
         else:
             mode = None
         if mode is not None:
@@ -629,7 +649,12 @@ class _ProbeMode(FastmmMode):
         super().__init__(hook.routing.precision, _FUNCTIONAL_DEVICES)
         self.hook, self.owner, self.training = hook, owner, owner.training
         self.found: dict[int, torch.nn.Module | None] = {}
+        self.declined: dict[int, torch.nn.Module | None] = {}  # left to torch at its own precision
         self.seen: list[tuple[_Enter, torch.nn.Module]] = []  # candidates called inside
+
+    def _declined_as_torch(self) -> None:
+        module = _calling_module()
+        self.declined[id(module)] = module
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         route = _ROUTES.get(func)
@@ -643,28 +668,35 @@ class _ProbeMode(FastmmMode):
 
     def finish(self) -> None:
         """Hooks that enter the mode on the modules found (and the modules of their class inside
-        the owner), shields inside them; the candidates probed in both training values that made
-        no routed call lose their hooks."""
+        the owner), shields inside them; dormant hooks (see :class:`_Enter`) on the modules
+        whose calls were left to torch only for its precision; the candidates probed in both
+        training values that made neither lose their hooks."""
         routing, owner = self.hook.routing, self.owner
         inside = {id(m): m for m in owner.modules()}
         converted = _converted_types()
-        classes = set()
-        for m in self.found.values():
-            if m is None or id(m) not in inside or isinstance(m, converted):
-                m = owner  # (outside the owner or unknown: the owner's forward)
-            hook = _enter_hook(m, routing)
-            if hook is not None:
-                hook.routes = True
-                _shield_inside(m, routing)
-            else:
-                classes.add(type(m))
+        classes: dict[type, bool] = {}  # class -> routes (else dormant)
+        for found, routes in ((self.found, True), (self.declined, False)):
+            for m in found.values():
+                if m is None or id(m) not in inside or isinstance(m, converted):
+                    m = owner  # (outside the owner or unknown: the owner's forward)
+                hook = _enter_hook(m, routing)
+                if hook is None:
+                    classes[type(m)] = classes.get(type(m), False) or routes
+                elif routes:
+                    hook.routes = True
+                    _shield_inside(m, routing)
+                else:
+                    hook.dormant = True
         for m in inside.values():
             if type(m) in classes and _enter_hook(m, routing) is None:
-                _add_pair(m, _Enter(routing, routes=True), _Exit(routing))
-                _shield_inside(m, routing)
+                hook = _Enter(routing, routes=classes[type(m)])
+                hook.dormant = not hook.routes
+                _add_pair(m, hook, _Exit(routing))
+                if hook.routes:
+                    _shield_inside(m, routing)
         for hook, m in [(self.hook, owner)] + self.seen:
             hook.probed.add(self.training)
-            if not hook.routes and hook.probed == {True, False}:
+            if not hook.routes and not hook.dormant and hook.probed == {True, False}:
                 _remove_hooks(m, routing)
 
 

@@ -327,6 +327,9 @@ def emulate_wgmma(cfg, maps, args) -> None:
         assert c_map.spec.box == (32, bm, 1, 1) and not c_map.tf32 and c_map.ptr == pc, c_map
         assert c_map.spec.dims[:2] == (N, M) and c_map.spec.strides[0] == 4 * scm and scn == 1, (c_map.spec, args)
         assert 1 <= macros["C_BOXES"] <= 4 and cfg.smem >= macros["C_BOXES"] * bm * 32 * 4
+    if macros.get("C_COPY_OUT"):  # C staged the same way, written by the consumers: n-contiguous rows
+        assert not tma_store and scn == 1 and not macros.get("PINGPONG") and split == 1, (cfg.macros, args)
+        assert 1 <= macros["C_BOXES"] <= 4 and cfg.smem >= macros["C_BOXES"] * bm * 32 * 4
     for m in a_maps:  # the boxes must move what the kernel expects per stage (A_BYTES, B_BYTES)
         assert m.spec.box == ((32, 32, 1, 1) if a_mn else (32, bm, 1, 1)), m.spec
         assert m.tf32 == (not x3)

@@ -316,3 +316,40 @@ def test_q_k_v_without_a_heads_dimension_are_taken_as_torch_takes_them(gpu):
     got = math_attention(q, k, v)
     assert got.shape == (7, 8) and len(gpu.launches) >= 2
     torch.testing.assert_close(got.double(), reference(q, k, v), rtol=0, atol=2e-5)
+
+
+@pytest.mark.parametrize("precision, other", [("ieee", "tf32"), ("tf32", "ieee")])
+def test_a_patch_at_torchs_own_precision_routes_once_torchs_setting_changes(math_path, precision, other):
+    """patch(model, precision) probed while torch computes at that precision leaves SDPA's math
+    path to torch, with the attention modules' hooks dormant (no mode around their calls); set
+    torch to another precision later and the same model routes it, at the precision asked for
+    (the probe's choice must not outlive torch's setting)."""
+    tf = pytest.importorskip("transformers")
+    tf.logging.set_verbosity_error()
+    import fastmm
+    from fastmm.precision import torch_precision
+
+    torch.manual_seed(0)
+    cfg = tf.LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+                         num_key_value_heads=1, vocab_size=50)
+    ids = torch.randint(0, 50, (2, 7), generator=torch.Generator().manual_seed(0))
+    model = fastmm.patch(tf.LlamaForCausalLM(cfg), precision=precision)
+
+    def sdpa_on_fastmm():
+        report = fastmm.coverage(model, input_ids=ids, labels=ids, loss=lambda out: out.loss)
+        products = [e for e in report.entries if e.op == "fastmm::matmul" and e.phase == "forward"
+                    and len(e.shapes[0]) == 4]
+        return len(products), report.counts()["attention"]
+
+    with torch_precision(precision):
+        for training in (True, False):  # (the probes)
+            model.train(training)
+            with torch.no_grad():
+                model(input_ids=ids)
+        model.train()
+        assert sdpa_on_fastmm() == (0, 4)  # torch's math path: each layer's core, forward and backward
+        hooks = [h for n, m in model.named_modules() if n.endswith("self_attn")
+                 for h in m._forward_pre_hooks.values() if isinstance(h, patching._Enter)]
+        assert len(hooks) == 2 and all(h.dormant and not h.routes for h in hooks)
+    with torch_precision(other):
+        assert sdpa_on_fastmm() == (2 * 2, 0)  # q @ k^T and p @ v of each layer on fastmm

@@ -401,9 +401,15 @@ def test_wgmma_configs_cover_both_tiles_and_store_modes():
     macros = [dict(m) for (arch, fam), ms in _seen().items() if fam == "wgmma_tf32" for m in ms]
     for x3 in (0, 1):
         widths = {bn for bn, _ in FAMILIES["wgmma_tf32"].tile_options(bool(x3))}
-        for tma in (0, 1):  # every width with C stored by the copy engine and from registers
-            assert {m["BN"] for m in macros if m["PRECISION_X3"] == x3 and m.get("TMA_STORE", 0) == tma} >= widths, (x3, tma)
-            assert {m.get("EPILOGUE", 0) for m in macros if m["PRECISION_X3"] == x3 and m.get("TMA_STORE", 0) == tma} == {0, 1}
+        # every width with C stored by the copy engine, staged and written by the consumers
+        # (C_COPY_OUT: rows the copy engine cannot take) and (tf32) from registers; tf32x3's
+        # register stores at every width: test_wgmma_tf32x3_register_stores_build_at_every_width...
+        for store in ("TMA_STORE", "C_COPY_OUT", None):
+            def stored(m):
+                return m.get(store, 0) == 1 if store else not (m.get("TMA_STORE") or m.get("C_COPY_OUT"))
+            got = [m for m in macros if m["PRECISION_X3"] == x3 and stored(m)]
+            assert {m["BN"] for m in got} >= (widths if store or not x3 else {64}), (x3, store, {m["BN"] for m in got})
+            assert {m.get("EPILOGUE", 0) for m in got} == {0, 1}, (x3, store)
         assert {m["C_VEC"] for m in macros if m["PRECISION_X3"] == x3} == ({0, 1} if x3 else {0, 1, 2}), x3
     # K split over blocks: A K-major and fed from registers, with and without the epilogue; the
     # partial tiles in float2 pairs along the workspace's padded lines (along C's contiguous dim:
@@ -533,6 +539,20 @@ def _assert_no_spills(source: str, arch: str, macro_sets) -> None:
         if "registers" not in text:
             pytest.skip("this cuda.core returns no ptxas report to read")
         assert not _spills_or_stack(text), (dict(m), _nvrtc(), _ptxas_summary(text))
+
+
+def test_wgmma_tf32x3_register_stores_build_at_every_width_without_spills():
+    """tf32x3 with C stored from registers (float2 where C's rows are 8- but not 16-byte
+    aligned, e.g. N = 4k + 2; single floats where C is not n-contiguous) at every width, with
+    no epilogue, a D and a bias: the planned grid builds only the 64-wide one since C_COPY_OUT
+    took the odd widths, so these are built here (NVRTC, ptxas -v: no spills, no stack)."""
+    sets = []
+    for bn, stages in FAMILIES["wgmma_tf32"].tile_options(True):
+        for c_vec in (0, 1):
+            for epi in ((), (("EPILOGUE", 1),), (("EPILOGUE", 1), ("EPILOGUE_VECTOR", 1))):
+                sets.append((("BN", bn), ("STAGES", stages), ("C_VEC", c_vec), ("PRECISION_X3", 1), ("A_MN", 0),
+                             ("PROMOTE_EVERY", 2), ("COMPENSATE", 1)) + epi)
+    _assert_no_spills("wgmma_tf32.cu", "sm_90a", sets)
 
 
 @pytest.mark.parametrize("arch", SM80_PLUS)

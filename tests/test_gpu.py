@@ -992,6 +992,8 @@ WGMMA_CASES = {
 COPY_OUT_CASES = {
     "scores-197": lambda: (randn(24, 197, 64), randn(24, 197, 64).transpose(-1, -2), None),
     "scores-77": lambda: (randn(16, 77, 64), randn(16, 77, 64).transpose(-1, -2), None),
+    # (more tiles than SMs: persistent blocks stage tile after tile, two box groups a tile)
+    "scores-197-persistent": lambda: (randn(300, 197, 64), randn(300, 197, 64).transpose(-1, -2), None),
     "linear-odd": lambda: (randn(333, 517), randn(1001, 517).t(), None),
     "pitch-odd": lambda: (randn(300, 256), randn(640, 256).t(), 643),
     "base-offset": lambda: (randn(260, 384), randn(200, 384).t(), -1),
@@ -1020,6 +1022,8 @@ def test_wgmma_writes_c_rows_the_copy_engine_cannot_take_through_shared_memory(c
     m = dict(plan.kernel.macros)
     assert c is out and m.get("C_COPY_OUT") == 1 and not m.get("TMA_STORE"), plan.describe()
     assert "written by the consumer threads" in dict(plan.kernel.details)["C stores"]
+    if case == "scores-197-persistent":  # (the staging buffer reused across tiles and box groups)
+        assert plan.kernel.grid[0] < plan.kernel.work_items and m["BN"] > 32 * m["C_BOXES"], plan.describe()
     check(c, a, b, precision, rel_err)
     if pitch is not None and pitch > 0:
         assert torch.isnan(buf[:, shape[1]:]).all()  # the pitch's padding: not written

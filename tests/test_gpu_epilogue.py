@@ -112,7 +112,8 @@ def test_a_row_major_b_on_wgmma_reads_d_transposed():
 
 #: name -> (a and b, D as a function of (M, N), alpha, beta, D a vector along: 1 n, 2 m, 0 neither):
 #: x @ W^T with N % 4 == 0 (C through the copy engine's staging, or from registers), odd N
-#: (registers: C's rows allow no tensor map), a row-major B (C^T from registers, float2 along m: a
+#: (C's rows allow no tensor map: staged and written by the consumers, C_COPY_OUT, or from
+#: registers), a row-major B (C^T from registers, float2 along m: a
 #: bias over C's columns is one over the kernel's rows; with odd N, B^T is copied instead); M past
 #: a tile, several tiles a persistent block. A bias is added to the accumulators as they are
 #: stored (EPILOGUE_VECTOR); a D of any strides in a sweep after the store.
@@ -133,7 +134,8 @@ WGMMA_EPILOGUE_CASES = {
 @pytest.mark.parametrize("bn", [64, 96, 128, 192, 256])
 @pytest.mark.parametrize("case", sorted(WGMMA_EPILOGUE_CASES))
 def test_wgmma_applies_the_epilogue_at_every_width_and_store_form(case, bn, precision):
-    """wgmma's epilogue on C staged for the copy engine (every box of every width), stored from
+    """wgmma's epilogue on C staged for the copy engine (every box of every width), staged and
+    written by the consumers (C_COPY_OUT, where the copy engine cannot take C), stored from
     registers, and (a bias, tf32, up to 192 wide) with the consumers taking turns: right against
     float64 into NaN-free results, and the same bits every way (each output is alpha * the same
     sum + beta * D)."""
@@ -147,6 +149,7 @@ def test_wgmma_applies_the_epilogue_at_every_width_and_store_form(case, bn, prec
     d = make_d(m, n)
     ref = alpha * (a.double() @ b.double()) + (beta * d.double() if beta else 0)
     variants = [WgmmaTf32(force_bn=bn, tma_store=tma_store, pingpong=False, split=False) for tma_store in (True, False)]
+    variants.append(WgmmaTf32(force_bn=bn, tma_store=False, c_copy_out=False, pingpong=False, split=False))
     if precision == "tf32" and vector and bn <= 192:  # (PINGPONG takes a bias, not with A fed from registers)
         # (128-row tiles: the 64-row tile is the cooperative form only)
         variants.append(WgmmaTf32(force_bn=bn, pingpong="always", split=False, rows64=False))
@@ -162,6 +165,8 @@ def test_wgmma_applies_the_epilogue_at_every_width_and_store_form(case, bn, prec
         assert macros.get("PINGPONG", 0) == (variant.pingpong == "always" and not macros["A_MN"]), plan.describe()
         if variant.pingpong != "always":
             assert bool(macros.get("TMA_STORE")) == (variant.tma_store and n % 4 == 0 and not plan.swap_ab), plan.describe()
+            if not variant.c_copy_out:
+                assert not macros.get("C_COPY_OUT"), plan.describe()
         assert not torch.isnan(result).any()
         assert rel(result, ref) <= TOL[precision], (plan.describe(), rel(result, ref))
         results.append(result)

@@ -762,8 +762,8 @@ class WgmmaTf32(Family):
                    ("C stores", f"staged in shared memory {c_boxes} boxes of {bm}x32 at a time, written by the copy "
                                 "engine (TMA) while the next tile's main loop runs" if tma else
                     f"staged in shared memory {c_boxes} boxes of {bm}x32 at a time, written by the consumer threads "
-                    "a warp 32 adjacent floats of a row at a time (C's rows are not 16-byte aligned for the copy "
-                    "engine; from registers they would be single floats)" if copy_out else
+                    "a warp 32 adjacent floats of a row at a time (the copy engine cannot write this C: its pitch, "
+                    "base or batch strides; from registers it would go out in single floats)" if copy_out else
                     ("single floats", "float2 along n", "float2 along m")[c_vec]),
                    ("math", f"3xTF32 wgmma m64n{bn}k8: big*big promoted to fp32 (compensated) every "
                             f"{'k-step' if every == 1 else f'{every} k-steps'}, small cross terms in their own "
