@@ -588,8 +588,8 @@ class _Enter:
     ``dormant``: the module's SDPA calls were left to torch in its probe only because fastmm's
     precision is the one torch computes at (``attention.computes_as_torch``). That holds as long
     as torch's setting does: the hook enters no mode while it holds (the mode would cost every
-    other torch call of the module) and the routing's mode once it no longer does, so a patch
-    made at an explicit precision keeps computing at it whatever torch is later set to."""
+    other torch call of the module); once it no longer does, the module becomes a routed one, so
+    a patch made at an explicit precision keeps computing at it whatever torch is later set to."""
 
     dormant = False  # (a class default: hooks pickled before it existed read False)
 
@@ -614,7 +614,10 @@ class _Enter:
         elif module.training not in self.probed:
             mode = _ProbeMode(self, module)
         elif self.dormant and not computes_as_torch(self.routing.precision):
-            _shield_inside(module, self.routing)  # (torch's setting changed since the probe)
+            # torch's setting changed since the probe: a routed module from now on, shielded once
+            # (the route itself declines a call at torch's own precision, should it change back)
+            self.routes = True
+            _shield_inside(module, self.routing)
             mode = self.routing.mode()
         else:
             mode = None

@@ -353,3 +353,6 @@ def test_a_patch_at_torchs_own_precision_routes_once_torchs_setting_changes(math
         assert len(hooks) == 2 and all(h.dormant and not h.routes for h in hooks)
     with torch_precision(other):
         assert sdpa_on_fastmm() == (2 * 2, 0)  # q @ k^T and p @ v of each layer on fastmm
+        assert all(h.routes for h in hooks)  # (routed modules from then on)
+    with torch_precision(precision):  # set back: the route declines, torch's math path again
+        assert sdpa_on_fastmm() == (0, 4)
