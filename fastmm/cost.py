@@ -38,6 +38,7 @@ import math
 from dataclasses import dataclass
 
 from .families.base import LOAD_ELEM_K, blocks_by_smem
+from .families.simt_split_model import simt_resident_blocks
 from .families.tf32_mma import ONE_WARP_RATE
 from .families.wgmma_tf32 import BN_RATE
 from .problem import H200_DRAM_TBPS, DeviceFacts, Problem
@@ -123,14 +124,9 @@ SKINNY_MEMORY_EFFICIENCY = 1.0
 SIMT_ELEM_K_PENALTY = 0.95
 #: Blocks per SM that registers allow, by family (threads and shared memory are checked too):
 #: wgmma's block (384 threads, 256 on 64-row tiles) takes a whole SM; the SIMT families by their registers a thread
-#: (``SIMT_REGISTERS``).
+#: (``simt_split_model.SIMT_REGISTERS``).
 REGISTER_RESIDENT = {"simt_cp_async": 2, "simt_float4": 2, "wgmma_tf32": 1, "tf32_mma": 2, "kmajor_mma": 2,
                      "skinny": 4, "skinny_kmajor": 4, "scalar": 8}
-#: Registers a thread of the SIMT families takes, by its thread tile's rows (ptxas -v, NOTES run
-#: 20: the 16 x 8 tiles at the 255 cap, the 8 x 8 ones ~168; the 4 x 8 ones 154-160 unbound, sm_90,
-#: run 26), or fewer where the kernel is built for more blocks an SM (CP_MIN_BLOCKS).
-SIMT_REGISTERS = {16: 255, 8: 168, 4: 160}
-REGISTERS_PER_SM = 65536
 SKINNY_FAMILIES = ("skinny", "skinny_kmajor")
 #: The arches whose efficiencies were measured: the planner acts on the model's predictions only
 #: there (elsewhere they are shown, not used).
@@ -198,16 +194,12 @@ def efficiency(kernel, p: Problem, cc: tuple[int, int] = (0, 0)) -> float:
 def resident_blocks(kernel, dev: DeviceFacts) -> int:
     """Blocks of ``kernel`` one SM holds at once: threads, shared memory (1 KiB a block kept by
     the driver) and the family's registers."""
+    if kernel.family in ("simt_cp_async", "simt_float4"):
+        return simt_resident_blocks(kernel, dev)
     threads = max(1, math.prod(kernel.block_dims))
     by_threads = max(1, 2048 // threads)
     by_smem = max(1, blocks_by_smem(kernel.smem, dev)) if kernel.smem else 32
     by_regs = REGISTER_RESIDENT.get(kernel.family, 2)
-    if kernel.family in ("simt_cp_async", "simt_float4"):
-        macros = dict(kernel.macros)
-        regs = SIMT_REGISTERS.get(macros.get("THREAD_M", 8), SIMT_REGISTERS[8])
-        if "CP_MIN_BLOCKS" in macros:  # (__launch_bounds__: ptxas keeps to this many blocks' registers)
-            regs = min(regs, REGISTERS_PER_SM // (threads * macros["CP_MIN_BLOCKS"]))
-        by_regs = max(1, REGISTERS_PER_SM // (threads * regs))
     return max(1, min(by_threads, by_smem, by_regs, 32))
 
 

@@ -23,6 +23,7 @@ from fastmm.plan import select
 from fastmm.problem import EPILOGUE_BIAS_M, EPILOGUE_BIAS_N, EPILOGUE_D, EPILOGUE_NONE, DeviceFacts, Problem
 from fastmm.runtime.compiler import CompileError, compile_cubin
 from fastmm.runtime.sources import kernel_sources, source_dir
+from fastmm.tuned import TunedChoice
 
 SM80_PLUS = ("sm_80", "sm_86", "sm_89", "sm_90")
 FAMILIES_FOR = {arch: tuple(f for f in FAMILIES if f != "wgmma_tf32") for arch in SM80_PLUS}
@@ -127,6 +128,17 @@ def _narrow_problems() -> list[Problem]:
     return out + [dataclasses.replace(p, epilogue=EPILOGUE_D) for p in out[:3] + out[6:9]]
 
 
+def _split_model_problems() -> list[Problem]:
+    """Mid-size products whose simt_cp_async tile and split the split model chooses on sm_90
+    (SimtCore.modelled_choice): W^T aligned and odd, a row-major W (grad_x), F.linear's bias and
+    the general epilogue. Every tile with its modelled split, as the tuner may take each."""
+    dense = [(1500, 2048, 512, {"b_t": True}), (733, 1999, 517, {"b_t": True}), (1023, 1537, 769, {"b_t": True}),
+             (394, 3072, 768, {"b_t": True}), (1100, 512, 2048, {"b_t": True}), (1576, 768, 2304, {}),
+             (640, 1024, 1536, {}), (1234, 517, 2222, {}), (300, 700, 1100, {"b_t": True}), (999, 1001, 1003, {})]
+    out = [Problem.dense(M, N, K, **kw) for M, N, K, kw in dense]
+    return out + [dataclasses.replace(p, epilogue=form) for p in out for form in (EPILOGUE_BIAS_N, EPILOGUE_D)]
+
+
 def _half_problems() -> list[Problem]:
     """simt_cp_async's 64-row tiles of 16 x 8 outputs a thread (HALF_TILE_OPTIONS), which the
     heuristic takes for split plans of products whose last row tile is at most 64 rows and the
@@ -195,6 +207,13 @@ def _configs():
         work += [(p, ("wgmma_tf32",)) for p in _wgmma_problems() if "wgmma_tf32" in families]
         if "simt_cp_async" in families:  # every narrow and half option, as the tuner may pick it
             fam = FAMILIES["simt_cp_async"]
+            for p in (p for p in _split_model_problems() if fam.modelled(p, dev)):
+                for opt in fam.options(p, dev):  # (with the epilogue, the reduce pass, B's copy)
+                    for cfg in select(p, dev, tuned=TunedChoice("simt_cp_async", opt)).kernels():
+                        key = (arch, cfg.source, cfg.macros)
+                        if key not in seen:
+                            seen.add(key)
+                            out.append((arch, cfg))
             for p in _narrow_problems() + _half_problems():
                 for opt in fam.options(p, dev):
                     if opt[:3] in fam.narrow_tiles(p) + fam.half_tiles(p):

@@ -7,6 +7,7 @@ ieee 1e-5, tf32 1e-3, tf32x3 1e-6. Inputs are fresh ``torch.randn`` values for e
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 
@@ -214,7 +215,26 @@ def test_fused_split_k_gives_the_bits_of_the_second_pass(M, N, K, rel_err):
 # (M, N, K, layout): the 1024-token products of a small model (x @ W.t(), grad_x, grad_W), and
 # odd sizes whose workspace and C take single floats
 SIMT_FUSED = [(1024, 1024, 1024, "linear"), (1024, 2816, 1024, "linear"), (1024, 256, 1024, "linear"),
-              (2816, 1024, 1024, "a_t"), (1000, 1000, 1024, "linear"), (999, 1001, 1100, "a_t")]
+              (2816, 1024, 1024, "a_t"), (1000, 1000, 1024, "linear"), (999, 1001, 1100, "a_t"),
+              (394, 3072, 768, "linear")]  # (the split model's 64 x 256 tile in 3 slices, sm_90)
+
+
+@dataclasses.dataclass(frozen=True)
+class PinnedSimt(SimtCpAsync):
+    """simt_cp_async planned on one tile option (tile + split flag) with the family's ``split``:
+    the same tile and slices as another plan, whatever its rules or the split model would pick."""
+
+    option: tuple = ()
+
+    def configure(self, p, dev, option=None):
+        return super().configure(p, dev, self.option if option is None else option)
+
+
+def pinned_like(plan, **changes) -> PinnedSimt:
+    """A PinnedSimt of ``plan``'s simt_cp_async tile and K split, with ``changes``."""
+    m = dict(plan.kernel.macros)
+    return PinnedSimt(option=(m["WARPS_M"], m["WARPS_N"], m["THREAD_M"], 1), split=plan.kernel.split_k,
+                      split_model=False, **changes)
 
 
 @pytest.mark.parametrize("M,N,K,layout", SIMT_FUSED, ids=str)
@@ -222,7 +242,7 @@ SIMT_FUSED = [(1024, 1024, 1024, "linear"), (1024, 2816, 1024, "linear"), (1024,
 def test_simt_fused_split_gives_the_bits_of_the_reduce_pass(M, N, K, layout, out_kind, rel_err):
     """simt_cp_async's split-K plans of a few slices sum them in their last block per tile
     (SPLIT_FUSED), in slice order: the same bits as the GEMM + splitk_reduce plan of the variant
-    SimtCpAsync(fuse_split=False) (the same tiles and slices), into a NaN-poisoned out, row- or
+    SimtCpAsync(fuse_split=False) on the same tile and slices (PinnedSimt), into a NaN-poisoned out, row- or
     column-major, and every arrival counter back at 0 afterwards."""
     a = randn(K, M).t() if layout == "a_t" else randn(M, K)
     b = randn(N, K).t() if layout == "linear" else randn(K, N)
@@ -243,7 +263,8 @@ def test_simt_fused_split_gives_the_bits_of_the_reduce_pass(M, N, K, layout, out
     assert torch.equal(fused[0], fused[1])
     _eager_counters_are_zero()
     out = make_out()
-    result, two, reason = dispatch.matmul_fastmm(a, b, out, "ieee", variants=(SimtCpAsync(fuse_split=False),))
+    unfused = pinned_like(plan, fuse_split=False)  # (the same tile and slices, summed by splitk_reduce)
+    result, two, reason = dispatch.matmul_fastmm(a, b, out, "ieee", variants=(unfused,))
     assert reason is None and result is out, reason
     assert not two.kernel.split_fused and two.reduce is not None and two.reduce.family == "splitk_reduce"
     assert two.kernel.grid == plan.kernel.grid and two.kernel.tile == plan.kernel.tile  # the same slices
@@ -2028,3 +2049,39 @@ def test_second_gpu_runs_on_its_own_modules(rel_err):
     exp = fastmm.explain(a, b)
     assert "cuda:1" in exp.device and exp.kernel is not None
     assert any(index == 1 for index, _, _ in launcher._modules)
+
+
+# --- mid-size products on the split model's plans (simt_split_model, sm_90) ---------------------
+
+MODELLED = [  # (M, N, K, layout): W^T, a row-major W (grad_x), odd widths and depths
+    (1500, 2048, 512, "b_t"), (733, 1999, 517, "b_t"), (1023, 1537, 769, "b_t"), (394, 3072, 768, "b_t"),
+    (1100, 512, 2048, "b_t"), (1576, 768, 2304, ""), (640, 1024, 1536, ""), (611, 2222, 333, "b_t"),
+    (1234, 517, 2222, ""), (300, 700, 1100, "b_t"),
+]
+
+
+@pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
+@pytest.mark.parametrize("M,N,K,layout", MODELLED, ids=["x".join(map(str, m[:3])) + m[3] for m in MODELLED])
+def test_mid_size_products_on_the_modelled_tile_and_split_match_float64(M, N, K, layout, bias, rel_err):
+    """Every plan the mid-size split model picks here (tiles and splits the rules did not reach:
+    64-row tiles split and fused, the 128 x 256 tile in odd slices) against float64, into a
+    NaN-filled out=, with and without F.linear's bias; the plan is the model's on sm_90."""
+    a = randn(M, K)
+    w = randn(N, K) if layout == "b_t" else randn(K, N).t()  # (a row-major W: its transposed view)
+    b = w.t()
+    bias_v = randn(N) if bias else None
+    plan = fastmm.explain(a, b, precision="ieee").plan
+    assert plan.kernel is not None and plan.kernel.family == "simt_cp_async", plan.describe()
+    if torch.cuda.get_device_capability() == (9, 0):
+        assert "tile and split" in dict(plan.kernel.details), plan.describe()
+    a0, w0 = a.clone(), w.clone()
+    out = torch.full((M, N), NAN, device="cuda")
+    if bias:
+        got = fastmm.linear(a, w, bias_v, precision="ieee")
+        ref = torch.addmm(bias_v.double(), a.double(), w.double().t()).float()
+        assert not torch.isnan(got).any()
+        assert rel_err(got, ref) <= TOL["ieee"]
+    else:
+        assert fastmm.matmul(a, b, out=out, precision="ieee") is out
+        check(out, a, b, "ieee", rel_err)
+    assert torch.equal(a, a0) and torch.equal(w, w0)

@@ -49,6 +49,12 @@ def rejected(plan) -> dict:
     return dict(plan.rejected)
 
 
+#: simt_cp_async planned by its rules alone, without the mid-size split model that decides on sm_90
+#: since NOTES run 54 (SimtCore.modelled_choice): the tests of the rules themselves, each a product
+#: measured on the H200 when the rule was written.
+RULES = (SimtCpAsync(split_model=False),)
+
+
 def forced(p: Problem, arch: str, family: str, variants=()):
     plan = select(p, DEV[arch], force=family, variants=variants)
     assert plan.kernel is not None and plan.kernel.family == family
@@ -1053,11 +1059,12 @@ def test_a_wave_of_tiles_with_a_ragged_end_now_splits_k(family, precision):
 def test_simt_takes_its_largest_tile_split_along_k_where_that_fills_a_wave():
     """decode128 (128 x 11008 x 4096): 43 tiles of 128 x 256 split 3 ways fill a wave with K
     slices of 1365, and ran at 1.12x cuBLAS against 0.76x for 172 tiles of 128 x 64 split 3
-    (NOTES run 11). Short K keeps the smaller tile, and so does a full wave of big tiles."""
+    (NOTES run 11). Short K keeps the smaller tile, and so does a full wave of big tiles. (The
+    rules: 1000^3 is a product the mid-size split model decides on sm_90, see RULES.)"""
     plan = forced(Problem.dense(128, 11008, 4096), "sm_90", "simt_cp_async")
     assert plan.kernel.tile[:2] == (128, 256) and plan.kernel.split_k == 3
     check_geometry(plan)
-    short_k = forced(Problem.dense(1000, 1000, 1000), "sm_90", "simt_cp_async")
+    short_k = forced(Problem.dense(1000, 1000, 1000), "sm_90", "simt_cp_async", RULES)
     assert short_k.kernel.tile[:2] == (128, 64)
     full_wave = forced(Problem.dense(2048, 4096, 11008), "sm_90", "simt_cp_async")
     assert full_wave.kernel.tile[:2] == (128, 256) and full_wave.kernel.split_k == 1
@@ -1084,8 +1091,9 @@ def test_simt_split_rule_leaves_what_it_was_not_measured_on(M, N, K, tile):
     (683, 2048, 768, False, True, (128, 64), 2),    # 71.3 against 81.2 for 64 x 64 in 3 (run 33)
 ])
 def test_simt_takes_the_64x64_tile_where_the_128x64_one_would_split_k_four_ways(M, N, K, a_t, b_t, tile, split):
-    """SimtCore.small_tile_from_split, as measured on the H200 (NOTES run 32, probes/mid_rows.json)."""
-    plan = forced(Problem.dense(M, N, K, a_t=a_t, b_t=b_t), "sm_90", "simt_cp_async")
+    """SimtCore.small_tile_from_split, as measured on the H200 (NOTES run 32, probes/mid_rows.json);
+    the rules alone (see RULES)."""
+    plan = forced(Problem.dense(M, N, K, a_t=a_t, b_t=b_t), "sm_90", "simt_cp_async", RULES)
     assert plan.kernel.tile[:2] == tile, plan.describe()
     assert max(plan.kernel.split_k, plan.kernel.split_slices) == split, plan.describe()
     check_geometry(plan)
@@ -1129,9 +1137,10 @@ def test_simt_takes_the_64_row_tile_of_16x8_where_the_last_row_tile_is_half_empt
 def test_simt_splits_its_largest_tile_where_that_was_measured_faster(M, N, K, layout, tile, split):
     """The largest SIMT tile split along K where its blocks fill a wave, in place of the 128 x 128
     tile too (not only the 8 x 8 ones), from 65 rows and 384 k a slice, never with an m-contiguous
-    A: each case is a product timed with every candidate on the H200 (NOTES run 26)."""
+    A: each case is a product timed with every candidate on the H200 (NOTES run 26); the rules alone
+    (see RULES)."""
     kw = {layout: True} if layout else {}
-    plan = select(Problem.dense(M, N, K, "ieee", **kw), DEV["sm_90"])
+    plan = select(Problem.dense(M, N, K, "ieee", **kw), DEV["sm_90"], variants=RULES)
     assert plan.kernel.family == "simt_cp_async", plan.describe()
     assert plan.kernel.tile[:2] == tile and plan.kernel.split_k == split, plan.describe()
     check_geometry(plan)
@@ -1281,12 +1290,12 @@ def test_the_split_model_counts_the_8x8_tiles_blocks_an_sm_as_built_up_to_four_o
     the 128 x 64 one 3 (built for 3) on sm_90, where it counted 2 for both; each case a product
     swept over 1-16 slices on the H200 (probes/simt_split_probe.py, NOTES run 33). Elsewhere, and
     with small_tile_slots off, the plans are as before; the kernels are built as before (no
-    CP_MIN_BLOCKS)."""
-    fam = FAMILIES["simt_cp_async"]
+    CP_MIN_BLOCKS). The rules alone (see RULES)."""
+    fam = RULES[0]
     p = Problem.dense(M, N, K, "ieee", **kw)
     assert [fam.default_blocks_per_sm(o) for o in ((1, 2, 8), (2, 2, 8))] == [6, 3]
     assert [fam.blocks_per_sm(o, p, DEV["sm_90"]) for o in ((1, 2, 8), (2, 2, 8))] == [4, 3]
-    plan = select(p, DEV["sm_90"])
+    plan = select(p, DEV["sm_90"], variants=RULES)
     assert plan.kernel.family == "simt_cp_async" and plan.kernel.tile[:2] == tile, plan.describe()
     assert max(plan.kernel.split_k, plan.kernel.split_slices) == split, plan.describe()
     assert "CP_MIN_BLOCKS" not in macros(plan)
@@ -1367,9 +1376,10 @@ def test_tile_choice_takes_a_tile_whose_blocks_fill_90_percent_of_a_wave():
     fill = (WgmmaTf32(tile_rule="fill"),)
     assert select(Problem.dense(1408, 2816, 1408, precision="tf32"), dev, variants=fill).kernel.tile[:2] == (128, 256)
     assert select(Problem.dense(1280, 2816, 1408, precision="tf32"), dev, variants=fill).kernel.tile[:2] == (128, 128)
-    # SIMT: 128 x 256 tiles; 11 x 11 = 121 of them, then 10 x 11 = 110
-    assert select(Problem.dense(1408, 2816, 1024), dev).kernel.tile[:2] == (128, 256)
-    smaller = select(Problem.dense(1280, 2816, 1024), dev).kernel.tile
+    # SIMT's rules (RULES: without the mid-size split model): 128 x 256 tiles; 11 x 11 = 121 of
+    # them, then 10 x 11 = 110
+    assert select(Problem.dense(1408, 2816, 1024), dev, variants=RULES).kernel.tile[:2] == (128, 256)
+    smaller = select(Problem.dense(1280, 2816, 1024), dev, variants=RULES).kernel.tile
     assert smaller[0] * smaller[1] < 128 * 256
 
 
@@ -2117,12 +2127,13 @@ def test_staging_only_when_the_copy_is_cheap_and_the_layout_allows(arch):
     plan = select(Problem.dense(m - 1, 16384, 1024, b_t=True), dev)
     assert plan.staging == () and macros(plan)["B_MODE"] == LOAD_ELEM_K
     # only where the in-place plan takes the 128 x 256 tile and no fused split (the smaller tiles
-    # gain at most 2% from a row-major B; a fused split's sum would spill with it)
+    # gain at most 2% from a row-major B; a fused split's sum would spill with it); the rules'
+    # plans (RULES: the mid-size split model weighs the copy itself, test_simt_split_model.py)
     bigs = []
     for p in (Problem.dense(m, 4096, 4096, b_t=True), Problem.dense(m, 3072, 1024, b_t=True)):
-        in_place = select(p, dev, variants=(SimtCpAsync(transpose_b=False),)).kernel
+        in_place = select(p, dev, variants=(SimtCpAsync(transpose_b=False, split_model=False),)).kernel
         big = in_place.tile[:2] == (128, 256) and not in_place.split_fused
-        assert select(p, dev).staging == ((("b", p.K, p.N),) if big else ())
+        assert select(p, dev, variants=RULES).staging == ((("b", p.K, p.N),) if big else ())
         bigs.append(big)
     if arch == "sm_90":  # (768 x 4096 x 4096: 128 x 256 tiles split in cluster pairs; 768 x 3072 x 1024:
         assert bigs == [True, False]  # 128 x 128 tiles, as the big tile's slices would be under 384)
@@ -2346,7 +2357,7 @@ def test_single_float_c_staged_on_any_tile_in_shared_memory_that_keeps_the_block
     k = select(short, dev).kernel
     assert k.family == "simt_cp_async" and k.tile[0] == 32 and "C_STAGED" not in dict(k.macros)
     capped = dataclasses.replace(Problem.dense(2047, 1001, 197), b_strides=(1004, 1))  # (B's rows padded)
-    k = select(capped, dev).kernel
+    k = select(capped, dev, variants=RULES).kernel  # (the rules' 128 x 128 tile)
     m = dict(k.macros)
     assert k.tile[:2] == (128, 128) and (m["A_MODE"], m["B_MODE"]) == (LOAD_ELEM_K, LOAD_VEC_FAST)
     assert "C_STAGED" not in m

@@ -11,8 +11,11 @@ from ..problem import EPILOGUE_BIAS_N, DeviceFacts, Problem
 from .base import (LOAD_ELEM_FAST, LOAD_ELEM_K, LOAD_NAMES, LOAD_VEC_FAST, LOAD_VEC_K, PAD_SLACK, Family,
                    KernelConfig, blocks_by_smem, covered_area, grid_of, k_dominant, pick_tile, round4, tiles_of,
                    vec_ok, with_split_flags)
-from .work_split import effective_split, split_k_for, stream_k_for
+from .simt_split_model import MARGIN as MODEL_MARGIN, in_domain as modelled_domain, plan_us as modelled_us
+from .work_split import MIN_KTILES_PER_SPLIT, effective_split, split_k_for, stream_k_for
 
+#: The K splits :meth:`SimtCore.modelled_choice` weighs for each tile.
+MODEL_SPLITS = (1, 2, 3, 4, 5, 6, 8)
 #: Stage an operand only when the product does at least this many FLOP per byte the copy moves
 #: (a read and a write of the operand): then the copy costs < ~1% next to the product.
 STAGE_MIN_FLOP_PER_BYTE = 256
@@ -143,6 +146,10 @@ class SimtCore(Family):
     #: Whether a stream-K plan may take the head form (its whole waves in the plain kernel's own
     #: launch first, work_split.stream_k_for), where the model has it cheaper; a variant switch.
     stream_k_head: bool = True
+    #: Whether a mid-size product (:func:`.simt_split_model.in_domain`) takes the tile and split
+    #: that :mod:`.simt_split_model` has fastest, where it beats the rules' plan by its MARGIN
+    #: (:meth:`modelled_choice`); a variant switch (the plans before NOTES run 54: False).
+    split_model: bool = True
 
     precisions = ("ieee", "tf32", "tf32x3")  # full fp32; serves tf32 requests where no TF32 path can
     # (WARPS_M, WARPS_N, THREAD_M), largest tile first: 128x256, 128x128, 128x64, 64x64.
@@ -300,7 +307,52 @@ class SimtCore(Family):
         tiles = self.tile_options + self.short_tiles(p) + self.narrow_tiles(p) + self.half_tiles(p)
         return with_split_flags(tiles) if self.can_split else tiles
 
+    def staged_b_floats(self, p: Problem, in_place: KernelConfig) -> int:
+        """Floats of B the plan whose in-place kernel is ``in_place`` copies first for its tile
+        (none here: :class:`.simt_cp_async.SimtCpAsync` transposes a K-contiguous B)."""
+        return 0
+
+    def modelled(self, p: Problem, dev: DeviceFacts) -> bool:
+        """Whether ``p``'s tile and split are chosen by :mod:`.simt_split_model` (see split_model)."""
+        return (self.split_model and self.can_split and self.split is None and not k_dominant(p)
+                and modelled_domain(p, dev))
+
+    def modelled_split(self, p: Problem, dev: DeviceFacts, opt) -> tuple[KernelConfig, float]:
+        """Tile ``opt`` with the K split (1 to 8 slices, MODEL_SPLITS, each of at least
+        MIN_KTILES_PER_SPLIT k-tiles as split_k_for keeps them) :mod:`.simt_split_model` has
+        fastest for it, and that modelled time: what the option ``opt`` + (1,) means for a product
+        the model serves (flag 1: split as the family's rule says)."""
+        best, best_us = None, 0.0
+        most = max(1, -(-p.K // self.bk) // MIN_KTILES_PER_SPLIT)
+        for split in (s for s in MODEL_SPLITS if s <= most):
+            cfg = replace(self, split=split, split_model=False, stream_k=False).configure(p, dev, tuple(opt) + (1,))
+            us = modelled_us(cfg, p, dev, self.staged_b_floats(p, cfg))
+            if best is None or us < best_us:
+                best, best_us = cfg, us
+        why = (f"{best.split_k} slice{'s' if best.split_k > 1 else ''} of K: this tile's fastest of "
+               f"{', '.join(map(str, MODEL_SPLITS))} by simt_split_model ({best_us:.0f} us modelled; a mid-size "
+               "product on sm_90)")
+        return replace(best, details=best.details + (("tile and split", why),)), best_us
+
+    def modelled_choice(self, p: Problem, dev: DeviceFacts) -> KernelConfig:
+        """The heuristic plan of a product the model serves: of the tiles of ``tile_options`` and
+        ``half_tiles``, each with its modelled split (:meth:`modelled_split`), the fastest
+        modelled; the rules' tile (their plan's, :meth:`configure` without the model) unless
+        another is modelled MARGIN faster."""
+        rules = replace(self, split_model=False).configure(p, dev)
+        macros = dict(rules.macros)
+        rules_opt = (macros["WARPS_M"], macros["WARPS_N"], macros["THREAD_M"])
+        options = self.tile_options + self.half_tiles(p)
+        if rules_opt not in options:
+            return rules
+        timed = {opt: self.modelled_split(p, dev, opt) for opt in options}
+        fastest = min(options, key=lambda opt: timed[opt][1])
+        keep = timed[fastest][1] >= (1 - MODEL_MARGIN) * timed[rules_opt][1]
+        return timed[rules_opt if keep else fastest][0]
+
     def configure(self, p, dev, option=None):
+        if self.modelled(p, dev) and (option is None or option[3]):
+            return self.modelled_choice(p, dev) if option is None else self.modelled_split(p, dev, option[:3])[0]
         short = (self.short_tile(p) or self.narrow_tile(p, dev)) if option is None else None
         if option is not None:
             opt, may_split = tuple(option[:3]), self.can_split and bool(option[3])

@@ -321,9 +321,16 @@ class SimtCpAsync(SimtCore):
         (:func:`.simt_core.fused_split_spills`), so the copy would bring a reduce pass as well."""
         transpose = self.transpose_b and transposes_b(p)
         if transpose and self.transpose_big_tile_only:
-            in_place = self.configure(p, dev, option) if option else self.configure(p, dev)
-            transpose = in_place.tile[:2] == self.tile_of(self.tile_options[0]) and not in_place.split_fused
+            transpose = self.staged_b_floats(p, self.configure(p, dev, option) if option else self.configure(p, dev)) > 0
         return padded_copies(p, copy_a=False, transpose_b=transpose)
+
+    def staged_b_floats(self, p, in_place):
+        """K x N where B is transposed first for the plan whose in-place kernel is ``in_place``
+        (see :meth:`staging`), else 0."""
+        big = in_place.tile[:2] == self.tile_of(self.tile_options[0])
+        if self.transpose_b and transposes_b(p) and (not self.transpose_big_tile_only or big and not in_place.split_fused):
+            return p.K * p.N
+        return 0
 
     def stagers(self, p, staging):
         return tuple(stage_rows_config(p, which) for which, _, _ in staging)
