@@ -134,7 +134,7 @@ def _split_model_problems() -> list[Problem]:
     the general epilogue. Every tile with its modelled split, as the tuner may take each."""
     dense = [(1500, 2048, 512, {"b_t": True}), (733, 1999, 517, {"b_t": True}), (1023, 1537, 769, {"b_t": True}),
              (394, 3072, 768, {"b_t": True}), (1100, 512, 2048, {"b_t": True}), (1576, 768, 2304, {}),
-             (640, 1024, 1536, {}), (1234, 517, 2222, {}), (300, 700, 1100, {"b_t": True}), (999, 1001, 1003, {})]
+             (640, 1024, 1536, {}), (1234, 517, 2222, {}), (1000, 3072, 1024, {"b_t": True}), (999, 1001, 1003, {})]
     out = [Problem.dense(M, N, K, **kw) for M, N, K, kw in dense]
     return out + [dataclasses.replace(p, epilogue=form) for p in out for form in (EPILOGUE_BIAS_N, EPILOGUE_D)]
 

@@ -12,6 +12,7 @@ from fastmm.families import simt_split_model as model
 from fastmm.families.work_split import MIN_KTILES_PER_SPLIT
 from fastmm.plan import select
 from fastmm.problem import DeviceFacts, Problem
+from fastmm.tuned import TunedChoice
 
 H100 = DeviceFacts.simulated_h100()
 H200 = DeviceFacts.simulated_device("sm_90")
@@ -42,7 +43,6 @@ MEASURED = [
     (733, 1999, 517, True, ((1, 2, 8), 1), 59.5, ((2, 2, 8), 2), 75.3),
     (900, 3000, 1000, True, ((2, 2, 8), 1), 150.7, ((2, 2, 16), 4), 181.0),
     (1500, 1500, 640, True, ((1, 2, 8), 2), 98.2, ((2, 2, 16), 5), 121.5),
-    (700, 700, 700, True, ((1, 2, 8), 2), 28.2, ((1, 2, 8), 1), 40.9),
 ]
 
 
@@ -88,6 +88,7 @@ def test_mid_size_products_take_the_modelled_tile_and_split_and_explain_it(dev):
     ("grad_W's m-contiguous A", Problem.dense(1024, 512, 1000, a_t=True), H200),
     ("fewer than MIN_SIDE rows", Problem.dense(model.MIN_SIDE - 1, 4096, 1024, b_t=True), H200),
     ("tiles that fill the GPU", Problem.dense(4096, 4096, 1024, b_t=True), H200),
+    ("fewer 64 x 64 tiles than SMs", Problem.dense(300, 700, 1100, b_t=True), H200),  # (the suite's odd_small)
 ])
 def test_products_outside_the_fitted_range_keep_the_rules_plan(what, p, dev):
     fam = SimtCpAsync()
@@ -118,18 +119,34 @@ def modelled_split_of(fam, p, opt, split):
     return model.plan_us(cfg, p, H200, fam.staged_b_floats(p, cfg))
 
 
-@pytest.mark.parametrize("M", [768, 1000, 1536, 2048])
-@pytest.mark.parametrize("N,K", [(1024, 1024), (2816, 1024), (4096, 512), (3072, 768), (1536, 2304)])
-def test_a_transposed_b_goes_with_the_largest_tile_unfused_and_only_there(M, N, K):
-    """simt_cp_async copies W^T row-major for the 128 x 256 tile without a fused split (staging);
-    the modelled plan is chosen again on the copied problem: the two must agree, or the copy is
-    paid for a tile that reads W in place."""
-    p = Problem.dense(M, N, K, b_t=True)
-    plan = select(p, H200)
-    if plan.kernel.family != "simt_cp_async":
-        pytest.skip(f"{plan.kernel.family} serves it")
-    staged = any(which == "b" for which, _, _ in plan.staging)
-    assert staged == (plan.kernel.tile[:2] == (128, 256) and not plan.kernel.split_fused), plan.describe()
+@pytest.mark.parametrize("dev", [H100, H200], ids=["h100", "h200"])
+def test_a_transposed_b_goes_with_the_largest_tile_and_the_tuner_can_time_every_heuristic_plan(dev):
+    """simt_cp_async copies W^T row-major for the 128 x 256 tile without a fused split (staging),
+    then plans the copied problem again: that plan keeps the tile the copy was made for
+    (relaunch_option; 1536 x 2048 x 1280 once launched 128 x 128 on a copied B), and some tuned
+    option rebuilds the heuristic plan, copy included, so the tuner times it (a scan of W^T
+    products in the model's range)."""
+    fam = SimtCpAsync()
+    seen = 0
+    shapes = [(M, N, K) for M in (768, 1024, 1536, 1792, 2333) for N in (512, 1280, 1520, 2048, 2816)
+              for K in (512, 1280, 2066, 2488)]
+    # (the review's: a copy paid for a 128 x 128 launch on one of these devices or both)
+    shapes += [(1536, 2048, 1280), (2333, 1520, 2488), (2048, 1792, 2560), (1148, 2208, 2066), (1280, 2816, 1536),
+               (1536, 2304, 1792), (2304, 1536, 1536)]
+    for M, N, K in shapes:
+        p = Problem.dense(M, N, K, b_t=True)
+        if not fam.modelled(p, dev):
+            continue
+        plan = select(p, dev)
+        staged = any(which == "b" for which, _, _ in plan.staging)
+        in_place = fam.configure(p, dev)
+        assert staged == (in_place.tile[:2] == (128, 256) and not in_place.split_fused), (M, N, K)
+        assert not staged or plan.kernel.tile[:2] == (128, 256), plan.describe()
+        seen += staged
+        tuned = [select(p, dev, tuned=TunedChoice("simt_cp_async", opt)) for opt in fam.options(p, dev)]
+        assert any((t.kernel.macros, t.kernel.grid, t.staging) == (plan.kernel.macros, plan.kernel.grid,
+                                                                   plan.staging) for t in tuned), (M, N, K)
+    assert seen >= 5  # (the copy is taken somewhere in the scan)
 
 
 def test_resident_blocks_follow_threads_registers_and_the_launch_bound():

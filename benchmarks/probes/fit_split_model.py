@@ -33,11 +33,18 @@ from fastmm.problem import DeviceFacts  # noqa: E402
 
 DEV = DeviceFacts.simulated_h100()
 TILES = list(model.TILE_RATES)
-ROWS = {"fit": HERE / "midsize_wt_rows.json", "holdout": HERE / "midsize_wt_holdout.json"}
+ROWS = {"split_sweep_fit_h100.json": HERE / "midsize_wt_rows.json",
+        "split_sweep_holdout_h100.json": HERE / "midsize_wt_holdout.json",
+        "split_sweep_llama1k_h100.json": HERE / "llama1k_rows.json"}
 
 
-def load(path: Path, rows_file: Path):
-    """[(record, [(swept entry, plan features)])] of a sweep file, its plans rebuilt."""
+def load(paths: str):
+    """[(record, [(swept entry, plan features)])] of comma-separated sweep files (each named in
+    ROWS with its rows file), their plans rebuilt."""
+    return [x for path in paths.split(",") for x in load_one(Path(path), ROWS[Path(path).name])]
+
+
+def load_one(path: Path, rows_file: Path):
     records = json.loads(path.read_text())["records"]
     rows = {r["name"]: r for r in candidates.model_rows(None, str(rows_file))[0]}
     fam = SimtCpAsync(split_model=False)
@@ -115,12 +122,13 @@ def picks(name: str, data, P) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="fit_split_model.py", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--fit", default=str(HERE / "data" / "split_sweep_fit_h100.json"))
+    ap.add_argument("--fit", default=",".join(str(HERE / "data" / f) for f in ("split_sweep_fit_h100.json",
+                                                                             "split_sweep_llama1k_h100.json")))
     ap.add_argument("--holdout", default=str(HERE / "data" / "split_sweep_holdout_h100.json"))
     ap.add_argument("--steps", type=int, default=1500)
     ap.add_argument("--check", action="store_true")
     o = ap.parse_args(argv)
-    fit, hold = load(Path(o.fit), ROWS["fit"]), load(Path(o.holdout), ROWS["holdout"])
+    fit, hold = load(o.fit), load(o.holdout)
     P = constants()
     if o.check:  # the formula here is the package's
         for _, items in fit + hold:

@@ -175,6 +175,12 @@ class Family:
         family's own choice or (``option``) a tuned one. None here."""
         return p, (), False
 
+    def relaunch_option(self, chosen: KernelConfig) -> tuple[int, ...] | None:
+        """The option under which the family configures the staged launch problem after choosing
+        ``chosen`` on the original one: None, its heuristic decides again (a choice that weighs the
+        copy itself must keep the tile the copy was made for: SimtCore)."""
+        return None
+
     def stagers(self, p: Problem, staging: tuple[tuple[str, int, int], ...]) -> tuple[KernelConfig, ...]:
         """The kernels that make the staged copies, one per entry (a family that stages must make
         its copies: the planner checks it)."""

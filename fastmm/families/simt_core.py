@@ -5,6 +5,7 @@ their load modes, and the tile choice with split-K and stream-K.
 work splitting."""
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 
 from ..problem import EPILOGUE_BIAS_N, DeviceFacts, Problem
@@ -307,6 +308,16 @@ class SimtCore(Family):
         tiles = self.tile_options + self.short_tiles(p) + self.narrow_tiles(p) + self.half_tiles(p)
         return with_split_flags(tiles) if self.can_split else tiles
 
+    def relaunch_option(self, chosen: KernelConfig) -> tuple[int, ...] | None:
+        """A modelled plan's tile with its split flag: the model weighed B's copy with the tile it
+        chose, and on the copied problem (no copy to pay, other sums fused) it could choose another
+        tile, leaving the copy paid for a tile that reads B in place (NOTES run 54, review). The
+        split is modelled again for the layout that runs."""
+        if "tile and split" not in dict(chosen.details):
+            return None
+        m = dict(chosen.macros)
+        return (m["WARPS_M"], m["WARPS_N"], m["THREAD_M"], 1)
+
     def staged_b_floats(self, p: Problem, in_place: KernelConfig) -> int:
         """Floats of B the plan whose in-place kernel is ``in_place`` copies first for its tile
         (none here: :class:`.simt_cp_async.SimtCpAsync` transposes a K-contiguous B)."""
@@ -317,6 +328,9 @@ class SimtCore(Family):
         return (self.split_model and self.can_split and self.split is None and not k_dominant(p)
                 and modelled_domain(p, dev))
 
+    # (cached: a plan configures its problem up to three times, and each tile weighs 7 splits;
+    # families, problems and devices are frozen dataclasses, so the keys are their values)
+    @functools.lru_cache(maxsize=4096)
     def modelled_split(self, p: Problem, dev: DeviceFacts, opt) -> tuple[KernelConfig, float]:
         """Tile ``opt`` with the K split (1 to 8 slices, MODEL_SPLITS, each of at least
         MIN_KTILES_PER_SPLIT k-tiles as split_k_for keeps them) :mod:`.simt_split_model` has
@@ -324,16 +338,18 @@ class SimtCore(Family):
         the model serves (flag 1: split as the family's rule says)."""
         best, best_us = None, 0.0
         most = max(1, -(-p.K // self.bk) // MIN_KTILES_PER_SPLIT)
-        for split in (s for s in MODEL_SPLITS if s <= most):
+        weighed = tuple(s for s in MODEL_SPLITS if s <= most)
+        for split in weighed:
             cfg = replace(self, split=split, split_model=False, stream_k=False).configure(p, dev, tuple(opt) + (1,))
             us = modelled_us(cfg, p, dev, self.staged_b_floats(p, cfg))
             if best is None or us < best_us:
                 best, best_us = cfg, us
         why = (f"{best.split_k} slice{'s' if best.split_k > 1 else ''} of K: this tile's fastest of "
-               f"{', '.join(map(str, MODEL_SPLITS))} by simt_split_model ({best_us:.0f} us modelled; a mid-size "
+               f"{', '.join(map(str, weighed))} by simt_split_model ({best_us:.0f} us modelled; a mid-size "
                "product on sm_90)")
         return replace(best, details=best.details + (("tile and split", why),)), best_us
 
+    @functools.lru_cache(maxsize=4096)
     def modelled_choice(self, p: Problem, dev: DeviceFacts) -> KernelConfig:
         """The heuristic plan of a product the model serves: of the tiles of ``tile_options`` and
         ``half_tiles``, each with its modelled split (:meth:`modelled_split`), the fastest
@@ -352,7 +368,7 @@ class SimtCore(Family):
 
     def configure(self, p, dev, option=None):
         if self.modelled(p, dev) and (option is None or option[3]):
-            return self.modelled_choice(p, dev) if option is None else self.modelled_split(p, dev, option[:3])[0]
+            return self.modelled_choice(p, dev) if option is None else self.modelled_split(p, dev, tuple(option[:3]))[0]
         short = (self.short_tile(p) or self.narrow_tile(p, dev)) if option is None else None
         if option is not None:
             opt, may_split = tuple(option[:3]), self.can_split and bool(option[3])

@@ -92,30 +92,38 @@ COPY_SHARE_OF_DRAM = 0.87
 BASE_US = 3.1
 EXTRA_LAUNCH_US = 0.04
 #: The products it was fitted on and is used for (:meth:`.simt_core.SimtCore.modelled_choice`):
-#: at least MIN_SIDE rows and columns, K at most MAX_K, fewer 128 x 128 tiles than
-#: MAX_TILES_PER_SM x SMs (beyond that the tiles fill the GPU and the rules' plans stand), an A
+#: at least MIN_SIDE rows and columns, K from MIN_K to MAX_K, fewer 128 x 128 tiles than
+#: MAX_TILES_PER_SM x SMs (beyond that the tiles fill the GPU and the rules' plans stand), at
+#: least one 64 x 64 tile an SM (below that the split alone fills the GPU, with 2-warp blocks
+#: too few to keep an SM busy, which the model's rates do not see: 300 x 700 x 1100 W^T ran 16%
+#: slower on its choice than on the rules', 700^3 2%; the rules' splits there were swept on the
+#: H200, NOTES run 33), an A
 #: contiguous along K (x, not grad_W's x^T: the rules for an m-contiguous A were measured on their
 #: own, and of the two such products held out the model's choice lost 7% on one).
 MIN_SIDE = 256
+MIN_K = 256
 MAX_K = 2560
 MAX_TILES_PER_SM = 2
-#: Its choice replaces the rules' where it is modelled faster by this share.
-MARGIN = 0.05
+#: Its choice replaces the rules' tile where it is modelled faster by this share (5% kept the
+#: rules' 128 x 64 tile unsplit on 1024^3 W^T, 68.6 us, where the 128 x 256 tile in cluster pairs
+#: ran 61.0: NOTES run 54).
+MARGIN = 0.02
 
 
 def in_domain(p: Problem, dev: DeviceFacts) -> bool:
     """Whether ``p`` on ``dev`` is a product the model was fitted for (see MIN_SIDE)."""
-    return (dev.cc == (9, 0) and p.batch_total == 1 and min(p.M, p.N) >= MIN_SIDE and p.K <= MAX_K
+    return (dev.cc == (9, 0) and p.batch_total == 1 and min(p.M, p.N) >= MIN_SIDE and MIN_K <= p.K <= MAX_K
             and p.a_strides[1] == 1 and p.a_strides[0] != 1
-            and -(-p.M // 128) * -(-p.N // 128) < MAX_TILES_PER_SM * dev.sm_count)
+            and -(-p.M // 128) * -(-p.N // 128) < MAX_TILES_PER_SM * dev.sm_count
+            and -(-p.M // 64) * -(-p.N // 64) >= dev.sm_count)
 
 
 def plan_us(cfg: KernelConfig, p: Problem, dev: DeviceFacts, staged_floats: int = 0) -> float | None:
     """Modelled GPU us of ``cfg`` (a simt_cp_async plan of ``p``, one launch plus its second pass)
     with ``staged_floats`` of B copied first; None for a tile the model has no rate for or a
     stream-K plan."""
-    rate = TILE_RATES.get(tuple(cfg.tile[:2]))
-    if rate is None or cfg.stream_k is not None:
+    tile = TILE_RATES.get(tuple(cfg.tile[:2]))
+    if tile is None or cfg.stream_k is not None:
         return None
     bm, bn, bk = cfg.tile
     split = cfg.split_k
@@ -125,11 +133,11 @@ def plan_us(cfg: KernelConfig, p: Problem, dev: DeviceFacts, staged_floats: int 
     mflop = 2.0 * bm * bn * (-(-(-(-p.K // split)) // bk) * bk) / 1e6
 
     def round_us(c: int) -> float:
-        return max(mflop / rate.alone, c * mflop / rate.full) + rate.round_us
+        return max(mflop / tile.alone, c * mflop / tile.full) + tile.round_us
 
     rounds, rest = divmod(per_sm, resident)
     us = rounds * round_us(resident) + (round_us(rest) if rest else 0.0)
-    us = BASE_US + us * (rate.fused if cfg.split_fused else 1.0)
+    us = BASE_US + us * (tile.fused if cfg.split_fused else 1.0)
     if split > 1:
         rate = SLICE_MB_PER_US if p.N % 4 == 0 else SINGLE_FLOAT_SLICE_MB_PER_US
         traffic = 2 * 4 * p.M * p.N * cfg.split_slices / 1e6 / rate
