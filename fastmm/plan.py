@@ -210,7 +210,7 @@ def _select_in_order(p: Problem, dev: DeviceFacts, force: str | None, variants: 
     used = fam.precision_computed(p)
     launch_p, staging, swap = fam.staging(p, dev)
     if staging or swap:
-        again = fam.relaunch_option(chosen)
+        again = fam.relaunch_option(p, dev, chosen)
         chosen = fam.configure(launch_p, dev) if again is None else fam.configure(launch_p, dev, again)
     chosen, reduce = with_epilogue(p, chosen, second_pass_config(p, dev, chosen))
     stagers = _stagers(fam, p, staging)

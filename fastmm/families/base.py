@@ -175,9 +175,9 @@ class Family:
         family's own choice or (``option``) a tuned one. None here."""
         return p, (), False
 
-    def relaunch_option(self, chosen: KernelConfig) -> tuple[int, ...] | None:
+    def relaunch_option(self, p: Problem, dev: DeviceFacts, chosen: KernelConfig) -> tuple[int, ...] | None:
         """The option under which the family configures the staged launch problem after choosing
-        ``chosen`` on the original one: None, its heuristic decides again (a choice that weighs the
+        ``chosen`` for ``p``: None, its heuristic decides again (a choice that weighs the
         copy itself must keep the tile the copy was made for: SimtCore)."""
         return None
 

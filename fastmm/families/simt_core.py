@@ -308,12 +308,12 @@ class SimtCore(Family):
         tiles = self.tile_options + self.short_tiles(p) + self.narrow_tiles(p) + self.half_tiles(p)
         return with_split_flags(tiles) if self.can_split else tiles
 
-    def relaunch_option(self, chosen: KernelConfig) -> tuple[int, ...] | None:
+    def relaunch_option(self, p: Problem, dev: DeviceFacts, chosen: KernelConfig) -> tuple[int, ...] | None:
         """A modelled plan's tile with its split flag: the model weighed B's copy with the tile it
         chose, and on the copied problem (no copy to pay, other sums fused) it could choose another
         tile, leaving the copy paid for a tile that reads B in place (NOTES run 54, review). The
         split is modelled again for the layout that runs."""
-        if "tile and split" not in dict(chosen.details):
+        if not self.modelled(p, dev):
             return None
         m = dict(chosen.macros)
         return (m["WARPS_M"], m["WARPS_N"], m["THREAD_M"], 1)
