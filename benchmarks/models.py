@@ -319,22 +319,31 @@ def _positive(text: str) -> int:
     return n
 
 
-def wgmma_variant(text: str):
-    """``WgmmaTf32`` built from ``FIELD=VALUE,...`` (values: True, False, None, integers, or words),
-    refusing a field the family does not have."""
+def family_variant(text: str):
+    """A family built from ``NAME:FIELD=VALUE,...`` (e.g. ``simt_cp_async:split_model=False``; values:
+    True, False, None, integers, or words), refusing a family or field that does not exist."""
     import dataclasses
 
-    from fastmm.families import WgmmaTf32
+    from fastmm.families import FAMILIES
 
-    names = {f.name for f in dataclasses.fields(WgmmaTf32)}
+    name, sep, fields_text = text.partition(":")
+    if not sep or name not in FAMILIES:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME:FIELD=VALUE,... with NAME one of {sorted(FAMILIES)}")
+    cls = type(FAMILIES[name])
+    names = {f.name for f in dataclasses.fields(cls)}
     fields = {}
-    for item in filter(None, text.split(",")):
+    for item in filter(None, fields_text.split(",")):
         key, sep, value = item.partition("=")
         if not sep or key not in names:
             raise argparse.ArgumentTypeError(f"{item!r}: expected FIELD=VALUE with FIELD one of {sorted(names)}")
         words = {"True": True, "False": False, "None": None}
         fields[key] = words[value] if value in words else int(value) if value.lstrip("-").isdigit() else value
-    return WgmmaTf32(**fields)
+    return cls(**fields)
+
+
+def wgmma_variant(text: str):
+    """``WgmmaTf32`` built from ``FIELD=VALUE,...`` (:func:`family_variant` of wgmma_tf32)."""
+    return family_variant("wgmma_tf32:" + text)
 
 
 def main(argv=None) -> int:
@@ -359,12 +368,17 @@ def main(argv=None) -> int:
     parser.add_argument("--device", default="cuda", help="cuda (default), or cpu for a smoke run of the script")
     parser.add_argument("--wgmma", type=wgmma_variant, metavar="FIELD=VALUE,...",
                         help="fastmm's side with the wgmma family built with these fields (e.g. x3_a_regs=True)")
+    parser.add_argument("--variant", type=family_variant, action="append", default=[], metavar="NAME:FIELD=VALUE,...",
+                        help="fastmm's side with family NAME built with these fields (e.g. "
+                             "simt_cp_async:split_model=False); repeatable")
     opts = parser.parse_args(argv)
-    if opts.wgmma is not None:  # (before any product is planned: plans are cached by problem)
+    variants = opts.variant + ([opts.wgmma] if opts.wgmma is not None else [])
+    if variants:  # (before any product is planned: plans are cached by problem)
         from fastmm.families import FAMILIES
 
-        FAMILIES["wgmma_tf32"] = opts.wgmma
-        print(f"fastmm's wgmma family: {opts.wgmma}")
+        for fam in variants:
+            FAMILIES[fam.name] = fam
+            print(f"fastmm's {fam.name} family: {fam}")
     opts.compile = [m for m in opts.compile.split(",") if m]
     device = torch.device(opts.device)
     if device.type == "cuda" and not torch.cuda.is_available():

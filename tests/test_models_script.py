@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "benchmarks" / "models.py"
 
@@ -43,8 +45,9 @@ def test_models_script_lists_the_gradients_that_carry_the_error(tmp_path):
     assert math.isclose(math.sqrt(sum(s * s for s in shares)), row["fastmm_grad_err"], rel_tol=0.02)
 
 
-def test_models_script_builds_the_wgmma_family_asked_for_and_refuses_unknown_fields():
-    """``--wgmma FIELD=VALUE,...`` (a form that is off by default, timed in whole model steps):
+def test_models_script_builds_the_family_variant_asked_for_and_refuses_unknown_ones():
+    """``--wgmma FIELD=VALUE,...`` and ``--variant NAME:FIELD=VALUE,...`` (a form that is off by
+    default, or the rules a model replaced, timed in whole model steps):
     the fields and their types as given; a field the family does not have stops the script with
     argparse's usage error (exit 2), before any model is built."""
     import argparse
@@ -55,15 +58,16 @@ def test_models_script_builds_the_wgmma_family_asked_for_and_refuses_unknown_fie
     spec = importlib.util.spec_from_file_location("fastmm_models_script", SCRIPT)
     models = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(models)
+    from fastmm.families import SimtCpAsync
+
     assert models.wgmma_variant("x3_a_regs=True,promote_every=2,rows64=always,split=False") == WgmmaTf32(
         x3_a_regs=True, promote_every=2, rows64="always", split=False)
-    for bad in ("x3_a_regs", "no_such_field=1"):
-        try:
-            models.wgmma_variant(bad)
-        except argparse.ArgumentTypeError as exc:
-            assert "FIELD=VALUE" in str(exc)
-        else:
-            raise AssertionError(bad)
+    assert models.family_variant("simt_cp_async:split_model=False") == SimtCpAsync(split_model=False)
+    refused = [(models.wgmma_variant, bad) for bad in ("x3_a_regs", "no_such_field=1")] + [
+        (models.family_variant, bad) for bad in ("simt_cp_async", "no_such_family:x=1", "simt_cp_async:no_such_field=1")]
+    for parse, bad in refused:
+        with pytest.raises(argparse.ArgumentTypeError, match="=VALUE"):
+            parse(bad)
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--wgmma", "no_such_field=1"],
                           capture_output=True, text=True, env=env, timeout=300)
