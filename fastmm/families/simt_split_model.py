@@ -130,7 +130,8 @@ def plan_us(cfg: KernelConfig, p: Problem, dev: DeviceFacts, staged_floats: int 
     blocks = cfg.grid[0] * cfg.grid[1] * cfg.grid[2]
     per_sm = -(-blocks // dev.sm_count)
     resident = simt_resident_blocks(cfg, dev)
-    mflop = 2.0 * bm * bn * (-(-(-(-p.K // split)) // bk) * bk) / 1e6
+    k_slice = -(-p.K // split)  # (a slice's K, padded to whole k-tiles: what each block runs)
+    mflop = 2.0 * bm * bn * (-(-k_slice // bk) * bk) / 1e6
 
     def round_us(c: int) -> float:
         return max(mflop / tile.alone, c * mflop / tile.full) + tile.round_us
