@@ -343,6 +343,10 @@ def family_cases(dev: DeviceFacts, family: str, precision: str, quick: bool) -> 
             add("staging", 1030, 1030, 7)  # both
             if not quick:
                 add("staging", 40, 1030, 67, offsets=(3, 0, 0))
+            # attention's P @ V and dV = P^T @ dO at 197 tokens (P's rows copied in single floats):
+            # tf32's 128 x 64 tile of four 64 x 32 warps, M and K past a tile, N one short of it
+            add("attention", 197, 64, 197, batch=64)
+            add("attention", 197, 63, 197, batch=64, a_t=True)
     if not quick:
         for a in (1, 4):  # DESIGN.md: CUTLASS sizes for alignment a
             for M in (a, 512 - 3 * a):

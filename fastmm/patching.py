@@ -167,8 +167,11 @@ def patch(model: torch.nn.Module, precision: str | None = None, *, functional: b
       so there a grouped-query SDPA model's attention keeps its hooks and its products run on
       fastmm; at torch's own precision its math path is torch's (the same products, less host
       time: :func:`fastmm.attention.computes_as_torch`). With ``precision=None`` that holds at
-      every call; with a precision named, the attention's hooks stay, dormant (no mode), and
-      route again should torch's setting change.
+      every call; with a precision named, the attention's hooks are kept dormant, and route
+      again should torch's setting change. Hooks with nothing to do (dormant, or a candidate
+      that routed nothing waiting for its probe in the other training value: inference only)
+      are parked on ``model`` (one pre-hook, :class:`_Watch`): a module with hooks takes
+      ``Module.__call__``'s slow path, ~7 us a call of a Llama attention layer on a CPU host.
     - ``"forward"``: the mode is on for the whole of every forward of ``model`` (hooks on
       ``model``): also calls the code does not show (``getattr(torch, name)``) in modules no
       probe ran, and branches no probe took, at the price of every torch call of the forward.
@@ -223,7 +226,7 @@ def patch(model: torch.nn.Module, precision: str | None = None, *, functional: b
 
     model = _swap(model, convert)
     before = [h.routing.precision for m in model.modules() for h in m._forward_pre_hooks.values()
-              if isinstance(h, _Enter)]
+              if isinstance(h, (_Enter, _Watch))]
     for m in model.modules():  # patched before: set up again (probes again), with this precision
         _remove_hooks(m, None, _HOOKS)
     if functional:
@@ -574,9 +577,24 @@ class _FunctionalRouting:
     def __init__(self, precision: str | None, whole_forward: bool) -> None:
         self.precision = precision
         self.whole_forward = whole_forward
+        self.root: torch.nn.Module | None = None  # the model patch() was given (_install_functional)
+        self.watch: _Watch | None = None  # on the root once a candidate is parked
 
     def mode(self) -> FastmmMode:
         return FastmmMode(self.precision, _FUNCTIONAL_DEVICES)
+
+    def park(self, module: torch.nn.Module, hook: "_Enter") -> bool:
+        """Take ``module``'s hooks off while they have nothing to do (see :class:`_Watch`), if
+        it is not the root (whose own pre-hook could not put them back in time); whether it did."""
+        root = getattr(self, "root", None)  # (routings pickled before it existed have none)
+        if root is None or module is root:
+            return False
+        if self.watch is None:
+            self.watch = _Watch(self)
+            root.register_forward_pre_hook(self.watch, prepend=True)
+        _remove_hooks(module, self)
+        self.watch.parked = self.watch.parked + [(module, hook)]  # (a new list: a forward may be reading it)
+        return True
 
 
 class _Enter:
@@ -619,6 +637,8 @@ class _Enter:
             self.routes = True
             _shield_inside(module, self.routing)
             mode = self.routing.mode()
+        elif self.routing.park(module, self):
+            return  # (its forward hook went with it: no entry to pop)
         else:
             mode = None
         if mode is not None:
@@ -642,6 +662,46 @@ class _Exit:
             mode.__exit__(None, None, None)
             if isinstance(mode, _ProbeMode) and sys.exc_info()[0] is None:
                 mode.finish()
+
+
+class _Watch:
+    """Forward pre-hook of the patched model (the root), added once a candidate is parked: the
+    candidates whose hooks would do nothing on their calls (probed in the current training value
+    and routing nothing; dormant while torch computes at the patch's precision) have their hooks
+    taken off and kept here, because a module with hooks takes ``Module._call_impl``'s slow path:
+    ~7 us a call of a Llama attention on this repo's CPU machine, two hooks doing nothing, on every
+    layer of every decoded token (NOTES run 56). Here, once a forward of the root: a parked module
+    gets its hooks back where its ``training`` value has not been probed, or, dormant, torch's
+    setting no longer computes at the patch's precision; its pre-hook then acts on its next call.
+    Under torch.compile it does nothing (what it would change are hooks, not tensors), so a
+    module parked after two eager forwards of one training value and then compiled in the other
+    leaves that graph's calls of it to torch, as a branch no probe took (an eager forward in that
+    value first, or patching again, routes them). A module called other than through the root's
+    forward is not watched: it keeps computing on torch, at torch's setting, until the root runs."""
+
+    def __init__(self, routing: _FunctionalRouting) -> None:
+        self.routing = routing
+        self.parked: list[tuple[torch.nn.Module, _Enter]] = []
+
+    def __call__(self, root, args):
+        parked = self.parked
+        if not parked or torch.compiler.is_compiling():
+            return
+        changed = None  # (torch's setting against the patch's precision: read once, where needed)
+        keep = []
+        for module, hook in parked:
+            wake = module.training not in hook.probed
+            if not wake and hook.dormant:
+                if changed is None:
+                    changed = not computes_as_torch(self.routing.precision)
+                wake = changed
+            if wake:
+                if _enter_hook(module, self.routing) is None:  # (a probe may have hooked it meanwhile)
+                    _add_pair(module, hook, _Exit(self.routing))
+            else:
+                keep.append((module, hook))
+        if len(keep) != len(parked):
+            self.parked = keep
 
 
 class _ProbeMode(FastmmMode):
@@ -741,7 +801,7 @@ class _ShieldExit:
             torch._C._push_on_torch_function_stack(entries.pop()[1])
 
 
-_HOOKS = (_Enter, _Exit, _ShieldEnter, _ShieldExit)
+_HOOKS = (_Enter, _Exit, _ShieldEnter, _ShieldExit, _Watch)
 
 
 def _add_pair(module: torch.nn.Module, enter, exit_) -> None:
@@ -778,6 +838,7 @@ def _remove_hooks(module: torch.nn.Module, routing: _FunctionalRouting | None,
 
 def _install_functional(model: torch.nn.Module, routing: _FunctionalRouting) -> None:
     converted = _converted_types()
+    routing.root = model
     if isinstance(model, converted):
         return  # (its forward is fastmm's own)
     if routing.whole_forward:

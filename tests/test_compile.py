@@ -58,6 +58,7 @@ def _problems() -> list[Problem]:
             (64, 64, 64, {}),
             (3, 5, 4, {}),
             (256, 256, 512, {"batch": 64}),  # batched
+            (197, 64, 197, {"batch": 96}),  # attention's P @ V, 64 wide, rows of P unaligned: tf32's 128 x 64 tile
             (256, 256, 65536, {}),  # long K: split-K plus the reduce pass
             (16, 4096, 4096, {}),  # skinny M
             # the skinny family: MT 8 / 16 / 32, B as float4 or single floats, split-K or not

@@ -254,6 +254,36 @@ def test_a_candidate_that_routes_nothing_loses_its_hooks_after_a_train_and_an_ev
     assert functional(products) == []
 
 
+def test_a_candidate_waiting_for_its_other_probe_is_parked_off_its_calls_and_woken_by_the_model(products):
+    """Inference only (decode): a candidate probed in eval mode that routed nothing keeps waiting
+    for a training-mode probe. Its hooks would do nothing on every call but cost Module's slow
+    path, so they are parked on the model's watch; a training forward of the model puts them back
+    in time for the probe, which then finds the branch that routes."""
+    class Scaled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(16, 16)
+
+        def forward(self, x):
+            return x @ x.transpose(-1, -2) if self.training else self.lin(x) * 2
+
+    model = fastmm.patch(torch.nn.Sequential(Scaled())).eval()
+    model(x_in())  # the eval probe: nothing routed
+    assert hooked(model, patching._Enter) == ["0"] and hooked(model, patching._Watch) == []
+    model(x_in())  # nothing to do: parked
+    assert hooked(model, patching._Enter) == [] and hooked(model, patching._Watch) == [""]
+    assert not model[0]._forward_hooks and not model[0]._forward_hooks_always_called
+    assert_clean()
+    model(x_in())
+    assert hooked(model, patching._Enter) == []  # (still parked: eval was probed)
+    products.clear()
+    model.train()
+    model(x_in())  # woken by the watch, probed in training mode: its product routed
+    assert functional(products) == ["ieee"]
+    assert hooked(model, patching._Enter) == ["0"] and model[0]._forward_pre_hooks
+    assert_clean()
+
+
 # ---------------------------------------------------------------------------------------------
 # Hugging Face models
 

@@ -2365,18 +2365,22 @@ def test_single_float_c_staged_on_any_tile_in_shared_memory_that_keeps_the_block
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_tf32_mma_counts_the_one_warp_tile_at_its_rate_where_an_operand_is_copied_in_single_floats(arch):
-    """Attention's P @ V at L = 197 (K = 197: P's rows are copied in single floats): the one-warp
-    64 x 64 tile pads half the area of the 128 x 128 one but computes it at ONE_WARP_RATE, so the
-    4-warp tile is chosen (H100: 139.1 against 171.9 us); with 16-byte copies of both operands the
-    one-warp tile keeps products it covers tightest (64 x 64 x 64: 75.4 against 93.3 us for 64 x 128)."""
+    """Attention's P @ V at L = 197 (K = 197: P's rows are copied in single floats) takes the
+    4-warp 128 x 64 tile, which pads no more than the one-warp 64 x 64 tile (H100: 97.4 us against
+    172.6 one-warp and 140.0 on 128 x 128; torch 99.6). Where the area rule still picks the
+    one-warp tile, it computes at ONE_WARP_RATE: a multi-warp tile that pads less than its area over
+    that rate is taken instead; with 16-byte copies of both operands the one-warp tile keeps
+    products it covers tightest (64 x 64 x 64: 75.4 against 93.3 us for 64 x 128)."""
     from fastmm.families.tf32_mma import ONE_WARP_RATE
 
     assert ONE_WARP_RATE < 0.5  # (else the 4-warp tile's twice the area would not win below)
     pv = Problem.dense(197, 64, 197, precision="tf32", batch=768)
-    k = forced(pv, arch, "tf32_mma").kernel
-    assert k.tile[:2] == (128, 128) and macros(forced(pv, arch, "tf32_mma"))["A_VEC"] == 0
+    m = macros(forced(pv, arch, "tf32_mma"))
+    assert forced(pv, arch, "tf32_mma").kernel.tile[:2] == (128, 64) and m["A_VEC"] == 0
+    assert (m["WARPS_M"], m["WARPS_N"], m["WARP_N"]) == (2, 2, 32)  # four warps of 64 x 32
+    small = Problem.dense(77, 64, 77, precision="tf32", batch=96)  # 96 blocks of 128 x 64 fill no wave
+    k = forced(small, arch, "tf32_mma").kernel
     assert "not the one-warp 64x64 tile" in dict(k.details)["tile"]  # (what explain prints)
-    small = Problem.dense(77, 64, 77, precision="tf32", batch=96)  # 96 blocks of 128 x 128 fill no wave
     assert forced(small, arch, "tf32_mma").kernel.tile[:2] == (64, 128)
     aligned = Problem.dense(64, 64, 64, precision="tf32", batch=4096)
     m = macros(forced(aligned, arch, "tf32_mma"))
@@ -2386,6 +2390,44 @@ def test_tf32_mma_counts_the_one_warp_tile_at_its_rate_where_an_operand_is_copie
     # area rule once raised the tightest area all options are held to: 128 x 256 here)
     multi = Problem.dense(661, 661, 197, precision="tf32", batch=16, b_t=True)
     assert forced(multi, arch, "tf32_mma").kernel.tile[:2] == (64, 128)
+
+
+def test_tf32_attention_dv_reads_both_operands_in_place_on_tf32_mma_up_to_128_wide():
+    """dV = P^T @ dO: A m-contiguous (wgmma would feed it from registers) and B row-major (wgmma
+    would copy it K-major first). Up to N = 128 tf32_mma reading both in place was faster on nine
+    of ten such products (H100, NOTES run 56); wider, and P @ V itself, stay on wgmma."""
+    dev = DEV["sm_90"]
+    dv = Problem.dense(512, 64, 512, a_t=True, precision="tf32", batch=384)
+    plan = select(dv, dev)
+    m = macros(plan)
+    assert plan.kernel.family == "tf32_mma" and plan.kernel.tile[:2] == (128, 64) and m["A_SMEM_MK"] == 0
+    assert m["A_VEC"] == m["B_VEC"] == 1 and not plan.staging  # (both read in place, 16 bytes at a time)
+    assert "fed from registers" in rejected(plan)["wgmma_tf32"]
+    head128 = select(Problem.dense(1024, 128, 1024, a_t=True, precision="tf32", batch=64), dev)
+    assert head128.kernel.family == "tf32_mma" and head128.kernel.tile[:2] == (128, 128)
+    wide = select(Problem.dense(1024, 256, 1024, a_t=True, precision="tf32", batch=16), dev)
+    assert wide.kernel.family == "wgmma_tf32"
+    pv = select(Problem.dense(512, 64, 512, precision="tf32", batch=128), dev)  # A K-major: no copy
+    assert pv.kernel.family == "wgmma_tf32" and not pv.staging
+    x3 = select(Problem.dense(512, 64, 512, a_t=True, precision="tf32x3", batch=384), dev)
+    assert x3.kernel.family != "tf32_mma"  # (tf32x3 on mma.sync is slower than fp32 SIMT here)
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_tf32_mma_counts_the_one_warp_tile_at_its_16_byte_rate_too(arch):
+    """With 16-byte copies of both operands the one-warp tile runs at ONE_WARP_RATE_VEC of the
+    multi-warp tiles' rate (0.62 and 0.71 measured): 32-wide heads' dV over 300 tokens takes the
+    4-warp 128 x 64 tile that pads 1.2x its area (H100: 56.6 against 66.0 us); 64 x 64 x 64
+    products, where any other tile pads twice the area, keep it."""
+    from fastmm.families.tf32_mma import ONE_WARP_RATE, ONE_WARP_RATE_VEC
+
+    assert ONE_WARP_RATE < ONE_WARP_RATE_VEC < 1 / 1.2
+    dv = Problem.dense(300, 32, 300, a_t=True, precision="tf32", batch=256)
+    k = forced(dv, arch, "tf32_mma").kernel
+    assert k.tile[:2] == (128, 64) and macros(forced(dv, arch, "tf32_mma"))["A_VEC"] == 1
+    assert "one warp a block runs at ~0.65" in dict(k.details)["tile"]
+    small = Problem.dense(64, 64, 64, precision="tf32", batch=4096)
+    assert forced(small, arch, "tf32_mma").kernel.tile[:2] == (64, 64)
 
 
 def test_tf32x3_blocks_keep_3_stages_and_one_warp_blocks_one_fragment_set():

@@ -97,8 +97,9 @@ def test_the_heuristic_choice_is_one_of_the_options_and_every_option_is_a_valid_
                 assert all(isinstance(o, tuple) and all(type(x) is int for x in o) for o in options)
                 if options == ((),):
                     continue  # nothing to choose: configure(p, dev) is the only configuration
-                configs = [fam.configure(p, dev, o) for o in options]
-                assert fam.configure(p, dev) in configs, (name, p)
+                # (explain's lines aside: a heuristic rule says why it took a tile the option names plainly)
+                configs = [dataclasses.replace(fam.configure(p, dev, o), details=()) for o in options]
+                assert dataclasses.replace(fam.configure(p, dev), details=()) in configs, (name, p)
                 assert all(c.family == name for c in configs)
 
 

@@ -21,7 +21,13 @@ from .work_split import split_k_for
 #: and 12.6 on the 4-warp 128 x 128 and 2-warp 64 x 128 tiles that pad twice its area; with
 #: 16-byte copies it kept up (64 x 64 x 64, a batch of 4096: 75.4 against 93.3 for 64 x 128;
 #: H100, `probes/candidates.py`, NOTES run 49). Only that choice moves (Tf32Mma.off_one_warp).
+#: (Since run 56 the 4-warp 128 x 64 tile, which pads no more than the one-warp tile, takes the
+#: first of them where its blocks fill a wave: 97.4 us. The second's 96 blocks of it do not.)
 ONE_WARP_RATE = 0.4
+#: The same with 16-byte copies of both operands: 0.62 (64 x 64 x 64 in a batch of 4096 against
+#: 64 x 128, NOTES run 49) and 0.71 (attention's dV with 32-wide heads, 256 x (300 x 32 x 300),
+#: against 128 x 64: 66.0 against 56.6 us; H100, NOTES run 56).
+ONE_WARP_RATE_VEC = 0.65
 
 
 @dataclass(frozen=True)
@@ -76,8 +82,11 @@ class Tf32Mma(Family):
         (issue 16); 64 x 16 takes ~160 registers. With Dekker's add in the promotion (COMPENSATE
         in tf32_mma.cu) it runs 2048^3 at 29.0 TFLOP/s on the H200, against 28.0 for the old tile;
         1000^3 and 1024x2816x1024 1.4-1.7x faster (twice the blocks), 512^3 0.8-1.3x (NOTES run
-        17)."""
-        opts = ((2, 4, 16), (2, 2, 16), (1, 2, 16)) if x3 else ((2, 4, 64), (2, 2, 64), (1, 2, 64), (1, 1, 64))
+        17). tf32 also has 128 x 64 blocks of four 64 x 32 warps, for products 64 wide or less:
+        attention's P @ V at L = 197 (P's rows copied in single floats) ran on it at 97.4 us, against
+        140.0 on 128 x 128 (half of it padding) and 172.6 on the one-warp 64 x 64 tile (H100, a batch
+        of 768; torch 99.6); with 16-byte copies, 3-8% ahead of the one-warp tile (NOTES run 56)."""
+        opts = ((2, 4, 16), (2, 2, 16), (1, 2, 16)) if x3 else ((2, 4, 64), (2, 2, 64), (1, 2, 64), (2, 2, 32), (1, 1, 64))
         if dev is None:
             return opts
         return tuple(o for o in opts if 2 * self.stage_bytes_max(o[0] * 64, o[1] * o[2]) <= dev.smem_per_block_optin)
@@ -96,13 +105,14 @@ class Tf32Mma(Family):
         """(BM, BN) of tile option ``opt`` (WARPS_M, WARPS_N, WARP_N): warps are 64 rows tall."""
         return opt[0] * 64, opt[1] * opt[2]
 
-    def off_one_warp(self, p, dev, options, one_warp):
-        """The tile to take instead of ``one_warp`` (the one-warp tile the area rule chose, for a
-        product with an operand copied in single floats, whose block issues all of its copies
-        itself): among the multi-warp tiles that pad less than the one-warp tile's area over
-        ONE_WARP_RATE and fill 90% of a wave, the area rule's choice; else ``one_warp`` (fewer
-        blocks than SMs are better spread one warp a block). Only a one-warp choice moves."""
-        bound = covered_area(p, self.tile_dims(one_warp)) / ONE_WARP_RATE
+    def off_one_warp(self, p, dev, options, one_warp, rate=ONE_WARP_RATE):
+        """The tile to take instead of ``one_warp`` (the one-warp tile the area rule chose, whose
+        block issues all of its copies itself): among the multi-warp tiles that pad less than the
+        one-warp tile's area over its ``rate`` (ONE_WARP_RATE with an operand copied in single
+        floats, ONE_WARP_RATE_VEC without) and fill 90% of a wave, the area rule's choice; else
+        ``one_warp`` (fewer blocks than SMs are better spread one warp a block). Only a one-warp
+        choice moves."""
+        bound = covered_area(p, self.tile_dims(one_warp)) / rate
         fits = tuple(o for o in options if o != one_warp and covered_area(p, self.tile_dims(o)) < bound
                      and fills_wave(p, dev, self.tile_dims(o)))
         return pick_tile(p, dev, fits, self.tile_dims) if fits else one_warp
@@ -132,9 +142,9 @@ class Tf32Mma(Family):
             opt, may_split = (fits[0] if fits else options[-1]), True
         else:
             opt = pick_tile(p, dev, options, self.tile_dims)
-            if opt[0] * opt[1] == 1 and not (a_vec and b_vec):
+            if opt[0] * opt[1] == 1:
                 moved_off = opt
-                opt = self.off_one_warp(p, dev, options, opt)
+                opt = self.off_one_warp(p, dev, options, opt, ONE_WARP_RATE_VEC if a_vec and b_vec else ONE_WARP_RATE)
             may_split = True
         wm, wn, warp_n = opt
         bm, bn = wm * 64, wn * warp_n
@@ -166,8 +176,9 @@ class Tf32Mma(Family):
             ("math", "3xTF32 mma.sync (big*big + separate small cross terms)" if x3 else
              "TF32 mma.sync m16n8k8, inputs rounded with cvt.rna, fp32 accumulate"))
         if moved_off is not None and opt != moved_off:
-            details += (("tile", f"{bm}x{bn}, not the one-warp 64x64 tile that pads less: with an operand copied "
-                                 f"in single floats one warp a block runs at ~{ONE_WARP_RATE:g} of this rate"),)
+            why = (f"with an operand copied in single floats one warp a block runs at ~{ONE_WARP_RATE:g} of this rate"
+                   if not (a_vec and b_vec) else f"one warp a block runs at ~{ONE_WARP_RATE_VEC:g} of this rate")
+            details += (("tile", f"{bm}x{bn}, not the one-warp 64x64 tile that pads less: {why}"),)
         if split > 1:
             details += (("split-K", f"{split} slices of K, reduced by splitk_reduce"),)
         return KernelConfig(self.name, self.source, self.entry, macros, threads, (threads, 1, 1),

@@ -31,6 +31,12 @@ MMA_SPLIT_US_PER_K = 0.0128
 #: (tf32 was 128 until run 23: 77 x 1531 x 2053, whose A and B^T need copies (K % 4 != 0), makes
 #: 18 FLOP per copied byte and ran 28.1 us on wgmma with its copies, 70.6 on tf32_mma.)
 WGMMA_COPY_MIN_FLOP_PER_BYTE = {"tf32": 16, "tf32x3": 20}
+#: tf32 with A m-contiguous (fed from registers, A_MN) and B row-major (copied K-major first):
+#: attention's dV = P^T @ dO. Up to this N, tf32_mma reading both in place is faster (H100,
+#: `probes/candidates.py --shapes probes/dv_rows.json` and narrow_rows.json, NOTES run 56: nine
+#: of ten such products 5-18% faster, 384 x (512 x 64 x 512) 220.7 -> 185.7 us, 64 x (1024 x 128 x
+#: 1024) 158.3 -> 133.5; 8 x (4096 x 128 x 4096) 219.6 against 220.8, a tie).
+A_MN_COPIED_B_MAX_N = 128
 #: tf32x3's bound is where wgmma plus its copies ties the fp32 SIMT plan (attn_pv_2k, 20.1 FLOP per
 #: copied byte: 1.070 against 1.065 x torch on the H200, RESULTS run 35). The copies are
 #: memory-bound and the two kernels' rates are the same on every Hopper part, so the tie moves
@@ -1091,6 +1097,10 @@ class WgmmaTf32(Family):
             if blocks < share * dev.sm_count:
                 return (f"{blocks} tiles of 128x128 fill under 1/{round(1 / share)} of the {dev.sm_count} SMs, and "
                         "splitting K does not pay here")
+        if (p.precision == "tf32" and p.N <= A_MN_COPIED_B_MAX_N and [w for w, _, _ in staged] == ["bt"]
+                and self.reads_a_mn(launch_p)):
+            return (f"A is m-contiguous (fed from registers) and B needs a K-major copy: at N = {p.N} "
+                    f"(<= {A_MN_COPIED_B_MAX_N}) tf32_mma, reading both in place, is faster")
         # read, write (twice when split)
         moved = sum((12 if self.splits_staged(p, which) else 8) * rows * cols * kmajor_batch(p, which)[1]
                     for which, rows, cols in staged)
