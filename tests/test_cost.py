@@ -278,3 +278,19 @@ def test_launch_bound_requests_keep_the_preference_order():
         for b_t in (True, False):
             plan = select(Problem.dense(M, N, K, "tf32", b_t=b_t), H200)
             assert "cost model" not in plan.origin, (M, N, K, b_t, plan.origin)
+
+
+def test_the_one_warp_tf32_tile_is_rated_by_how_its_block_copies_the_operands():
+    """tf32_mma's one-warp 64 x 64 block issues all of its own copies: in single floats it ran at
+    ~0.4 of the multi-warp tiles' rate, with 16-byte copies of both operands at 0.62-0.71
+    (NOTES runs 49 and 56); the model counts it so, and the other tiles at the family's rate."""
+    from fastmm.families.tf32_mma import ONE_WARP_RATE, ONE_WARP_RATE_VEC
+
+    efficiency = cost.efficiency
+    fam, dev = FAMILIES["tf32_mma"], DeviceFacts.simulated_device("sm_90")
+    aligned = Problem.dense(64, 64, 64, precision="tf32", batch=4096)
+    odd = Problem.dense(77, 64, 77, precision="tf32", batch=4096)  # K = 77: A in single floats
+    full = efficiency(fam.configure(aligned, dev, (2, 2, 64, 1)), aligned, dev.cc)
+    assert efficiency(fam.configure(aligned, dev, (1, 1, 64, 1)), aligned, dev.cc) == pytest.approx(full * ONE_WARP_RATE_VEC)
+    assert efficiency(fam.configure(odd, dev, (1, 1, 64, 1)), odd, dev.cc) == pytest.approx(full * ONE_WARP_RATE)
+    assert efficiency(fam.configure(odd, dev, (2, 2, 32, 1)), odd, dev.cc) == pytest.approx(full)
