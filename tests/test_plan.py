@@ -2394,8 +2394,8 @@ def test_tf32_mma_counts_the_one_warp_tile_at_its_rate_where_an_operand_is_copie
 
 def test_tf32_attention_dv_reads_both_operands_in_place_on_tf32_mma_up_to_128_wide():
     """dV = P^T @ dO: A m-contiguous (wgmma would feed it from registers) and B row-major (wgmma
-    would copy it K-major first). Up to N = 128 tf32_mma reading both in place was faster on nine
-    of ten such products (H100, NOTES run 56); wider, and P @ V itself, stay on wgmma."""
+    would copy it K-major first). Up to N = 128 tf32_mma reading both in place was faster on eight
+    of nine such products (H100, NOTES run 56); wider, and P @ V itself, stay on wgmma."""
     dev = DEV["sm_90"]
     dv = Problem.dense(512, 64, 512, a_t=True, precision="tf32", batch=384)
     plan = select(dv, dev)

@@ -33,9 +33,9 @@ MMA_SPLIT_US_PER_K = 0.0128
 WGMMA_COPY_MIN_FLOP_PER_BYTE = {"tf32": 16, "tf32x3": 20}
 #: tf32 with A m-contiguous (fed from registers, A_MN) and B row-major (copied K-major first):
 #: attention's dV = P^T @ dO. Up to this N, tf32_mma reading both in place is faster (H100,
-#: `probes/candidates.py --shapes probes/dv_rows.json` and narrow_rows.json, NOTES run 56: nine
-#: of ten such products 5-18% faster, 384 x (512 x 64 x 512) 220.7 -> 185.7 us, 64 x (1024 x 128 x
-#: 1024) 158.3 -> 133.5; 8 x (4096 x 128 x 4096) 219.6 against 220.8, a tie).
+#: `probes/candidates.py --shapes probes/dv_rows.json` and narrow_rows.json, NOTES run 56: wgmma
+#: took 10-32% longer on eight of nine such products, 384 x (512 x 64 x 512) 220.7 -> 185.7 us,
+#: 64 x (1024 x 128 x 1024) 158.3 -> 133.5; 8 x (4096 x 128 x 4096) 219.6 against 220.8, a tie).
 A_MN_COPIED_B_MAX_N = 128
 #: tf32x3's bound is where wgmma plus its copies ties the fp32 SIMT plan (attn_pv_2k, 20.1 FLOP per
 #: copied byte: 1.070 against 1.065 x torch on the H200, RESULTS run 35). The copies are
