@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 from .families.base import LOAD_ELEM_K, blocks_by_smem
 from .families.simt_split_model import simt_resident_blocks
-from .families.tf32_mma import ONE_WARP_RATE, ONE_WARP_RATE_VEC
+from .families.tf32_mma import one_warp_rate
 from .families.wgmma_tf32 import BN_RATE
 from .problem import H200_DRAM_TBPS, DeviceFacts, Problem
 
@@ -112,12 +112,6 @@ EFFICIENCY = {
     ("kmajor_mma", "tf32x3"): 0.42 / 4,
     ("scalar", None): 0.04,
 }
-#: tf32_mma's blocks of a single warp (its 64 x 64 tile, taken for small products) sustain this
-#: share of the family's rate (the family's figure; its tile choice applies it where an operand
-#: is copied in single floats, NOTES run 49); with 16-byte copies of both operands its own figure
-#: (0.62 and 0.71 measured, NOTES run 56).
-TF32_MMA_ONE_WARP = ONE_WARP_RATE
-TF32_MMA_ONE_WARP_VEC = ONE_WARP_RATE_VEC
 #: The skinny families stream the weights: their share of the bandwidth.
 SKINNY_MEMORY_EFFICIENCY = 1.0
 #: Single-float copies of a k-contiguous operand into the SIMT tile (4-byte cp.async, the
@@ -187,8 +181,9 @@ def efficiency(kernel, p: Problem, cc: tuple[int, int] = (0, 0)) -> float:
         return EFFICIENCY[("scalar", None)]
     eff = EFFICIENCY.get(((fam, cc), p.precision)) or EFFICIENCY.get((fam, p.precision), 0.3)
     if fam == "tf32_mma" and p.precision == "tf32" and macros.get("WARPS_M", 1) * macros.get("WARPS_N", 1) == 1:
-        # (measured at tf32 only; with 16-byte copies of both operands at its higher rate)
-        eff *= TF32_MMA_ONE_WARP_VEC if macros.get("A_VEC") and macros.get("B_VEC") else TF32_MMA_ONE_WARP
+        # tf32_mma's blocks of a single warp (its 64 x 64 tile) sustain a share of the family's
+        # rate that depends on their copies: the family's figures (NOTES runs 49, 56; tf32 only)
+        eff *= one_warp_rate(bool(macros.get("A_VEC") and macros.get("B_VEC")))
     if fam == "wgmma_tf32":  # fitted at the widest tile; narrower ones sustain less (BN_RATE)
         eff *= BN_RATE.get(p.precision, {}).get(kernel.tile[1], 1.0)
     return eff

@@ -30,6 +30,12 @@ ONE_WARP_RATE = 0.4
 ONE_WARP_RATE_VEC = 0.65
 
 
+def one_warp_rate(vec: bool) -> float:
+    """The one-warp block's share of the multi-warp tiles' rate (its tile choice and the cost
+    model): ONE_WARP_RATE_VEC with 16-byte copies of both operands (``vec``), else ONE_WARP_RATE."""
+    return ONE_WARP_RATE_VEC if vec else ONE_WARP_RATE
+
+
 @dataclass(frozen=True)
 class Tf32Mma(Family):
     """Tensor cores through mma.sync m16n8k8 TF32 (sm80+); also tf32x3 (3 products per step)."""
@@ -105,11 +111,11 @@ class Tf32Mma(Family):
         """(BM, BN) of tile option ``opt`` (WARPS_M, WARPS_N, WARP_N): warps are 64 rows tall."""
         return opt[0] * 64, opt[1] * opt[2]
 
-    def off_one_warp(self, p, dev, options, one_warp, rate=ONE_WARP_RATE):
+    def off_one_warp(self, p, dev, options, one_warp, rate):
         """The tile to take instead of ``one_warp`` (the one-warp tile the area rule chose, whose
         block issues all of its copies itself): among the multi-warp tiles that pad less than the
-        one-warp tile's area over its ``rate`` (ONE_WARP_RATE with an operand copied in single
-        floats, ONE_WARP_RATE_VEC without) and fill 90% of a wave, the area rule's choice; else
+        one-warp tile's area over its ``rate`` (:func:`one_warp_rate`) and fill 90% of a wave, the
+        area rule's choice; else
         ``one_warp`` (fewer blocks than SMs are better spread one warp a block). Only a one-warp
         choice moves."""
         bound = covered_area(p, self.tile_dims(one_warp)) / rate
@@ -144,7 +150,7 @@ class Tf32Mma(Family):
             opt = pick_tile(p, dev, options, self.tile_dims)
             if opt[0] * opt[1] == 1:
                 moved_off = opt
-                opt = self.off_one_warp(p, dev, options, opt, ONE_WARP_RATE_VEC if a_vec and b_vec else ONE_WARP_RATE)
+                opt = self.off_one_warp(p, dev, options, opt, one_warp_rate(a_vec and b_vec))
             may_split = True
         wm, wn, warp_n = opt
         bm, bn = wm * 64, wn * warp_n
@@ -176,9 +182,9 @@ class Tf32Mma(Family):
             ("math", "3xTF32 mma.sync (big*big + separate small cross terms)" if x3 else
              "TF32 mma.sync m16n8k8, inputs rounded with cvt.rna, fp32 accumulate"))
         if moved_off is not None and opt != moved_off:
-            why = (f"with an operand copied in single floats one warp a block runs at ~{ONE_WARP_RATE:g} of this rate"
-                   if not (a_vec and b_vec) else f"one warp a block runs at ~{ONE_WARP_RATE_VEC:g} of this rate")
-            details += (("tile", f"{bm}x{bn}, not the one-warp 64x64 tile that pads less: {why}"),)
+            copies = "" if a_vec and b_vec else "with an operand copied in single floats "
+            details += (("tile", f"{bm}x{bn}, not the one-warp 64x64 tile that pads less: {copies}one warp a block "
+                                 f"runs at ~{one_warp_rate(a_vec and b_vec):g} of this rate"),)
         if split > 1:
             details += (("split-K", f"{split} slices of K, reduced by splitk_reduce"),)
         return KernelConfig(self.name, self.source, self.entry, macros, threads, (threads, 1, 1),
