@@ -38,7 +38,7 @@ import math
 from dataclasses import dataclass
 
 from .families.base import LOAD_ELEM_K, blocks_by_smem
-from .families.simt_split_model import simt_resident_blocks
+from .families.simt_split_model import REGISTERS_PER_SM, simt_resident_blocks
 from .families.tf32_mma import one_warp_rate
 from .families.wgmma_tf32 import BN_RATE
 from .problem import H200_DRAM_TBPS, DeviceFacts, Problem
@@ -121,8 +121,14 @@ SIMT_ELEM_K_PENALTY = 0.95
 #: Blocks per SM that registers allow, by family (threads and shared memory are checked too):
 #: wgmma's block (384 threads, 256 on 64-row tiles) takes a whole SM; the SIMT families by their registers a thread
 #: (``simt_split_model.SIMT_REGISTERS``).
-REGISTER_RESIDENT = {"simt_cp_async": 2, "simt_float4": 2, "wgmma_tf32": 1, "tf32_mma": 2, "kmajor_mma": 2,
+REGISTER_RESIDENT = {"simt_cp_async": 2, "simt_float4": 2, "wgmma_tf32": 1, "kmajor_mma": 2,
                      "skinny": 4, "skinny_kmajor": 4, "scalar": 8}
+#: tf32_mma's registers a thread, by precision, whatever its block's warps (ptxas -v, NVRTC 13.0,
+#: every tile option on sm_80 and sm_90: tf32 194-255, tf32x3 162-166): its blocks per SM are
+#: counted from these and its threads, since its blocks range from one warp (the 64 x 64 tile:
+#: four an SM by shared memory, where a count of 4-warp blocks had two, doubling its waves and
+#: their fixed cost) to eight.
+TF32_MMA_REGISTERS = {"tf32": 256, "tf32x3": 168}
 SKINNY_FAMILIES = ("skinny", "skinny_kmajor")
 #: The arches whose efficiencies were measured: the planner acts on the model's predictions only
 #: there (elsewhere they are shown, not used).
@@ -198,6 +204,9 @@ def resident_blocks(kernel, dev: DeviceFacts) -> int:
     by_threads = max(1, 2048 // threads)
     by_smem = max(1, blocks_by_smem(kernel.smem, dev)) if kernel.smem else 32
     by_regs = REGISTER_RESIDENT.get(kernel.family, 2)
+    if kernel.family == "tf32_mma":
+        x3 = dict(kernel.macros).get("PRECISION_X3", 0)
+        by_regs = REGISTERS_PER_SM // (threads * TF32_MMA_REGISTERS["tf32x3" if x3 else "tf32"])
     return max(1, min(by_threads, by_smem, by_regs, 32))
 
 
@@ -279,11 +288,11 @@ def calibrated(dev: DeviceFacts) -> bool:
     return dev.cc in CALIBRATED
 
 
-def faster_by(fast: Prediction, slow: Prediction, margin: float) -> bool:
+def faster_by(fast: Prediction, slow: Prediction, margin: float, pace: bool = True) -> bool:
     """Whether ``fast`` is predicted faster than ``slow`` a call (:attr:`Prediction.per_call_us`:
-    GPU or host, whichever sets the pace) by more than ``margin`` (a share of ``slow``'s time) and
-    by more than a launch's cost: the bar for leaving the preference order, which was set by
-    measurement. (Below a launch's cost the two are launch-bound, where the model's differences
-    are its own constants, not the kernels'.)"""
-    f, s = fast.per_call_us, slow.per_call_us
+    GPU or host, whichever sets the pace; with ``pace`` False, the GPU's time alone) by more than
+    ``margin`` (a share of ``slow``'s time) and by more than a launch's cost: the bar for leaving
+    the preference order, which was set by measurement. (Below a launch's cost the two are
+    launch-bound, where the model's differences are its own constants, not the kernels'.)"""
+    f, s = (fast.per_call_us, slow.per_call_us) if pace else (fast.total_us, slow.total_us)
     return f < (1.0 - margin) * s and s - f > LAUNCH_US

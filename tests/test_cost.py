@@ -8,6 +8,7 @@ the planner's choice against the predictions it was given.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -92,6 +93,59 @@ def test_blocks_of_the_16x8_thread_tiles_take_a_whole_sm_each():
     small = select(Problem.dense(4096, 64, 64, batch=1), H200, force="simt_cp_async").kernel
     assert dict(small.macros)["THREAD_M"] == 8 and cost.resident_blocks(small, H200) > 1  # (fewer registers)
     assert 0.8 * 244.1 <= cost.predict(plan).total_us <= 1.25 * 244.1
+
+
+def test_tf32_mma_blocks_per_sm_follow_their_threads_and_registers():
+    """One warp a block (the 64 x 64 tile: 55296 bytes of stages, 32 threads) fits four an SM by
+    shared memory (228 KiB, 1 KiB a block kept by the driver), its registers eight; four warps
+    of 64 x 64 (128 threads at ptxas's ~244-255 registers) two by registers."""
+    one = select(Problem.dense(64, 64, 64, "tf32", batch=4096), H200, force="tf32_mma").kernel
+    assert one.block_dims[0] == 32 and one.smem == 55296
+    assert cost.resident_blocks(one, H200) == (228 * 1024) // (55296 + 1024) == 4
+    four = select(Problem.dense(4096, 4096, 4096, "tf32"), H200, force="tf32_mma")
+    four = FAMILIES["tf32_mma"].configure(four.problem, H200, (2, 2, 64, False))
+    assert math.prod(four.block_dims) == 128 and cost.resident_blocks(four, H200) == 65536 // (128 * 256) == 2
+
+
+#: 4096 x (64 x 64 x 64), tf32 (model_dims_extra's bmm64_short). Measured on an H100 (NOTES run
+#: 56): fp32 SIMT 86.5 us, tf32_mma's one-warp tile 76.2; wgmma's 64 x 64 tile is predicted
+#: slowest of the three (its persistent blocks, one an SM).
+BMM64 = Problem.dense(64, 64, 64, "tf32", batch=4096)
+
+
+def test_a_wgmma_plan_gives_way_to_tf32_mma_where_its_gpu_time_is_predicted_clearly_shorter():
+    first = planner._select_in_order(BMM64, H200, None, ())
+    assert first.kernel.family == "wgmma_tf32"
+    plan = select(BMM64, H200)
+    mma = select(BMM64, H200, force="tf32_mma")
+    fp32 = select(Problem.dense(64, 64, 64, "ieee", batch=4096), H200)
+    assert plan.kernel == mma.kernel and plan.precision_used == "tf32"  # (the request's precision)
+    assert cost.faster_by(cost.predict(mma), cost.predict(first), planner.COST_MARGIN, pace=False)
+    assert cost.predict(mma).per_call_us < cost.predict(fp32).per_call_us  # (fp32 was the choice before)
+    assert plan.origin.startswith("heuristic, cost model: ran tf32_mma")
+    reason = dict(plan.rejected)["wgmma_tf32"]
+    assert "tf32_mma is faster here, at the same precision" in reason
+    assert dict(plan.rejected)["simt_cp_async"] == "tf32_mma is preferred"
+
+
+def test_tf32_mma_is_weighed_against_wgmma_by_gpu_time_not_the_hosts():
+    """733 x 1999 x 517 on W^T (model_dims_fresh's odd_733): wgmma stages A and B^T (three
+    launches: the host model's 42 us a call), tf32_mma one copy; their GPU times are within the
+    margin. Measured on the H200, wgmma's plan ran 16.6 us a call (RESULTS run 47): the host's
+    figures do not decide between two TF32 kernels."""
+    p = Problem.dense(733, 1999, 517, "tf32", b_t=True)
+    plan, mma = select(p, H200), select(p, H200, force="tf32_mma")
+    assert plan.kernel.family == "wgmma_tf32" and plan.origin == "heuristic"
+    mine, theirs = cost.predict(plan), cost.predict(mma)
+    assert cost.faster_by(theirs, mine, planner.COST_MARGIN)  # (by the pace of calls, host-bound)
+    assert not cost.faster_by(theirs, mine, planner.COST_MARGIN, pace=False)
+
+
+def test_tf32_mma_is_no_alternative_where_its_own_rules_decline():
+    """tf32x3 on sm_90 declines mma.sync (slower than fp32 SIMT there): a wgmma plan gives way to
+    fp32 or to nothing."""
+    plan = select(Problem.dense(64, 64, 64, "tf32x3", batch=4096), H200)
+    assert plan.kernel.family != "tf32_mma"
 
 
 def test_a_second_pass_adds_a_launch():
