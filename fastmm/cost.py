@@ -270,7 +270,15 @@ def predict(plan) -> Prediction | None:
             full, rest = divmod(blocks, slots)
             tile_us = tile_flops / rate
             compute = full * resident * tile_us + math.ceil(rest / dev.sm_count) * tile_us
-            compute += math.ceil(waves) * WAVE_US.get(kernel.family, 4.0)
+            # A wave's fixed cost (the pipeline filled, the tile stored) is paid wave after wave by
+            # one-tile blocks, once by wgmma's persistent ones in tf32 (a block an SM walking its
+            # tiles: the next tile's loads run under the last one's math and store). 10 batched
+            # tf32 products of 64-4096 such tiles measured 0-17% over this (H100, NOTES run 57;
+            # 4096 x (64 x 64 x 64): 77.4 us, 158.6 predicted with a cost a wave).
+            # Not tf32x3, whose persistent plans at K = 64 already run slower than predicted
+            # (64 x (577 x 577 x 64): 196.6 us, NOTES run 52).
+            persistent = kernel.work_items > kernel.grid[0] * kernel.grid[1] and p.precision == "tf32"
+            compute += (1 if persistent else math.ceil(waves)) * WAVE_US.get(kernel.family, 4.0)
             if split > 1:
                 memory += 2 * 4.0 * kernel.split_slices * p.M * p.N / bw  # slices written, read back
     total = max(compute, memory) + OVERLAP_LOSS * min(compute, memory) + LAUNCH_US * launches
@@ -288,11 +296,11 @@ def calibrated(dev: DeviceFacts) -> bool:
     return dev.cc in CALIBRATED
 
 
-def faster_by(fast: Prediction, slow: Prediction, margin: float, pace: bool = True) -> bool:
+def faster_by(fast: Prediction, slow: Prediction, margin: float) -> bool:
     """Whether ``fast`` is predicted faster than ``slow`` a call (:attr:`Prediction.per_call_us`:
-    GPU or host, whichever sets the pace; with ``pace`` False, the GPU's time alone) by more than
-    ``margin`` (a share of ``slow``'s time) and by more than a launch's cost: the bar for leaving
-    the preference order, which was set by measurement. (Below a launch's cost the two are
-    launch-bound, where the model's differences are its own constants, not the kernels'.)"""
-    f, s = (fast.per_call_us, slow.per_call_us) if pace else (fast.total_us, slow.total_us)
+    GPU or host, whichever sets the pace) by more than ``margin`` (a share of ``slow``'s time) and
+    by more than a launch's cost: the bar for leaving the preference order, which was set by
+    measurement. (Below a launch's cost the two are launch-bound, where the model's differences
+    are its own constants, not the kernels'.)"""
+    f, s = fast.per_call_us, slow.per_call_us
     return f < (1.0 - margin) * s and s - f > LAUNCH_US

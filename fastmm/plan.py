@@ -128,12 +128,12 @@ def family_of(name: str, variants: tuple[Family, ...] = ()) -> Family:
     return FAMILIES[name]
 
 
-#: A TF32 request runs another plan (its full-fp32 plan, or tf32_mma's instead of wgmma's)
-#: where the cost model (:mod:`fastmm.cost`) predicts that plan faster by more than this share of
-#: the first plan's time: beyond the model's error on the ratio of two plans' times (log error:
-#: median 0.10, 90th percentile 0.20 over 76 pairs measured on the H200, RESULTS.md run 17), so
-#: that a choice the preference order got from measurements is left only on a clear prediction.
-#: Only on the arches the model was calibrated on (``cost.CALIBRATED``).
+#: A TF32 request runs its full-fp32 plan instead where the cost model (:mod:`fastmm.cost`)
+#: predicts that plan faster by more than this share of the TF32 plan's time: beyond the
+#: model's error on the ratio of two plans' times (log error: median 0.10, 90th percentile 0.20
+#: over 76 pairs measured on the H200, RESULTS.md run 17), so that a choice the preference order
+#: got from measurements is left only on a clear prediction. Only on the arches the model was
+#: calibrated on (``cost.CALIBRATED``).
 COST_MARGIN = 0.25
 
 
@@ -141,61 +141,31 @@ def _select(p: Problem, dev: DeviceFacts, force: str | None = None, variants: tu
     """The heuristic choice for ``p`` on ``dev``; ``force`` names a family to use where it can run."""
     plan = _select_in_order(p, dev, force, variants)
     if force is None and plan.kernel is not None and plan.precision_used not in (None, "ieee") and cost.calibrated(dev):
-        return _faster_if_predicted(plan, dev, variants)
+        return _fp32_if_faster(plan, dev, variants)
     return plan
 
 
-def _mma_sync_alternative(plan: Plan, dev: DeviceFacts, variants: tuple[Family, ...]) -> Plan | None:
-    """tf32_mma's plan for ``plan``'s problem where ``plan`` is wgmma's and tf32_mma would take
-    the problem by its own rules; else None. wgmma comes first in the preference order, where
-    its smallest tile can be slower than mma.sync's one-warp blocks (64 x 64 products in a batch
-    of 4096: wgmma's persistent 64 x 64 tiles against four one-warp blocks an SM)."""
+def _fp32_if_faster(plan: Plan, dev: DeviceFacts, variants: tuple[Family, ...]) -> Plan:
+    """``plan`` (a TF32 plan for a tf32 or tf32x3 request), or the request's full-fp32 plan where
+    the cost model predicts it faster by more than ``COST_MARGIN``: full fp32 is at least as
+    accurate as what was asked for, so the faster of the two serves it."""
     p = plan.problem
-    if plan.kernel.family != "wgmma_tf32":
-        return None
-    fam = family_of("tf32_mma", variants)
-    if fam.reject(p, dev) or _shape_reason(fam.name, p) or fam.heuristic_reason(p, dev):
-        return None
-    return _select_in_order(p, dev, fam.name, variants)
-
-
-def _faster_if_predicted(plan: Plan, dev: DeviceFacts, variants: tuple[Family, ...]) -> Plan:
-    """``plan`` (a TF32 plan for a tf32 or tf32x3 request), or the alternative the cost model
-    predicts faster by more than ``COST_MARGIN``: the request's full-fp32 plan (at least as
-    accurate as what was asked for, so the faster of the two serves it), or for a wgmma plan
-    tf32_mma's (the same TF32 products on mma.sync); the fp32 plan where the two tie."""
-    p = plan.problem
-    mine = cost.predict(plan)
-    fp32 = _select_in_order(replace(p, precision="ieee"), dev, None, variants)
-    mma = _mma_sync_alternative(plan, dev, variants)
-    # The fp32 plan by the pace of calls (GPU or host); tf32_mma's by GPU time alone: it differs
-    # from wgmma's plan in its kernel, and the host's costs of the two (tensor maps, staging
-    # copies) are the model's least certain figures (odd-width W^T products ran 16.6-28.5 us a
-    # call on wgmma with two staging copies, under the 42 us the host model gives them: RESULTS
-    # run 47).
-    candidates = [alt for alt, pace in ((fp32, True), (mma, False))
-                  if alt is not None and alt.kernel is not None
-                  and cost.faster_by(cost.predict(alt), mine, COST_MARGIN, pace=pace)]
-    if not candidates:
+    alt = _select_in_order(replace(p, precision="ieee"), dev, None, variants)
+    if alt.kernel is None:
         return plan
-    alt = min(candidates, key=lambda c: cost.predict(c).per_call_us)  # (min keeps the first of a tie: fp32)
-    theirs = cost.predict(alt)
-    tc, fam = plan.kernel.family, alt.kernel.family
-    if alt is fp32:
-        why = (f"the cost model predicts {theirs.per_call_us:.1f} us a call for the full-fp32 {fam} plan against "
-               f"{mine.per_call_us:.1f} us for this one (the larger of GPU and host time): the fp32 plan is faster "
-               "here, and more accurate")
-        origin = (f"heuristic, cost model: ran full fp32 ({fam}), predicted {theirs.per_call_us:.1f} us against "
-                  f"{mine.per_call_us:.1f} us for {tc} ({p.precision}): faster here, and more accurate")
-    else:
-        why = (f"the cost model predicts {theirs.total_us:.1f} us of GPU time for the {fam} plan against "
-               f"{mine.total_us:.1f} us for this one: {fam} is faster here, at the same precision")
-        origin = (f"heuristic, cost model: ran {fam}, predicted {theirs.total_us:.1f} us of GPU time against "
-                  f"{mine.total_us:.1f} us for {tc} ({p.precision}): faster here")
-    # (the others' reasons as the TF32 plan gave them, the chosen family now preferred)
-    rejected = ((tc, why),) + tuple((name, f"{fam} is preferred" if reason == f"{tc} is preferred" else reason)
-                                    for name, reason in plan.rejected if name != fam)
-    return replace(alt, problem=p, rejected=rejected, origin=origin)
+    mine, theirs = cost.predict(plan), cost.predict(alt)
+    if not cost.faster_by(theirs, mine, COST_MARGIN):
+        return plan
+    why = (f"the cost model predicts {theirs.per_call_us:.1f} us a call for the full-fp32 {alt.kernel.family} plan "
+           f"against {mine.per_call_us:.1f} us for this one (the larger of GPU and host time): the fp32 plan is "
+           "faster here, and more accurate")
+    tc = plan.kernel.family  # (the others' reasons as the TF32 plan gave them, the fp32 family now preferred)
+    rejected = ((tc, why),) + tuple((name, f"{alt.kernel.family} is preferred" if reason == f"{tc} is preferred" else reason)
+                                    for name, reason in plan.rejected if name != alt.kernel.family)
+    return replace(alt, problem=p, rejected=rejected,
+                   origin=f"heuristic, cost model: ran full fp32 ({alt.kernel.family}), predicted "
+                          f"{theirs.per_call_us:.1f} us against {mine.per_call_us:.1f} us for {plan.kernel.family} "
+                          f"({p.precision}): faster here, and more accurate")
 
 
 def _select_in_order(p: Problem, dev: DeviceFacts, force: str | None, variants: tuple[Family, ...]) -> Plan:

@@ -642,6 +642,28 @@ def test_batched_and_broadcast_shapes(family, precision, sa, sb, rel_err):
     check(c, a, b, precision, rel_err)
 
 
+
+#: Small products in large batches that the cost model moves from wgmma (or fp32) to tf32_mma on
+#: sm_90 (run 57): (batch, M, N, K, B as a transposed view).
+SMALL_BATCHED = [(4096, 64, 64, 64, False), (512, 64, 64, 32, True), (1024, 128, 64, 64, True),
+                 (512, 77, 77, 64, False)]
+
+
+@pytest.mark.parametrize("batch,M,N,K,bt", SMALL_BATCHED, ids=[f"{b}x{m}x{n}x{k}{'-bt' if t else ''}"
+                                                               for b, m, n, k, t in SMALL_BATCHED])
+def test_small_batched_tf32_products_on_the_planned_kernel_match_float64(batch, M, N, K, bt, rel_err):
+    """Whatever the cost model picks for these (tf32_mma's one-warp or 4-warp tiles on an
+    H100/H200), the dispatcher's own call writes every output at TF32 accuracy."""
+    a = randn(batch, M, K)
+    b = randn(batch, N, K).transpose(1, 2) if bt else randn(batch, K, N)
+    out = torch.full((batch, M, N), NAN, device="cuda")
+    plan = fastmm.explain(a, b, precision="tf32").plan
+    assert plan.kernel is not None, plan.fallback
+    fastmm.matmul(a, b, out=out, precision="tf32")
+    tol = TOL["ieee"] if plan.precision_used == "ieee" else TOL["tf32"]
+    assert not torch.isnan(out).any() and rel_err(out, a, b) <= tol, plan.describe()
+
+
 @pytest.mark.parametrize("precision", PRECISIONS)
 def test_expanded_stride_zero_batch(precision, rel_err):
     a = randn(1, 70, 50).expand(6, 70, 50)

@@ -1840,8 +1840,7 @@ def test_wgmma_takes_the_tile_width_whose_whole_waves_take_least_time():
     take least time (a narrower tile is shorter but sustains less, BN_RATE). The counts here are
     the geometry's, checked by hand."""
     dev = DEV["sm_90"]
-    # (forced: the width rule alone; 128 x 64 x 64 in a batch of 1024 is tf32_mma's by the cost model)
-    bn = lambda p, *v: macros(select(p, dev, variants=v, force="wgmma_tf32"))["BN"]  # noqa: E731
+    bn = lambda p, *v: macros(select(p, dev, variants=v))["BN"]  # noqa: E731
     # gpt2's qkv: 32 x 9 = 288 tiles of 256 (3 waves) against 32 x 12 = 384 of 192 (3 waves of
     # tiles 3/4 as long): 192 (H200: 62.3 -> 50.8 us, NOTES run 23)
     assert bn(Problem.dense(4096, 2304, 768, "tf32", b_t=True)) == 192
