@@ -272,8 +272,8 @@ def predict(plan) -> Prediction | None:
             compute = full * resident * tile_us + math.ceil(rest / dev.sm_count) * tile_us
             # A wave's fixed cost (the pipeline filled, the tile stored) is paid wave after wave by
             # one-tile blocks, once by wgmma's persistent ones in tf32 (a block an SM walking its
-            # tiles: the next tile's loads run under the last one's math and store). 10 batched
-            # tf32 products of 64-4096 such tiles measured 0-17% over this (H100, NOTES run 57;
+            # tiles: the next tile's loads run under the last one's math and store). 9 batched
+            # tf32 products of 512-4096 such tiles measured 0-17% over this (H100, NOTES run 57;
             # 4096 x (64 x 64 x 64): 77.4 us, 158.6 predicted with a cost a wave).
             # Not tf32x3, whose persistent plans at K = 64 already run slower than predicted
             # (64 x (577 x 577 x 64): 196.6 us, NOTES run 52).
