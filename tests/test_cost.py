@@ -102,8 +102,7 @@ def test_tf32_mma_blocks_per_sm_follow_their_threads_and_registers():
     one = select(Problem.dense(64, 64, 64, "tf32", batch=4096), H200, force="tf32_mma").kernel
     assert one.block_dims[0] == 32 and one.smem == 55296
     assert cost.resident_blocks(one, H200) == (228 * 1024) // (55296 + 1024) == 4
-    four = select(Problem.dense(4096, 4096, 4096, "tf32"), H200, force="tf32_mma")
-    four = FAMILIES["tf32_mma"].configure(four.problem, H200, (2, 2, 64, False))
+    four = FAMILIES["tf32_mma"].configure(Problem.dense(4096, 4096, 4096, "tf32"), H200, (2, 2, 64, False))
     assert math.prod(four.block_dims) == 128 and cost.resident_blocks(four, H200) == 65536 // (128 * 256) == 2
 
 
