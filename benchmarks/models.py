@@ -108,14 +108,20 @@ def _logits(out) -> torch.Tensor:
     return out if isinstance(out, torch.Tensor) else out.logits
 
 
-def step_ms(models, batch, loss_fn, steps: int, warmup: int = 3) -> list[float]:
+def step_ms(models, batch, loss_fn, steps: int, warmup: int = 3, backward_thread: str = "device") -> list[float]:
     """Median time of one training step (forward, loss, backward; CUDA events) of each of
     ``models``, their steps interleaved (A B B A A B ...): the host's speed drifts over a run
     (steps of the same model moved 20-40% between runs, NOTES.md run 19), and interleaving puts
-    both sides under the same drift instead of timing one block of steps after the other."""
+    both sides under the same drift instead of timing one block of steps after the other.
+
+    ``backward_thread``: "device" (torch's default: the autograd engine runs a CUDA graph's
+    backward on its device's worker thread) or "caller" (both sides' backward on the calling
+    thread, ``torch.autograd.set_multithreading_enabled(False)``: no hand-off to another thread,
+    whose cache and TLB misses a host-bound step pays on every node)."""
     def one(model):
         model.zero_grad(set_to_none=True)
-        loss_fn(model(**batch)).backward()
+        with torch.autograd.set_multithreading_enabled(backward_thread != "caller"):
+            loss_fn(model(**batch)).backward()
 
     for _ in range(warmup):
         for model in models:
@@ -226,9 +232,10 @@ def bench_model(name: str, precisions, opts, device) -> list[dict]:
         # the converted modules and the functional routing (SDPA's math path, eager attention) both
         # at this precision: patching again with a precision sets both (the routing probes again)
         patched = fastmm.patch(patched, precision=precision)
-        row = {"model": name, "precision": precision}
+        row = {"model": name, "precision": precision, "backward_thread": opts.backward_thread}
         with torch_precision(precision):
-            row["torch_ms"], row["fastmm_ms"] = step_ms([model, patched], batch, loss_fn, opts.steps)
+            row["torch_ms"], row["fastmm_ms"] = step_ms([model, patched], batch, loss_fn, opts.steps,
+                                                        backward_thread=opts.backward_thread)
             row["step_ratio"] = row["torch_ms"] / row["fastmm_ms"]
             by_t, by_f = {}, {}
             row["torch_logit_err"], row["torch_grad_err"] = errors(model, ref64, batch, loss_fn, by_t)
@@ -253,7 +260,8 @@ def bench_model(name: str, precisions, opts, device) -> list[dict]:
             if name in opts.compile:
                 torch._dynamo.reset()
                 cm, cp = torch.compile(model), torch.compile(patched)
-                row["torch_compiled_ms"], row["fastmm_compiled_ms"] = step_ms([cm, cp], batch, loss_fn, opts.steps)
+                row["torch_compiled_ms"], row["fastmm_compiled_ms"] = step_ms([cm, cp], batch, loss_fn, opts.steps,
+                                                                          backward_thread=opts.backward_thread)
                 row["compiled_ratio"] = row["torch_compiled_ms"] / row["fastmm_compiled_ms"]
         rows.append(row)
         print(json.dumps(row), flush=True)
@@ -364,6 +372,9 @@ def main(argv=None) -> int:
                         help="tokens a training step (default 1024: 4 x 256; beyond 1024, sequences of 1024; "
                              "ViT: an image per 256). Small steps are bound by the host's enqueue time on "
                              "both sides, large ones by the GPU")
+    parser.add_argument("--backward-thread", choices=("device", "caller"), default="device",
+                        help="where both sides' backward runs: the autograd engine's device thread (torch's "
+                             "default) or the calling thread (torch.autograd.set_multithreading_enabled(False))")
     parser.add_argument("--tiny", action="store_true", help="toy sizes (a smoke run; with --device cpu too)")
     parser.add_argument("--device", default="cuda", help="cuda (default), or cpu for a smoke run of the script")
     parser.add_argument("--wgmma", type=wgmma_variant, metavar="FIELD=VALUE,...",

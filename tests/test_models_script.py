@@ -91,7 +91,7 @@ def test_each_row_runs_the_patched_model_at_its_precision_routing_included(monke
     spec.loader.exec_module(models)
     seen = []
 
-    def step_ms(pair, batch, loss_fn, steps):
+    def step_ms(pair, batch, loss_fn, steps, backward_thread="device"):
         patched = pair[1]
         routing = {h.routing.precision for m in patched.modules() for h in m._forward_pre_hooks.values()
                    if isinstance(h, patching._Enter)}
@@ -100,7 +100,54 @@ def test_each_row_runs_the_patched_model_at_its_precision_routing_included(monke
         return 1.0, 1.0
 
     monkeypatch.setattr(models, "step_ms", step_ms)
-    opts = argparse.Namespace(tiny=True, tokens=1024, steps=1, grad_errors=0, no_generate=True, compile=())
+    opts = argparse.Namespace(tiny=True, tokens=1024, steps=1, grad_errors=0, no_generate=True, compile=(),
+                              backward_thread="device")
     rows = models.bench_model("llama", ["ieee", "tf32x3"], opts, models.torch.device("cpu"))
     assert [r["precision"] for r in rows] == ["ieee", "tf32x3"]
     assert seen == [({"ieee"}, {"ieee"}), ({"tf32x3"}, {"tf32x3"})], seen
+
+
+def _models_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fastmm_models_script_threads", SCRIPT)
+    models = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(models)
+    return models
+
+
+@pytest.mark.parametrize("where, multithreaded", [("device", True), ("caller", False)])
+def test_step_times_run_the_backward_where_backward_thread_says(where, multithreaded):
+    """``--backward-thread caller`` times both sides with the autograd engine's hand-off to the
+    device's worker thread turned off (torch.autograd.set_multithreading_enabled(False)), and only
+    inside the timed steps; "device" leaves torch's default. Seen from inside each model's
+    backward, for both models of the pair."""
+    import torch
+
+    models = _models_module()
+    seen = []
+
+    class Probe(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            seen.append(torch._C._is_multithreading_enabled())
+            return g * 2
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(3))
+
+        def forward(self, x):
+            return Probe.apply(self.w * x)
+
+    pair = [Net(), Net()]
+    times = models.step_ms(pair, {"x": torch.randn(3)}, lambda out: out.sum(), steps=2, warmup=1,
+                           backward_thread=where)
+    assert len(times) == 2 and all(t > 0 for t in times)
+    assert seen == [multithreaded] * 6, seen  # (1 warm-up + 2 timed steps) x 2 models
+    assert torch._C._is_multithreading_enabled()  # torch's default is back after the steps
