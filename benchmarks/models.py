@@ -19,6 +19,11 @@ model and precision it reports:
 Precisions: torch runs ``ieee`` and ``tf32x3`` rows in full fp32 and ``tf32`` rows with TF32
 allowed, as bench.py compares. Prints a table last.
 
+``--backward-thread both`` times each side's step twice, interleaved: with the backward on the
+autograd engine's device thread (torch's default, the row's step columns) and on the calling
+thread (``torch.autograd.set_multithreading_enabled(False)``, a line of its own); ``caller`` runs
+every step so. What the hand-off to the device thread costs a host-bound step, on both sides.
+
 ``--wgmma FIELD=VALUE,...`` runs fastmm's side with the wgmma family built with those fields
 (``fastmm.families.WgmmaTf32``), e.g. ``--wgmma x3_a_regs=True``: tf32x3 splitting A in registers
 wherever the kernel allows it, not only where the planner's rule takes it (NOTES runs 41, 48).
@@ -108,24 +113,28 @@ def _logits(out) -> torch.Tensor:
     return out if isinstance(out, torch.Tensor) else out.logits
 
 
-def step_ms(models, batch, loss_fn, steps: int, warmup: int = 3, backward_thread: str = "device") -> list[float]:
+def step_ms(models, batch, loss_fn, steps: int, warmup: int = 3, backward_thread="device") -> list[float]:
     """Median time of one training step (forward, loss, backward; CUDA events) of each of
     ``models``, their steps interleaved (A B B A A B ...): the host's speed drifts over a run
     (steps of the same model moved 20-40% between runs, NOTES.md run 19), and interleaving puts
     both sides under the same drift instead of timing one block of steps after the other.
 
-    ``backward_thread``: "device" (torch's default: the autograd engine runs a CUDA graph's
-    backward on its device's worker thread) or "caller" (both sides' backward on the calling
-    thread, ``torch.autograd.set_multithreading_enabled(False)``: no hand-off to another thread,
-    whose cache and TLB misses a host-bound step pays on every node)."""
-    def one(model):
+    ``backward_thread``, one for all models or a list with one per model: "device" (torch's
+    default: the autograd engine runs a CUDA graph's backward on its device's worker thread) or
+    "caller" (the backward on the calling thread, ``torch.autograd.set_multithreading_enabled(False)``:
+    no hand-off to another thread, whose cache and TLB misses a host-bound step pays on every
+    node). A model may appear twice, once with each."""
+    threads = [backward_thread] * len(models) if isinstance(backward_thread, str) else list(backward_thread)
+
+    def one(i):
+        model = models[i]
         model.zero_grad(set_to_none=True)
-        with torch.autograd.set_multithreading_enabled(backward_thread != "caller"):
+        with torch.autograd.set_multithreading_enabled(threads[i] != "caller"):
             loss_fn(model(**batch)).backward()
 
     for _ in range(warmup):
-        for model in models:
-            one(model)
+        for i in range(len(models)):
+            one(i)
     cuda = next(models[0].parameters()).is_cuda
     times = [[] for _ in models]
     for step in range(steps):
@@ -133,12 +142,12 @@ def step_ms(models, batch, loss_fn, steps: int, warmup: int = 3, backward_thread
         for i in order:
             if not cuda:  # (a CPU smoke run: wall time)
                 t0 = time.perf_counter()
-                one(models[i])
+                one(i)
                 times[i].append(1e3 * (time.perf_counter() - t0))
                 continue
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            one(models[i])
+            one(i)
             end.record()
             end.synchronize()
             times[i].append(start.elapsed_time(end))
@@ -234,8 +243,14 @@ def bench_model(name: str, precisions, opts, device) -> list[dict]:
         patched = fastmm.patch(patched, precision=precision)
         row = {"model": name, "precision": precision, "backward_thread": opts.backward_thread}
         with torch_precision(precision):
-            row["torch_ms"], row["fastmm_ms"] = step_ms([model, patched], batch, loss_fn, opts.steps,
-                                                        backward_thread=opts.backward_thread)
+            if opts.backward_thread == "both":  # (the four steps interleaved: one drift for all)
+                times = step_ms([model, patched, model, patched], batch, loss_fn, opts.steps,
+                                backward_thread=["device", "device", "caller", "caller"])
+                row["torch_ms"], row["fastmm_ms"], row["torch_caller_ms"], row["fastmm_caller_ms"] = times
+                row["caller_ratio"] = row["torch_caller_ms"] / row["fastmm_caller_ms"]
+            else:
+                row["torch_ms"], row["fastmm_ms"] = step_ms([model, patched], batch, loss_fn, opts.steps,
+                                                            backward_thread=opts.backward_thread)
             row["step_ratio"] = row["torch_ms"] / row["fastmm_ms"]
             by_t, by_f = {}, {}
             row["torch_logit_err"], row["torch_grad_err"] = errors(model, ref64, batch, loss_fn, by_t)
@@ -260,8 +275,9 @@ def bench_model(name: str, precisions, opts, device) -> list[dict]:
             if name in opts.compile:
                 torch._dynamo.reset()
                 cm, cp = torch.compile(model), torch.compile(patched)
-                row["torch_compiled_ms"], row["fastmm_compiled_ms"] = step_ms([cm, cp], batch, loss_fn, opts.steps,
-                                                                          backward_thread=opts.backward_thread)
+                row["torch_compiled_ms"], row["fastmm_compiled_ms"] = step_ms(
+                    [cm, cp], batch, loss_fn, opts.steps,
+                    backward_thread="caller" if opts.backward_thread == "caller" else "device")
                 row["compiled_ratio"] = row["torch_compiled_ms"] / row["fastmm_compiled_ms"]
         rows.append(row)
         print(json.dumps(row), flush=True)
@@ -372,9 +388,11 @@ def main(argv=None) -> int:
                         help="tokens a training step (default 1024: 4 x 256; beyond 1024, sequences of 1024; "
                              "ViT: an image per 256). Small steps are bound by the host's enqueue time on "
                              "both sides, large ones by the GPU")
-    parser.add_argument("--backward-thread", choices=("device", "caller"), default="device",
+    parser.add_argument("--backward-thread", choices=("device", "caller", "both"), default="device",
                         help="where both sides' backward runs: the autograd engine's device thread (torch's "
-                             "default) or the calling thread (torch.autograd.set_multithreading_enabled(False))")
+                             "default), the calling thread (torch.autograd.set_multithreading_enabled(False)), "
+                             "or both, the four steps interleaved (the step columns are the device thread's; "
+                             "the caller thread's in the JSON and a line of their own)")
     parser.add_argument("--tiny", action="store_true", help="toy sizes (a smoke run; with --device cpu too)")
     parser.add_argument("--device", default="cuda", help="cuda (default), or cpu for a smoke run of the script")
     parser.add_argument("--wgmma", type=wgmma_variant, metavar="FIELD=VALUE,...",
@@ -408,6 +426,13 @@ def main(argv=None) -> int:
         Path(opts.json).write_text(json.dumps({"models": rows, "host_us": host}, indent=1))
     print()
     print(table(rows))
+    caller = [r for r in rows if "caller_ratio" in r]
+    if caller:
+        print()
+        print("backward on the calling thread (the same run, steps interleaved) | torch ms | fastmm ms | step")
+        for r in caller:
+            print(f"{r['model']} {r['precision']} | {r['torch_caller_ms']:.2f} | {r['fastmm_caller_ms']:.2f} | "
+                  f"{r['caller_ratio']:.3f}x")
     if host:
         print()
         print("host us per call, Linear [4,256,1024] @ W^T, W [2816,1024] | torch | fastmm | ratio")

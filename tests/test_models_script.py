@@ -151,3 +151,33 @@ def test_step_times_run_the_backward_where_backward_thread_says(where, multithre
     assert len(times) == 2 and all(t > 0 for t in times)
     assert seen == [multithreaded] * 6, seen  # (1 warm-up + 2 timed steps) x 2 models
     assert torch._C._is_multithreading_enabled()  # torch's default is back after the steps
+
+    # one setting a model: the same model twice, once with each, its steps interleaved
+    seen.clear()
+    net = Net()
+    models.step_ms([net, net], {"x": torch.randn(3)}, lambda out: out.sum(), steps=2, warmup=1,
+                   backward_thread=["device", "caller"])
+    assert seen == [True, False, True, False, False, True], seen  # warm-up, step 0 (A B), step 1 (B A)
+
+
+def test_backward_thread_both_times_the_four_steps_in_one_interleaved_run(monkeypatch):
+    """``--backward-thread both``: one step_ms call over torch and fastmm each with the backward on
+    the device thread and on the calling thread (one drift for all four), the row's step ratio
+    from the first two and ``caller_ratio`` from the last two."""
+    import argparse
+
+    pytest.importorskip("transformers")
+    models = _models_module()
+    calls = []
+
+    def step_ms(ms, batch, loss_fn, steps, backward_thread="device"):
+        calls.append((len(ms), ms[0] is ms[2] and ms[1] is ms[3] and ms[0] is not ms[1], backward_thread))
+        return [1.0, 2.0, 3.0, 4.0]
+
+    monkeypatch.setattr(models, "step_ms", step_ms)
+    opts = argparse.Namespace(tiny=True, tokens=1024, steps=1, grad_errors=0, no_generate=True, compile=(),
+                              backward_thread="both")
+    (row,) = models.bench_model("encoder", ["ieee"], opts, models.torch.device("cpu"))
+    assert calls == [(4, True, ["device", "device", "caller", "caller"])]
+    assert (row["torch_ms"], row["fastmm_ms"], row["torch_caller_ms"], row["fastmm_caller_ms"]) == (1.0, 2.0, 3.0, 4.0)
+    assert row["step_ratio"] == 0.5 and row["caller_ratio"] == 0.75
