@@ -642,9 +642,8 @@ def test_batched_and_broadcast_shapes(family, precision, sa, sb, rel_err):
     check(c, a, b, precision, rel_err)
 
 
-
-#: Small products in large batches that the cost model moves from wgmma (or fp32) to tf32_mma on
-#: sm_90 (run 57): (batch, M, N, K, B as a transposed view).
+#: Small tf32 products in large batches, where the cost model weighs wgmma's persistent tiles
+#: against the fp32 SIMT plan (NOTES run 57): (batch, M, N, K, B as a transposed view).
 SMALL_BATCHED = [(4096, 64, 64, 64, False), (512, 64, 64, 32, True), (1024, 128, 64, 64, True),
                  (512, 77, 77, 64, False)]
 
@@ -652,8 +651,9 @@ SMALL_BATCHED = [(4096, 64, 64, 64, False), (512, 64, 64, 32, True), (1024, 128,
 @pytest.mark.parametrize("batch,M,N,K,bt", SMALL_BATCHED, ids=[f"{b}x{m}x{n}x{k}{'-bt' if t else ''}"
                                                                for b, m, n, k, t in SMALL_BATCHED])
 def test_small_batched_tf32_products_on_the_planned_kernel_match_float64(batch, M, N, K, bt, rel_err):
-    """Whatever the cost model picks for these (tf32_mma's one-warp or 4-warp tiles on an
-    H100/H200), the dispatcher's own call writes every output at TF32 accuracy."""
+    """Whatever the planner picks for these (wgmma's persistent tiles, or the fp32 plan where the
+    cost model has it faster), the dispatcher's own call writes every output at the accuracy of
+    the precision it ran."""
     a = randn(batch, M, K)
     b = randn(batch, N, K).transpose(1, 2) if bt else randn(batch, K, N)
     out = torch.full((batch, M, N), NAN, device="cuda")

@@ -79,16 +79,11 @@ def test_each_row_runs_the_patched_model_at_its_precision_routing_included(monke
     attention's products, SDPA's math path): in run 47's tf32x3 rows the routing followed torch's
     setting (full fp32) while the modules ran tf32x3. Checked where the row times its steps."""
     import argparse
-    import importlib.util
-
-    import pytest
 
     pytest.importorskip("transformers")
     from fastmm import patching
 
-    spec = importlib.util.spec_from_file_location("fastmm_models_script", SCRIPT)
-    models = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(models)
+    models = _models_module()
     seen = []
 
     def step_ms(pair, batch, loss_fn, steps, backward_thread="device"):
@@ -108,9 +103,10 @@ def test_each_row_runs_the_patched_model_at_its_precision_routing_included(monke
 
 
 def _models_module():
+    """benchmarks/models.py as a module (it is a script, not a package member)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("fastmm_models_script_threads", SCRIPT)
+    spec = importlib.util.spec_from_file_location("fastmm_models_script", SCRIPT)
     models = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(models)
     return models
