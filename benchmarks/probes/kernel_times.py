@@ -3,6 +3,7 @@
 and the wall time per eager call beside it:
 
     python benchmarks/probes/kernel_times.py [M N K ...] [--calls N] [--precision ieee|tf32|tf32x3] [--batch B]
+        [--a-transposed] [--b-transposed]
 
 For each problem and library: every kernel of one call with its median duration over the calls,
 the median gap between the end of one kernel of the call and the start of the next, the median
@@ -87,6 +88,10 @@ def main(argv=None) -> int:
     ap.add_argument("--precision", choices=fastmm.PRECISIONS, default="ieee")
     ap.add_argument("--tf32", action="store_true", help="same as --precision tf32")
     ap.add_argument("--batch", type=int, default=0, help="a batch dim of this size on both operands")
+    ap.add_argument("--b-transposed", action="store_true",
+                    help="B as nn.Linear reads its weight: W.t() of a row-major W of shape (N, K)")
+    ap.add_argument("--a-transposed", action="store_true",
+                    help="A as a weight gradient reads g: g.t() of a row-major g of shape (K, M)")
     o = ap.parse_args(argv)
     dims = o.dims or [256, 256, 65536, 16, 4096, 4096]
     if len(dims) % 3:
@@ -98,9 +103,12 @@ def main(argv=None) -> int:
     batch = (o.batch,) if o.batch else ()
     for i in range(0, len(dims), 3):
         M, N, K = dims[i:i + 3]
-        a, b = torch.randn(*batch, M, K, device="cuda"), torch.randn(*batch, K, N, device="cuda")
+        a = (torch.randn(*batch, K, M, device="cuda").transpose(-1, -2) if o.a_transposed
+             else torch.randn(*batch, M, K, device="cuda"))
+        b = (torch.randn(*batch, N, K, device="cuda").transpose(-1, -2) if o.b_transposed
+             else torch.randn(*batch, K, N, device="cuda"))
         c = torch.empty(*batch, M, N, device="cuda")
-        print(f"\n{'x'.join(map(str, batch + (M, N, K)))} ({prec}): fastmm runs "
+        print(f"\n{'x'.join(map(str, batch + (M, N, K)))}{' A^T' if o.a_transposed else ''}{' W^T' if o.b_transposed else ''} ({prec}): fastmm runs "
               f"{fastmm.explain(a, b, precision=prec, out=c).kernel or 'torch.matmul'}")
         for label, fn in (("fastmm", lambda: fastmm.matmul(a, b, out=c, precision=prec)),
                           ("torch", lambda: torch.matmul(a, b, out=c))):

@@ -442,13 +442,30 @@ PINGPONG_MAX_BN = 192
 #: Q @ K^T: 128 x 512 x 512 x 64 50.1 -> 61.0 us), where the stores outlast the main loops.
 PINGPONG_MIN_K = 512
 
+#: PINGPONG only on parts of at least this DRAM bandwidth (TB/s, ``DeviceFacts.dram_tbps``; a part
+#: whose bandwidth is not known shares tiles). On an H100 80GB HBM3 (3.35 TB/s; NOTES run 59,
+#: `probes/wgmma_waves_probe.py --pingpong`, 20 x @ W^T products at K >= 512) every plan taking
+#: turns ran behind the same product with both consumers on each tile and C written by the copy
+#: engine: 4728 x 3072 x 768 84.6 against 76.1-77.1 us, 8192 x 2816 x 1024 171.8 against
+#: 148.3-150.8, 1000 x 18944 x 3584 401.1 against 348.6-350.8, gpt2's 50257-wide head 1861 against
+#: 1235 (4-50%), where on the H200 (4.92 TB/s) taking turns won by 4-8% (run 24). The two are the
+#: same GH100 chip at the same clocks; the memory is what differs, so the rule is keyed on it. Parts
+#: between (H100 NVL 3.9, GH200 4.0) were not measured: they get the form that never lost by much.
+PINGPONG_MIN_DRAM_TBPS = 4.5
+
+
+def pingpong_memory_ok(dev: DeviceFacts) -> bool:
+    """Whether ``dev``'s memory is what taking turns was measured faster on (PINGPONG_MIN_DRAM_TBPS)."""
+    return dev.dram_tbps >= PINGPONG_MIN_DRAM_TBPS
+
 
 def pingpong_pays(p: Problem, dev: DeviceFacts, work: int) -> bool:
-    """Whether ``work`` tiles of ``p`` may run with the consumers taking turns (PINGPONG): each
-    block needs two tiles at least for one's epilogue to hide under the other's main loop, and a
-    main loop long enough to hide it (PINGPONG_MIN_K). The blocks are persistent whatever the
-    number of waves (unlike the cooperative form's, see PERSISTENT_MAX_WAVES: measured faster)."""
-    return work >= 2 * dev.sm_count and p.K >= PINGPONG_MIN_K
+    """Whether ``work`` tiles of ``p`` may run with the consumers taking turns (PINGPONG): on a
+    part where that was measured faster (:func:`pingpong_memory_ok`), each block needs two tiles
+    at least for one's epilogue to hide under the other's main loop, and a main loop long enough
+    to hide it (PINGPONG_MIN_K). The blocks are persistent whatever the number of waves (unlike
+    the cooperative form's, see PERSISTENT_MAX_WAVES: measured faster)."""
+    return work >= 2 * dev.sm_count and p.K >= PINGPONG_MIN_K and pingpong_memory_ok(dev)
 
 
 def persistent_pays(p: Problem, dev: DeviceFacts, work: int) -> bool:
@@ -490,7 +507,8 @@ class WgmmaTf32(Family):
     c_boxes: int = 0
     #: The two consumer warpgroups take turns on whole tiles (PINGPONG in the kernel: one's main
     #: loop runs while the other stores its tile) where the kernel allows it (tf32, a K-major A, C
-    #: from registers, no fused epilogue but a bias, BN <= 192), each block has two tiles at least (:func:`pingpong_pays`) and
+    #: from registers, no fused epilogue but a bias, BN <= 192), the part's memory is the H200's
+    #: and each block has two tiles at least (:func:`pingpong_pays`), and
     #: :func:`wave_cost` says taking turns beats sharing tiles (the forced width of ``force_bn``:
     #: wherever the first two hold); False: never (the cooperative form, both warpgroups on each
     #: tile), "always": wherever the kernel allows it.
@@ -774,6 +792,11 @@ class WgmmaTf32(Family):
                    ("math", f"3xTF32 wgmma m64n{bn}k8: big*big promoted to fp32 (compensated) every "
                             f"{'k-step' if every == 1 else f'{every} k-steps'}, small cross terms in their own "
                             "accumulator" if x3 else f"TF32 wgmma m64n{bn}k8, fp32 accumulate"))
+        if (may_pingpong and self.pingpong is True and not pingpong_memory_ok(dev) and p.K >= PINGPONG_MIN_K
+                and tiles_of(p, bm, 128) * p.batch_total >= 2 * dev.sm_count):  # (where it would be weighed)
+            details += (("consumers", f"both warpgroups on each tile, not taking turns: taking turns ran 4-50% "
+                                      f"slower on an H100's 3.35 TB/s of memory (taken from {PINGPONG_MIN_DRAM_TBPS:g} "
+                                      f"TB/s; this part: {dev.dram_tbps:.2f})"),)
         if vector:
             details += (("bias", "added to the accumulators as they are stored (D is one "
                                  + ("row: a value a column" if vector == 1 else "column: a value a row") + ")"),)
