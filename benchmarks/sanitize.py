@@ -476,13 +476,20 @@ def wgmma_cases(dev: DeviceFacts, precision: str, quick: bool) -> list[Case]:
             add("width", 1025, 2817, 40, b_t=True)
     # the consumers taking turns on whole tiles (tf32, K >= 512; planned on the H200: 1409x2817 ->
     # 96 wide, 360 tiles; 2300x2400 -> 128, 342 (float2 stores); 2049x2305 -> 64, 629; 4097x2817 ->
-    # 192, 495): odd and even numbers of tiles a block, edges in M, N and K
+    # 192, 495): odd and even numbers of tiles a block, edges in M, N and K. Forced ("always"):
+    # the planner takes turns on the H200's memory only (PINGPONG_MIN_DRAM_TBPS); C from registers,
+    # and through the copy engine (a staging region each consumer warpgroup)
     if precision == "tf32":
-        add("pingpong", 1409, 2817, 520, b_t=True)
-        add("pingpong", 2300, 2400, 600, b_t=True)
+        turns = (WgmmaTf32(pingpong="always"),)
+        staged = (WgmmaTf32(pingpong="always", pingpong_tma_store=True),)
+        add("pingpong", 1409, 2817, 520, b_t=True, variants=turns)
+        add("pingpong", 2300, 2400, 600, b_t=True, variants=turns)
+        add("pingpong", 1409, 2816, 520, b_t=True, variants=staged)
+        add("pingpong", 2300, 2400, 600, b_t=True, batch=2, variants=staged)
         if not quick:
-            add("pingpong", 2049, 2305, 520, b_t=True)
-            add("pingpong", 4097, 2817, 515, b_t=True)
+            add("pingpong", 2049, 2305, 520, b_t=True, variants=turns)
+            add("pingpong", 4097, 2817, 515, b_t=True, variants=turns)
+            add("pingpong", 4097, 2820, 515, b_t=True, variants=staged)
     # K split over blocks, each tile's last block summing the slices (tf32, M <= 64, K >= 2048, few
     # tiles; M <= 64 on 64-row tiles (NOTES run 37): see the planner's own plans, python -m fastmm
     # explain; 2100x40x6000 (row-major B: C^T, 40 rows) on 128-row tiles)

@@ -129,11 +129,11 @@
 #if EPILOGUE_VECTOR && (!EPILOGUE || SPLIT)
 #error "EPILOGUE_VECTOR applies a fused epilogue in the stores of C (SPLIT applies it in split_finish)"
 #endif
-#if PINGPONG && (PRECISION_X3 || A_MN || C_STAGED || (EPILOGUE && !EPILOGUE_VECTOR))
+#if PINGPONG && (PRECISION_X3 || A_MN || C_COPY_OUT || (EPILOGUE && !EPILOGUE_VECTOR))
 // (a D of any strides: applied in the store loop, its loads and addresses spill at BN 128-192
 // with two accumulator sets, and a second sweep over C read back would outlast the other
 // consumer's main loop; the cooperative form applies it to C staged for the copy engine)
-#error "PINGPONG is built for tf32 with a K-major A and C stored from registers, without a fused epilogue but a vector one"
+#error "PINGPONG is built for tf32 with a K-major A, C from registers or through the copy engine, without a fused epilogue but a vector one"
 #endif
 #if PINGPONG && BN > 192
 #error "PINGPONG holds a whole 128 x BN tile a warpgroup: BN must be at most 192"
@@ -145,6 +145,7 @@
 #error "SPLIT stores its slices from registers into workspace slices (along m where C_VEC = 2, else along n), in the cooperative form"
 #endif
 #define ORDER_BAR 2  // PINGPONG: named barriers 2 and 3 (0: __syncthreads, 1: consumer_sync)
+#define WG_BAR 4  // PINGPONG with TMA_STORE: named barriers 4 and 5, each consumer warpgroup's own
 #ifndef C_BOXES
 #define C_BOXES 4  // C_STAGED: 32-column boxes of C staged at once (BM x 32 floats each)
 #endif
@@ -208,7 +209,7 @@
 #if C_VEC == 2
 #error "C staged in shared memory goes out along n (C_VEC = 2 stores an m-contiguous C)"
 #endif
-#define C_STAGE_BYTES (C_BOXES * C_BOX_BYTES)
+#define C_STAGE_BYTES (C_BOXES * C_BOX_BYTES * (PINGPONG ? 2 : 1))  // (PINGPONG: a region each consumer)
 #else
 #define C_STAGE_BYTES 0
 #endif
@@ -260,6 +261,8 @@ __device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 1, %0;\
 // PINGPONG's hand-off between the consumer warpgroups: 128 threads arrive, the other 128 wait.
 __device__ __forceinline__ void order_wait(int id) { asm volatile("bar.sync %0, 256;\n" :: "r"(id) : "memory"); }
 __device__ __forceinline__ void order_signal(int id) { asm volatile("bar.arrive %0, 256;\n" :: "r"(id) : "memory"); }
+// PINGPONG with TMA_STORE: one consumer warpgroup's 128 threads (its staging region is its own).
+__device__ __forceinline__ void warpgroup_sync(int cw) { asm volatile("bar.sync %0, 128;\n" :: "r"(WG_BAR + cw) : "memory"); }
 // Byte offset of C element (r, c) in a staged 32-column box: rows of 128 bytes, 16-byte chunks
 // XOR-swizzled by the row (the copy engine's 128-byte swizzle), so that a warp's float2 writes of
 // 8 rows x 4 column pairs touch every bank the minimum number of times.
@@ -819,15 +822,69 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fastmm_wgmma_tf32(
             for (int i = 0; i < ACC; ++i) { reg_fence(d[i]); reg_fence(d2[i]); }
             if (lane == 0) mbar_arrive(bars + 8 * (STAGES + (it - 1) % STAGES));
 
-            float* Cb = C + (i64)(z / batch_inner) * sC0 + (i64)(z % batch_inner) * sC1;
-            const int row = tm * BM + warp * 16 + lane / 4;
-            const int col0 = tn * BN + 2 * (lane % 4);
             FASTMM_EPILOGUE
             DColumns dc;  // (form 1: the tile's D, loaded once for both halves)
             dc.load(epi, tn * BN, N, lane);
+#if TMA_STORE
+            // Through this warpgroup's own staging region, C_BOXES boxes of 128 x 32 at a time, as
+            // the cooperative form's epilogue (below) does with both: written swizzled, then one
+            // thread hands them to the copy engine, which also clips the tile at M and N. The other
+            // warpgroup's main loop runs meanwhile; before a box is written again, the stores that
+            // read it last must be done reading (this warpgroup's thread 0 issued them).
+            {
+                const int wt = threadIdx.x % 128;
+                const unsigned stage = c_stage + cw * (C_BOXES * C_BOX_BYTES);
+                const int z0 = z / batch_inner, z1 = z % batch_inner;
+                const int r = warp * 16 + lane / 4;  // tile rows r, r + 8 (d) and r + 64, r + 72 (d2)
+#if EPILOGUE_VECTOR
+                const float dm[4] = {d_row_value(epi, tm * BM + r, M), d_row_value(epi, tm * BM + r + 8, M),
+                                     d_row_value(epi, tm * BM + r + 64, M), d_row_value(epi, tm * BM + r + 72, M)};
+#endif
+#pragma unroll
+                for (int b0 = 0; b0 < BN / 32; b0 += C_BOXES) {
+                    if (wt == 0) bulk_wait_read_all();
+                    warpgroup_sync(cw);
+#pragma unroll
+                    for (int j = 0; j < BN / 8; ++j) {
+                        if (j / 4 < b0 || j / 4 >= b0 + C_BOXES) continue;
+#if EPILOGUE_VECTOR
+                        const float dn[2] = {dc.at(j, 0, lane), dc.at(j, 1, lane)};
+#endif
+                        const unsigned box = stage + (j / 4 - b0) * C_BOX_BYTES;
+                        const int col = 8 * (j % 4) + 2 * (lane % 4);
+#pragma unroll
+                        for (int h = 0; h < 4; ++h) {  // rows r, r + 8 of d, then of d2
+                            const float* acc = h < 2 ? d : d2;
+                            float v0 = acc[4 * j + 2 * (h % 2)], v1 = acc[4 * j + 2 * (h % 2) + 1];
+#if EPILOGUE_VECTOR
+                            v0 = epi.apply(v0, D_PICK(dm[h], dn[0]));
+                            v1 = epi.apply(v1, D_PICK(dm[h], dn[1]));
+#endif
+                            sts_v2(box + c_box_offset(r + 8 * (h % 2) + 64 * (h / 2), col), v0, v1);
+                        }
+                    }
+                    const int boxes = (BN / 32 - b0) < C_BOXES ? (BN / 32 - b0) : C_BOXES;
+                    fence_async_shared();  // (each writer: its writes, before the copy engine reads)
+                    warpgroup_sync(cw);
+                    if (wt == 0) {
+#pragma unroll
+                        for (int bx = 0; bx < boxes; ++bx)
+                            tma_store_4d(&mapC, stage + bx * C_BOX_BYTES, tn * BN + 32 * (b0 + bx), tm * BM, z1, z0);
+                        bulk_commit();
+                    }
+                }
+            }
+#else
+            float* Cb = C + (i64)(z / batch_inner) * sC0 + (i64)(z % batch_inner) * sC1;
+            const int row = tm * BM + warp * 16 + lane / 4;
+            const int col0 = tn * BN + 2 * (lane % 4);
             store_half(d, Cb, row, col0, M, N, sCm, sCn, epi, dc, lane);
             store_half(d2, Cb, row + 64, col0, M, N, sCm, sCn, epi, dc, lane);
+#endif
         }
+#if TMA_STORE
+        if (threadIdx.x % 128 == 0) bulk_wait_all();  // (each warpgroup's stores read its region until done)
+#endif
 #else
         const int cw = wg - 1;  // which 64 rows of the tile
         const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;

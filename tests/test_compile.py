@@ -730,9 +730,10 @@ def test_c_staged_through_shared_memory_adds_no_spills_to_any_build_the_planner_
 def test_wgmma_pingpong_builds_every_width_it_takes_without_spills():
     """The consumers taking turns on whole tiles (PINGPONG: two 64-row accumulator sets a thread,
     BN registers) at every width the planner gives it (64-192, its ring of stages), with C stored
-    as float2 or single floats: no spills, no stack frame; and the combinations it does not serve
-    (the planner never asks: a fused epilogue goes to the cooperative form) stop at the source's
-    own check."""
+    as float2 or single floats, or staged for the copy engine (a region each consumer warpgroup),
+    plain or with a bias: no spills, no stack frame; and the combinations it does not serve (the
+    planner never asks: a fused epilogue goes to the cooperative form) stop at the source's own
+    check."""
     from fastmm.runtime.compiler import nvrtc_unavailable_reason
 
     if nvrtc_unavailable_reason():
@@ -756,10 +757,17 @@ def test_wgmma_pingpong_builds_every_width_it_takes_without_spills():
                 m = dict(biased.kernel.macros)
                 assert m["PINGPONG"] == 1 and m["EPILOGUE"] == 1 and m["EPILOGUE_VECTOR"] == vector, m
                 macros.add(biased.kernel.macros)
-    assert len(macros) == 24
+        for form in (None, EPILOGUE_BIAS_N, EPILOGUE_BIAS_M):  # C through the copy engine
+            p = dataclasses.replace(Problem.dense(4096, 4096, 1024, "tf32", b_t=True), epilogue=form)
+            staged = select(p, dev, force="wgmma_tf32",
+                            variants=(dataclasses.replace(fam, force_bn=bn, pingpong_tma_store=True),))
+            m = dict(staged.kernel.macros)
+            assert m["PINGPONG"] == 1 and m["TMA_STORE"] == 1 and m["C_BOXES"] == 2 and m["BN"] == bn, m
+            macros.add(staged.kernel.macros)
+    assert len(macros) == 36
     _assert_no_spills("wgmma_tf32.cu", "sm_90a", sorted(macros))
     base = {"BN": 128, "STAGES": 4, "C_VEC": 0, "PRECISION_X3": 0, "A_MN": 0, "PINGPONG": 1}
-    for bad in ({"PRECISION_X3": 1}, {"A_MN": 1}, {"TMA_STORE": 1}, {"BN": 256}, {"EPILOGUE": 1},
+    for bad in ({"PRECISION_X3": 1}, {"A_MN": 1}, {"C_COPY_OUT": 1}, {"BN": 256}, {"EPILOGUE": 1},
                 {"EPILOGUE": 1, "EPILOGUE_VECTOR": 1, "A_MN": 1}):
         with pytest.raises(CompileError, match="PINGPONG"):
             compile_cubin("wgmma_tf32.cu", tuple({**base, **bad}.items()), "sm_90a")

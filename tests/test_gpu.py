@@ -1142,14 +1142,17 @@ def test_wgmma_every_tile_width_computes_every_tile(case, bn, precision, rel_err
 @pytest.mark.parametrize("case", sorted(WGMMA_WIDTH_CASES) + ["odd-items-per-block"])
 def test_wgmma_pingpong_consumers_compute_every_tile(case, bn, rel_err):
     """The consumer warpgroups taking turns on whole tiles (PINGPONG) wherever the kernel allows
-    it (tf32, a K-major A, C from registers): right into NaN-poisoned outputs, blocks with one
-    tile, with an even and an odd number of tiles, and the same bits as the cooperative form."""
+    it (tf32, a K-major A), C from registers and through the copy engine (each warpgroup its
+    own staging region, where C allows a tensor map): right into NaN-poisoned outputs, blocks
+    with one tile, with an even and an odd number of tiles, and the same bits as the
+    cooperative form."""
     needs_sm90()
     a, b = WGMMA_WIDTH_CASES[case]() if case in WGMMA_WIDTH_CASES else (randn(1408, 96), randn(2100, 96).t())
     outs = []
     # (128-row tiles: the 64-row tile is the cooperative form only, and the mid-size rule would
     # give these products 64 rows)
-    for variant in (WgmmaTf32(force_bn=bn, pingpong="always", rows64=False),
+    for variant in (WgmmaTf32(force_bn=bn, pingpong="always", pingpong_tma_store=False, rows64=False),
+                    WgmmaTf32(force_bn=bn, pingpong="always", pingpong_tma_store=True, rows64=False),
                     WgmmaTf32(force_bn=bn, pingpong=False, rows64=False)):
         out = torch.full(torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1]), NAN,
                          device="cuda")
@@ -1159,12 +1162,15 @@ def test_wgmma_pingpong_consumers_compute_every_tile(case, bn, rel_err):
         if variant.pingpong:
             assert bool(m.get("PINGPONG")) == (m["A_MN"] == 0), plan.describe()
             if m.get("PINGPONG"):
-                assert "TMA_STORE" not in m and plan.kernel.grid[0] == min(plan.kernel.work_items, plan.device.sm_count)
+                assert plan.kernel.grid[0] == min(plan.kernel.work_items, plan.device.sm_count)
+                # (C's rows of 16-byte multiples, n contiguous: a tensor map's; C^T is m-contiguous)
+                assert bool(m.get("TMA_STORE")) == (variant.pingpong_tma_store and b.shape[-1] % 4 == 0
+                                                    and not plan.swap_ab), plan.describe()
         else:
             assert "PINGPONG" not in m
         check(out, a, b, "tf32", rel_err)
         outs.append(out)
-    assert torch.equal(outs[0], outs[1])
+    assert all(torch.equal(outs[0], o) for o in outs[1:])
 
 
 #: (a, b, precision, forced slices or None for the planner's rule): K split over blocks (SPLIT)

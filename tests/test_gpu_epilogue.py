@@ -136,7 +136,8 @@ WGMMA_EPILOGUE_CASES = {
 def test_wgmma_applies_the_epilogue_at_every_width_and_store_form(case, bn, precision):
     """wgmma's epilogue on C staged for the copy engine (every box of every width), staged and
     written by the consumers (C_COPY_OUT, where the copy engine cannot take C), stored from
-    registers, and (a bias, tf32, up to 192 wide) with the consumers taking turns: right against
+    registers, and (a bias, tf32, up to 192 wide) with the consumers taking turns (C from registers
+    or through the copy engine): right against
     float64 into NaN-free results, and the same bits every way (each output is alpha * the same
     sum + beta * D)."""
     if torch.cuda.get_device_capability() < (9, 0):
@@ -152,7 +153,9 @@ def test_wgmma_applies_the_epilogue_at_every_width_and_store_form(case, bn, prec
     variants.append(WgmmaTf32(force_bn=bn, tma_store=False, c_copy_out=False, pingpong=False, split=False))
     if precision == "tf32" and vector and bn <= 192:  # (PINGPONG takes a bias, not with A fed from registers)
         # (128-row tiles: the 64-row tile is the cooperative form only)
-        variants.append(WgmmaTf32(force_bn=bn, pingpong="always", split=False, rows64=False))
+        variants.append(WgmmaTf32(force_bn=bn, pingpong="always", pingpong_tma_store=False, split=False, rows64=False))
+        # ... and C through the copy engine, each consumer warpgroup its own staging region
+        variants.append(WgmmaTf32(force_bn=bn, pingpong="always", pingpong_tma_store=True, split=False, rows64=False))
     results = []
     for variant in variants:
         result, plan, reason = dispatch.matmul_fused(a, b, d, alpha, beta, precision, force="wgmma_tf32",
@@ -163,8 +166,9 @@ def test_wgmma_applies_the_epilogue_at_every_width_and_store_form(case, bn, prec
         # computed as C^T (a row-major B read in place): the bias runs along the kernel's other dim
         assert macros.get("EPILOGUE_VECTOR", 0) == ({1: 2, 2: 1}.get(vector, 0) if plan.swap_ab else vector), plan.describe()
         assert macros.get("PINGPONG", 0) == (variant.pingpong == "always" and not macros["A_MN"]), plan.describe()
-        if variant.pingpong != "always":
-            assert bool(macros.get("TMA_STORE")) == (variant.tma_store and n % 4 == 0 and not plan.swap_ab), plan.describe()
+        stores_tma = variant.tma_store and (variant.pingpong != "always" or variant.pingpong_tma_store is True)
+        if variant.pingpong != "always" or macros.get("PINGPONG"):
+            assert bool(macros.get("TMA_STORE")) == (stores_tma and n % 4 == 0 and not plan.swap_ab), plan.describe()
             if not variant.c_copy_out:
                 assert not macros.get("C_COPY_OUT"), plan.describe()
         assert not torch.isnan(result).any()

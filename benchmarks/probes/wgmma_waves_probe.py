@@ -11,6 +11,8 @@ For each product and precision: GPU us per call (probe_util.time_us) of
 - "c2", "c4": the same with 2 or 4 boxes of C staged at once (the ring loses slots to fit 4);
 - each tile width BN, persistent where the planner's rule says so, C through the copy engine
   (``WgmmaTf32(force_bn=BN)``);
+- with ``--pingpong``: each width with the consumers taking turns ("pp"), and at 128 and 192
+  wide taking turns with C through the copy engine ("ppt", a staging region each consumer);
 - the planner's plan (which width ``wave_cost`` picks), and torch (TF32 allowed for tf32;
   full fp32 for tf32x3);
 then the planner's choice against the best width and against "fill". Every output is checked
@@ -85,6 +87,8 @@ def variants_for(x3: bool, pingpong: bool = False):
     if pingpong and not x3:  # the consumers taking turns on whole tiles (PINGPONG), each width it takes
         for bn in (64, 96, 128, 192):
             out[f"pp{bn}"] = WgmmaTf32(force_bn=bn, pingpong="always")
+        for bn in (128, 192):  # (C through the copy engine, a staging region each consumer)
+            out[f"ppt{bn}"] = WgmmaTf32(force_bn=bn, pingpong="always", pingpong_tma_store=True)
     out["coop"] = WgmmaTf32(**coop)  # run 23's planner: the consumers always share tiles
     out["planner"] = WgmmaTf32()
     return out

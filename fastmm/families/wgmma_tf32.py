@@ -442,30 +442,37 @@ PINGPONG_MAX_BN = 192
 #: Q @ K^T: 128 x 512 x 512 x 64 50.1 -> 61.0 us), where the stores outlast the main loops.
 PINGPONG_MIN_K = 512
 
-#: PINGPONG only on parts of at least this DRAM bandwidth (TB/s, ``DeviceFacts.dram_tbps``; a part
-#: whose bandwidth is not known shares tiles). On an H100 80GB HBM3 (3.35 TB/s; NOTES run 59,
-#: `probes/wgmma_waves_probe.py --pingpong`, 20 x @ W^T products at K >= 512) every plan taking
-#: turns ran behind the same product with both consumers on each tile and C written by the copy
-#: engine: 4728 x 3072 x 768 84.6 against 76.1-77.1 us, 8192 x 2816 x 1024 171.8 against
-#: 148.3-150.8, 1000 x 18944 x 3584 401.1 against 348.6-350.8, gpt2's 50257-wide head 1861 against
-#: 1235 (4-50%), where on the H200 (4.92 TB/s) taking turns won by 4-8% (run 24). The two are the
-#: same GH100 chip at the same clocks; the memory is what differs, so the rule is keyed on it. Parts
-#: between (H100 NVL 3.9, GH200 4.0) were not measured: they get the form that never lost by much.
+#: PINGPONG with C stored from registers only on parts of at least this DRAM bandwidth (TB/s,
+#: ``DeviceFacts.dram_tbps``; a part whose bandwidth is not known counts as below). On an H100
+#: 80GB HBM3 (3.35 TB/s; NOTES run 59, `probes/wgmma_waves_probe.py --pingpong`, 20 x @ W^T
+#: products at K >= 512) every plan taking turns that way ran behind the same product with both
+#: consumers on each tile and C written by the copy engine: 4728 x 3072 x 768 84.6 against
+#: 76.1-77.1 us, 8192 x 2816 x 1024 171.8 against 148.3-150.8, 1000 x 18944 x 3584 401.1 against
+#: 348.6-350.8, gpt2's 50257-wide head 1861 against 1235 (4-50%), where on the H200 (4.92 TB/s)
+#: taking turns won by 4-8% (run 24). The two are the same GH100 chip at the same clocks; the
+#: memory is what differs, so the rule is keyed on it; below it the consumers share each tile.
+#: Taking turns with C through the copy engine instead (each consumer its own staging region,
+#: ``pingpong_tma_store=True``) ran 2-14% ahead of sharing tiles on the H100, 192 wide (4728 x
+#: 3072 x 768 69.3 against 77.4 us, torch 68.0; 4096 x 3072 x 1024 72.1 against 76.0; 1000 x
+#: 18944 x 3584 332.8 against 341.1) and at every width ahead of taking turns from registers; it
+#: is a variant until its GPU tests have run as the default (NOTES run 59). Parts between (H100
+#: NVL 3.9, GH200 4.0) were not measured: they get the H100's form.
 PINGPONG_MIN_DRAM_TBPS = 4.5
 
 
 def pingpong_memory_ok(dev: DeviceFacts) -> bool:
-    """Whether ``dev``'s memory is what taking turns was measured faster on (PINGPONG_MIN_DRAM_TBPS)."""
+    """Whether ``dev``'s memory is what taking turns with C stored from registers was measured
+    faster on (PINGPONG_MIN_DRAM_TBPS)."""
     return dev.dram_tbps >= PINGPONG_MIN_DRAM_TBPS
 
 
 def pingpong_pays(p: Problem, dev: DeviceFacts, work: int) -> bool:
-    """Whether ``work`` tiles of ``p`` may run with the consumers taking turns (PINGPONG): on a
-    part where that was measured faster (:func:`pingpong_memory_ok`), each block needs two tiles
-    at least for one's epilogue to hide under the other's main loop, and a main loop long enough
-    to hide it (PINGPONG_MIN_K). The blocks are persistent whatever the number of waves (unlike
-    the cooperative form's, see PERSISTENT_MAX_WAVES: measured faster)."""
-    return work >= 2 * dev.sm_count and p.K >= PINGPONG_MIN_K and pingpong_memory_ok(dev)
+    """Whether ``work`` tiles of ``p`` may run with the consumers taking turns (PINGPONG): each
+    block needs two tiles at least for one's epilogue to hide under the other's main loop, and a
+    main loop long enough to hide it (PINGPONG_MIN_K). The blocks are persistent whatever the
+    number of waves (unlike the cooperative form's, see PERSISTENT_MAX_WAVES: measured faster).
+    How C leaves decides the rest (:meth:`WgmmaTf32.configure`, PINGPONG_MIN_DRAM_TBPS)."""
+    return work >= 2 * dev.sm_count and p.K >= PINGPONG_MIN_K
 
 
 def persistent_pays(p: Problem, dev: DeviceFacts, work: int) -> bool:
@@ -513,6 +520,12 @@ class WgmmaTf32(Family):
     #: wherever the first two hold); False: never (the cooperative form, both warpgroups on each
     #: tile), "always": wherever the kernel allows it.
     pingpong: bool | str = True
+    #: Where the consumers take turns, how C leaves: None (the default) from registers, and taking
+    #: turns only on the H200's memory (PINGPONG_MIN_DRAM_TBPS); True: through the copy engine as
+    #: the cooperative form's does (TMA_STORE, a staging region each consumer warpgroup, 2 boxes at
+    #: a time), where C allows a tensor map, on any part, 192 wide; False: from registers on any
+    #: part. (True and False are variants for probes and tests: NOTES run 59.)
+    pingpong_tma_store: bool | None = None
     #: K split over blocks (SPLIT in the kernel: each tile's last block sums the slices) where
     #: the rule of SPLIT_MAX_M says (tf32 decode-like products whose tiles leave most SMs idle);
     #: False: never; a number: that many slices wherever a batch-1 product may split, tf32x3 too
@@ -701,10 +714,14 @@ class WgmmaTf32(Family):
                      and self.rows64 is True and not self.force_bn else None)
         vector = EPILOGUE_VECTOR.get(p.epilogue, 0)  # a bias: applied as C is stored, PINGPONG allowed
         may_pingpong = bool(self.pingpong) and not x3 and not a_mn and bm == 128 and (not p.epilogue or vector)
+        # taking turns, C through the copy engine (see pingpong_tma_store, PINGPONG_MIN_DRAM_TBPS)
+        staged_turns = self.pingpong_tma_store is True and self.tma_store and self.c_tma_ready(p)
+        turns_store_ok = (staged_turns or self.pingpong_tma_store is False
+                          or (self.pingpong_tma_store is None and pingpong_memory_ok(dev)))
 
         def takes_turns(width: int) -> bool:  # PINGPONG allowed (and paying, unless "always") at this width
-            return may_pingpong and width <= PINGPONG_MAX_BN and (
-                self.pingpong == "always" or pingpong_pays(p, dev, tiles_of(p, bm, width) * p.batch_total))
+            return may_pingpong and width <= PINGPONG_MAX_BN and (self.pingpong == "always" or (
+                turns_store_ok and pingpong_pays(p, dev, tiles_of(p, bm, width) * p.batch_total)))
 
         split = self.split_choice(p, dev, options, bm)
         if split is not None:
@@ -733,7 +750,9 @@ class WgmmaTf32(Family):
             turns = [o for o in options if takes_turns(o[0])]
             pingpong = False
             if turns:  # the fastest width taking turns, where it beats the fastest sharing tiles
-                pp = min(turns, key=lambda o: wave_cost(p, dev, o[0], pingpong=True))
+                # (C through the copy engine: the widest, 192, ran ahead of 128 on all 10 products
+                # measured, by 1-30%, NOTES run 59; from registers, the wave model's width)
+                pp = max(turns) if staged_turns else min(turns, key=lambda o: wave_cost(p, dev, o[0], pingpong=True))
                 if self.pingpong == "always" or wave_cost(p, dev, pp[0], pingpong=True) < wave_cost(p, dev, bn, bm=bm):
                     (bn, stages), pingpong = pp, True
         work = tiles_of(p, bm, bn) * p.batch_total
@@ -745,7 +764,7 @@ class WgmmaTf32(Family):
         # from registers it does not)
         stageable = (not pingpong and (bn < 256 or self.c_boxes or p.K <= TMA_STORE_256_MAX_K)
                      and not (a_mn and bm == 64 and bn == 256 and p.epilogue == EPILOGUE_D))
-        tma = self.tma_store and stageable and self.c_tma_ready(p)
+        tma = self.tma_store and (stageable or (pingpong and staged_turns)) and self.c_tma_ready(p)
         sCm, sCn = p.c_strides
         pairs_ok = p.c_align >= 8 and all(s % 2 == 0 for s in p.c_batch_strides)
         # float2 stores: along n (any A), or along m over the adjacent row pairs of A_MN (C^T)
@@ -757,10 +776,11 @@ class WgmmaTf32(Family):
             c_vec = 0
         # (rows of C contiguous, but stores from registers would be single floats: see c_copy_out)
         copy_out = not tma and self.c_copy_out and stageable and c_vec == 0 and sCn == 1
-        two_boxes = x3 or (bn == 256 and p.K >= TMA_STORE_256_TWO_BOXES_MIN_K)
+        two_boxes = x3 or pingpong or (bn == 256 and p.K >= TMA_STORE_256_TWO_BOXES_MIN_K)
         c_boxes = (min(self.c_boxes or (2 if two_boxes else 4), bn // 32)) if tma or copy_out else 0
+        staged_boxes = c_boxes * (2 if pingpong else 1)  # (taking turns: a staging region each consumer)
         a_regs = x3 and self.x3_splits_a(p)
-        stages = self.fit_stages(dev, bn, stages, x3, c_boxes, bm, a_regs)
+        stages = self.fit_stages(dev, bn, stages, x3, staged_boxes, bm, a_regs)
         if tma or copy_out:
             c_vec = 0  # (unused: C goes out from shared memory)
         macros = (("BN", bn), ("STAGES", stages), ("C_VEC", c_vec), ("PRECISION_X3", int(x3)), ("A_MN", int(a_mn)))
@@ -783,7 +803,8 @@ class WgmmaTf32(Family):
                                 f"{'s' if bm > 64 else ''}, mbarriers"
                                 + (": the consumers take turns on whole tiles (one's main loop runs while the "
                                    "other stores its tile)" if pingpong else "")),
-                   ("C stores", f"staged in shared memory {c_boxes} boxes of {bm}x32 at a time, written by the copy "
+                   ("C stores", f"staged in shared memory {c_boxes} boxes of {bm}x32 at a time"
+                                + (" (a region each consumer warpgroup)" if pingpong else "") + ", written by the copy "
                                 "engine (TMA) while the next tile's main loop runs" if tma else
                     f"staged in shared memory {c_boxes} boxes of {bm}x32 at a time, written by the consumer threads "
                     "a warp 32 adjacent floats of a row at a time (the copy engine cannot write this C: its pitch, "
@@ -792,11 +813,12 @@ class WgmmaTf32(Family):
                    ("math", f"3xTF32 wgmma m64n{bn}k8: big*big promoted to fp32 (compensated) every "
                             f"{'k-step' if every == 1 else f'{every} k-steps'}, small cross terms in their own "
                             "accumulator" if x3 else f"TF32 wgmma m64n{bn}k8, fp32 accumulate"))
-        if (may_pingpong and self.pingpong is True and not pingpong_memory_ok(dev) and p.K >= PINGPONG_MIN_K
+        if (may_pingpong and self.pingpong is True and self.pingpong_tma_store is None and not turns_store_ok
+                and p.K >= PINGPONG_MIN_K
                 and tiles_of(p, bm, 128) * p.batch_total >= 2 * dev.sm_count):  # (where it would be weighed)
-            details += (("consumers", f"both warpgroups on each tile, not taking turns: taking turns ran 4-50% "
-                                      f"slower on an H100's 3.35 TB/s of memory (taken from {PINGPONG_MIN_DRAM_TBPS:g} "
-                                      f"TB/s; this part: {dev.dram_tbps:.2f})"),)
+            details += (("consumers", f"both warpgroups on each tile, not taking turns: taking turns with C "
+                                      f"stored from registers ran 4-50% slower on an H100's 3.35 TB/s of memory "
+                                      f"(taken from {PINGPONG_MIN_DRAM_TBPS:g} TB/s; this part: {dev.dram_tbps:.2f})"),)
         if vector:
             details += (("bias", "added to the accumulators as they are stored (D is one "
                                  + ("row: a value a column" if vector == 1 else "column: a value a row") + ")"),)
@@ -815,7 +837,7 @@ class WgmmaTf32(Family):
         threads = self.threads_for(bm)
         return KernelConfig(self.name, self.source, self.entry, macros, threads, (threads, 1, 1),
                             (max(1, min(work, dev.sm_count if persistent else MAX_GRID_X)), 1, 1),
-                            self.smem_bytes(bn, stages, x3, c_boxes, bm, a_regs), (bm, bn, self.bk), details,
+                            self.smem_bytes(bn, stages, x3, staged_boxes, bm, a_regs), (bm, bn, self.bk), details,
                             arch_suffix="a", work_items=work)
 
     @staticmethod
