@@ -485,6 +485,8 @@ def wgmma_cases(dev: DeviceFacts, precision: str, quick: bool) -> list[Case]:
         add("pingpong", 1409, 2817, 520, b_t=True, variants=turns)
         add("pingpong", 2300, 2400, 600, b_t=True, variants=turns)
         add("pingpong", 1409, 2816, 520, b_t=True, variants=staged)
+        add("pingpong", 1409, 2816, 520, b_t=True, variants=(WgmmaTf32(pingpong="always", pingpong_tma_store=True,
+                                                                        force_bn=128),))
         add("pingpong", 2300, 2400, 600, b_t=True, batch=2, variants=staged)
         if not quick:
             add("pingpong", 2049, 2305, 520, b_t=True, variants=turns)

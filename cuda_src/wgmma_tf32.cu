@@ -23,7 +23,8 @@
 // C^T). The epilogue is then applied to the accumulators as they are stored or staged, one or two
 // D values a thread loaded ahead, instead of a sweep over C after (a D of any strides).
 //
-// PINGPONG = 1 (tf32, K-major A, C from registers, no fused epilogue but a vector one): the two consumer warpgroups take turns
+// PINGPONG = 1 (tf32, K-major A, no fused epilogue but a vector one; C from registers, or with
+// TMA_STORE through a staging region of each warpgroup's own): the two consumer warpgroups take turns
 // instead of sharing each tile. Each owns whole 128-row tiles (two m64nBNk8 accumulator sets,
 // BN fp32 registers a thread) and the block's work items alternate between them: 0, 2, 4, ... to
 // warpgroup 1, 1, 3, 5, ... to warpgroup 2. One warpgroup's main loop runs while the other stores

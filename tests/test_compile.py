@@ -757,7 +757,7 @@ def test_wgmma_pingpong_builds_every_width_it_takes_without_spills():
                 m = dict(biased.kernel.macros)
                 assert m["PINGPONG"] == 1 and m["EPILOGUE"] == 1 and m["EPILOGUE_VECTOR"] == vector, m
                 macros.add(biased.kernel.macros)
-        for form in (None, EPILOGUE_BIAS_N, EPILOGUE_BIAS_M):  # C through the copy engine
+        for form in (EPILOGUE_NONE, EPILOGUE_BIAS_N, EPILOGUE_BIAS_M):  # C through the copy engine
             p = dataclasses.replace(Problem.dense(4096, 4096, 1024, "tf32", b_t=True), epilogue=form)
             staged = select(p, dev, force="wgmma_tf32",
                             variants=(dataclasses.replace(fam, force_bn=bn, pingpong_tma_store=True),))

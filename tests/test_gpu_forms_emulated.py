@@ -14,6 +14,7 @@ import torch
 
 import conftest
 import test_gpu
+import test_gpu_epilogue
 
 
 def _on_cpu(make):
@@ -63,3 +64,26 @@ def test_tf32x3_splitting_b_on_64_row_tiles_gpu_test_runs_on_the_emulated_gpu(gp
 @pytest.mark.parametrize("case", sorted(test_gpu.WGMMA_SPLIT_CASES))
 def test_split_k_gpu_test_runs_on_the_emulated_gpu(gpu_test_on_cpu, case, rel_err):
     test_gpu.test_wgmma_split_k_sums_every_tiles_slices_in_order(case, rel_err)
+
+
+@pytest.mark.parametrize("bn", [64, 96, 128, 192])
+@pytest.mark.parametrize("case", sorted(test_gpu.WGMMA_WIDTH_CASES) + ["odd-items-per-block"])
+def test_pingpong_gpu_test_runs_on_the_emulated_gpu(gpu_test_on_cpu, case, bn, rel_err):
+    """The consumers taking turns, C from registers and through the copy engine (a staging region
+    each consumer warpgroup): the GPU test's plans, maps and launch arguments for both forms."""
+    test_gpu.test_wgmma_pingpong_consumers_compute_every_tile(case, bn, rel_err)
+    staged = [x for x in gpu_test_on_cpu.launches
+              if dict(x.cfg.macros).get("PINGPONG") and dict(x.cfg.macros).get("TMA_STORE")]
+    if case in ("b-k-major", "many-tiles-k-major", "broadcast-b", "odd-items-per-block"):
+        assert staged, [x.cfg.macros for x in gpu_test_on_cpu.launches]
+
+
+@pytest.mark.parametrize("bn", [64, 96, 128, 192])
+@pytest.mark.parametrize("case", sorted(test_gpu_epilogue.WGMMA_EPILOGUE_CASES))
+def test_epilogue_store_forms_gpu_test_runs_on_the_emulated_gpu(gpu_test_on_cpu, monkeypatch, case, bn):
+    """wgmma's epilogue in every store form, the consumers taking turns with C staged among them
+    (a bias added as each consumer stages its tile): the GPU test's plans, maps and arguments."""
+    monkeypatch.setattr(test_gpu_epilogue, "randn", lambda *shape: torch.randn(*shape))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))  # (the emulated H200's)
+    test_gpu_epilogue.test_wgmma_applies_the_epilogue_at_every_width_and_store_form(case, bn, "tf32")
+

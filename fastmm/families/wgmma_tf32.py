@@ -513,9 +513,10 @@ class WgmmaTf32(Family):
     #: 32-column boxes of C staged at once (0: the rule in :meth:`configure`): for probes.
     c_boxes: int = 0
     #: The two consumer warpgroups take turns on whole tiles (PINGPONG in the kernel: one's main
-    #: loop runs while the other stores its tile) where the kernel allows it (tf32, a K-major A, C
-    #: from registers, no fused epilogue but a bias, BN <= 192), the part's memory is the H200's
-    #: and each block has two tiles at least (:func:`pingpong_pays`), and
+    #: loop runs while the other stores its tile) where the kernel allows it (tf32, a K-major A, no
+    #: fused epilogue but a bias, BN <= 192), C's store form allows it (``pingpong_tma_store``:
+    #: by default from registers, on the H200's memory only), each block has two tiles at least
+    #: (:func:`pingpong_pays`), and
     #: :func:`wave_cost` says taking turns beats sharing tiles (the forced width of ``force_bn``:
     #: wherever the first two hold); False: never (the cooperative form, both warpgroups on each
     #: tile), "always": wherever the kernel allows it.
@@ -523,8 +524,9 @@ class WgmmaTf32(Family):
     #: Where the consumers take turns, how C leaves: None (the default) from registers, and taking
     #: turns only on the H200's memory (PINGPONG_MIN_DRAM_TBPS); True: through the copy engine as
     #: the cooperative form's does (TMA_STORE, a staging region each consumer warpgroup, 2 boxes at
-    #: a time), where C allows a tensor map, on any part, 192 wide; False: from registers on any
-    #: part. (True and False are variants for probes and tests: NOTES run 59.)
+    #: a time), on any part, 192 wide, and where C allows no tensor map (or ``tma_store`` is off)
+    #: no turns at all (from registers they lost on the H100), unless ``pingpong="always"``; False:
+    #: from registers on any part. (True and False are variants for probes and tests: NOTES run 59.)
     pingpong_tma_store: bool | None = None
     #: K split over blocks (SPLIT in the kernel: each tile's last block sums the slices) where
     #: the rule of SPLIT_MAX_M says (tf32 decode-like products whose tiles leave most SMs idle);
@@ -781,6 +783,10 @@ class WgmmaTf32(Family):
         staged_boxes = c_boxes * (2 if pingpong else 1)  # (taking turns: a staging region each consumer)
         a_regs = x3 and self.x3_splits_a(p)
         stages = self.fit_stages(dev, bn, stages, x3, staged_boxes, bm, a_regs)
+        while c_boxes > 1 and self.smem_bytes(bn, stages, x3, staged_boxes, bm, a_regs) > dev.smem_per_block_optin:
+            # (a c_boxes asked for beyond what fits beside two slots: taking turns stages two regions)
+            c_boxes -= 1
+            staged_boxes = c_boxes * (2 if pingpong else 1)
         if tma or copy_out:
             c_vec = 0  # (unused: C goes out from shared memory)
         macros = (("BN", bn), ("STAGES", stages), ("C_VEC", c_vec), ("PRECISION_X3", int(x3)), ("A_MN", int(a_mn)))
@@ -805,7 +811,8 @@ class WgmmaTf32(Family):
                                    "other stores its tile)" if pingpong else "")),
                    ("C stores", f"staged in shared memory {c_boxes} boxes of {bm}x32 at a time"
                                 + (" (a region each consumer warpgroup)" if pingpong else "") + ", written by the copy "
-                                "engine (TMA) while the next tile's main loop runs" if tma else
+                                "engine (TMA) while " + ("the other consumer's" if pingpong else "the next tile's")
+                                + " main loop runs" if tma else
                     f"staged in shared memory {c_boxes} boxes of {bm}x32 at a time, written by the consumer threads "
                     "a warp 32 adjacent floats of a row at a time (the copy engine cannot write this C: its pitch, "
                     "base or batch strides; from registers it would go out in single floats)" if copy_out else
