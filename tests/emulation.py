@@ -327,9 +327,9 @@ def emulate_wgmma(cfg, maps, args) -> None:
         assert c_map.spec.box == (32, bm, 1, 1) and not c_map.tf32 and c_map.ptr == pc, c_map
         assert c_map.spec.dims[:2] == (N, M) and c_map.spec.strides[0] == 4 * scm and scn == 1, (c_map.spec, args)
         regions = 2 if macros.get("PINGPONG") else 1  # (taking turns: a staging region each consumer)
-        ring = macros["STAGES"] * ((2 if x3 else 1) * bm + (2 if x3 else 1) * bn) * 32 * 4  # (at most: X3 parts)
         assert 1 <= macros["C_BOXES"] <= 4 and cfg.smem >= regions * macros["C_BOXES"] * bm * 32 * 4
-        if macros.get("PINGPONG"):  # (tf32: one A and one B tile a slot)
+        if macros.get("PINGPONG"):  # (tf32: a slot holds one A and one B tile)
+            ring = macros["STAGES"] * (bm + bn) * 32 * 4
             assert cfg.smem >= 1024 + ring + regions * macros["C_BOXES"] * bm * 32 * 4, (cfg.smem, cfg.macros)
     if macros.get("C_COPY_OUT"):  # C staged the same way, written by the consumers: n-contiguous rows
         assert not tma_store and scn == 1 and not macros.get("PINGPONG") and split == 1, (cfg.macros, args)

@@ -86,4 +86,3 @@ def test_epilogue_store_forms_gpu_test_runs_on_the_emulated_gpu(gpu_test_on_cpu,
     monkeypatch.setattr(test_gpu_epilogue, "randn", lambda *shape: torch.randn(*shape))
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))  # (the emulated H200's)
     test_gpu_epilogue.test_wgmma_applies_the_epilogue_at_every_width_and_store_form(case, bn, "tf32")
-
