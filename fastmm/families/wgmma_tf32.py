@@ -821,8 +821,7 @@ class WgmmaTf32(Family):
                             f"{'k-step' if every == 1 else f'{every} k-steps'}, small cross terms in their own "
                             "accumulator" if x3 else f"TF32 wgmma m64n{bn}k8, fp32 accumulate"))
         if (may_pingpong and self.pingpong is True and self.pingpong_tma_store is None and not turns_store_ok
-                and p.K >= PINGPONG_MIN_K
-                and tiles_of(p, bm, 128) * p.batch_total >= 2 * dev.sm_count):  # (where it would be weighed)
+                and pingpong_pays(p, dev, tiles_of(p, bm, 128) * p.batch_total)):  # (where it would be weighed)
             details += (("consumers", f"both warpgroups on each tile, not taking turns: taking turns with C "
                                       f"stored from registers ran 4-50% slower on an H100's 3.35 TB/s of memory "
                                       f"(taken from {PINGPONG_MIN_DRAM_TBPS:g} TB/s; this part: {dev.dram_tbps:.2f})"),)
