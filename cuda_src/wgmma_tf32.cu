@@ -270,6 +270,15 @@ __device__ __forceinline__ void warpgroup_sync(int cw) { asm volatile("bar.sync 
 __device__ __forceinline__ unsigned c_box_offset(int r, int c) {
     return r * 128 + ((((unsigned)c >> 2) ^ (r & 7)) << 4) + (c & 3) * 4;
 }
+// The copy engine's stores of ``boxes`` staged C boxes (the first at shared address ``stage``, its
+// columns from n0, rows from m0), committed as one bulk group: one thread issues them, after every
+// writer of the boxes has fenced its writes and met the others at a barrier (each caller's own).
+__device__ __forceinline__ void store_c_boxes(const TensorMap* mapC, unsigned stage, int boxes, int n0, int m0,
+                                              int z1, int z0) {
+#pragma unroll
+    for (int bx = 0; bx < boxes; ++bx) tma_store_4d(mapC, stage + bx * C_BOX_BYTES, n0 + 32 * bx, m0, z1, z0);
+    bulk_commit();
+}
 #if C_STAGED
 // Column c of a staged box, this thread's BOX_RN rows (r0 + BOX_RSTEP i): all loaded before any is
 // used, so their latencies overlap (one at a time, each sweep waited out every load in turn).
@@ -867,12 +876,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fastmm_wgmma_tf32(
                     const int boxes = (BN / 32 - b0) < C_BOXES ? (BN / 32 - b0) : C_BOXES;
                     fence_async_shared();  // (each writer: its writes, before the copy engine reads)
                     warpgroup_sync(cw);
-                    if (wt == 0) {
-#pragma unroll
-                        for (int bx = 0; bx < boxes; ++bx)
-                            tma_store_4d(&mapC, stage + bx * C_BOX_BYTES, tn * BN + 32 * (b0 + bx), tm * BM, z1, z0);
-                        bulk_commit();
-                    }
+                    if (wt == 0) store_c_boxes(&mapC, stage, boxes, tn * BN + 32 * b0, tm * BM, z1, z0);
                 }
             }
 #else
@@ -1082,12 +1086,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fastmm_wgmma_tf32(
 #if TMA_STORE
                     fence_async_shared();  // (each writer: its writes, before the copy engine reads)
                     consumer_sync();
-                    if (ct == 0) {
-#pragma unroll
-                        for (int bx = 0; bx < boxes; ++bx)
-                            tma_store_4d(&mapC, c_stage + bx * C_BOX_BYTES, tn * BN + 32 * (b0 + bx), tm * BM, z1, z0);
-                        bulk_commit();
-                    }
+                    if (ct == 0) store_c_boxes(&mapC, c_stage, boxes, tn * BN + 32 * b0, tm * BM, z1, z0);
 #else
                     // Copy-out: lane c of a warp takes column c of a box, the warps rows RSTEP apart,
                     // so each store instruction writes 32 adjacent floats of one row (128 bytes). A
