@@ -66,6 +66,12 @@ PRODUCTS = (
     ("lora_up_r64", 0, 8192, 4096, 64, "rm"), ("attn_qkT_3k", 8, 3072, 3072, 128, "wt"),
     ("wt_k128_8k", 0, 8192, 8192, 128, "wt"), ("wt_k128_16k", 0, 16384, 4096, 128, "wt"),
     ("bmm_rm_k128", 32, 2048, 2048, 128, "rm"), ("attn_qkT_2k_b8", 8, 2048, 2048, 128, "wt"),
+    # session 44: products whose H100 plan moved to taking turns with C through the copy engine
+    # (K = 512, a 152k-word head, batched x @ W^T), written before their first run
+    ("wt_k512_11k", 0, 4096, 11008, 512, "wt"), ("head_k512_8k", 0, 8192, 32000, 512, "wt"),
+    ("wt_1000_14k", 0, 1000, 14336, 2048, "wt"), ("qwen05_head_512", 0, 512, 151936, 896, "wt"),
+    ("bmm_wt_512_k4k", 8, 512, 2304, 4096, "wt"), ("bmm_wt_788_768", 8, 788, 768, 768, "wt"),
+    ("bmm_wt_head_2k", 8, 2048, 32000, 2048, "wt"),
 )
 
 

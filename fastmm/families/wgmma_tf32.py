@@ -443,20 +443,21 @@ PINGPONG_MAX_BN = 192
 PINGPONG_MIN_K = 512
 
 #: PINGPONG with C stored from registers only on parts of at least this DRAM bandwidth (TB/s,
-#: ``DeviceFacts.dram_tbps``; a part whose bandwidth is not known counts as below). On an H100
-#: 80GB HBM3 (3.35 TB/s; NOTES run 59, `probes/wgmma_waves_probe.py --pingpong`, 20 x @ W^T
-#: products at K >= 512) every plan taking turns that way ran behind the same product with both
-#: consumers on each tile and C written by the copy engine: 4728 x 3072 x 768 84.6 against
-#: 76.1-77.1 us, 8192 x 2816 x 1024 171.8 against 148.3-150.8, 1000 x 18944 x 3584 401.1 against
-#: 348.6-350.8, gpt2's 50257-wide head 1861 against 1235 (4-50%), where on the H200 (4.92 TB/s)
-#: taking turns won by 4-8% (run 24). The two are the same GH100 chip at the same clocks; the
-#: memory is what differs, so the rule is keyed on it; below it the consumers share each tile.
-#: Taking turns with C through the copy engine instead (each consumer its own staging region,
-#: ``pingpong_tma_store=True``) ran 2-14% ahead of sharing tiles on the H100, 192 wide (4728 x
-#: 3072 x 768 69.3 against 77.4 us, torch 68.0; 4096 x 3072 x 1024 72.1 against 76.0; 1000 x
-#: 18944 x 3584 332.8 against 341.1) and at every width ahead of taking turns from registers; it
-#: is a variant until its GPU tests have run as the default (NOTES run 59). Parts between (H100
-#: NVL 3.9, GH200 4.0) were not measured: they get the H100's form.
+#: ``DeviceFacts.dram_tbps``; a part whose bandwidth is not known counts as below); below it, C
+#: of a plan taking turns goes through the copy engine. On an H100 80GB HBM3 (3.35 TB/s; NOTES
+#: run 59, `probes/wgmma_waves_probe.py --pingpong`, 20 x @ W^T products at K >= 512) every plan
+#: taking turns with C from registers ran behind the same product with both consumers on each
+#: tile and C written by the copy engine: 4728 x 3072 x 768 84.6 against 76.1-77.1 us, 8192 x
+#: 2816 x 1024 171.8 against 148.3-150.8, 1000 x 18944 x 3584 401.1 against 348.6-350.8, gpt2's
+#: 50257-wide head 1861 against 1235 (4-50%), where on the H200 (4.92 TB/s) taking turns won by
+#: 4-8% (run 24). The two are the same GH100 chip at the same clocks; the memory is what differs,
+#: so the rule is keyed on it. Taking turns with C through the copy engine instead (each consumer
+#: its own staging region) ran 2-14% ahead of sharing tiles on the H100, 192 wide (4728 x 3072 x
+#: 768 69.3 against 77.4 us, torch 68.0; 4096 x 3072 x 1024 72.1 against 76.0; 1000 x 18944 x
+#: 3584 332.8 against 341.1) and at every width ahead of taking turns from registers, so below
+#: this bandwidth plans take turns that way, and where C allows no tensor map they share tiles
+#: (NOTES runs 59 and 62). Parts between (H100 NVL 3.9, GH200 4.0) were not measured: they get
+#: the H100's form.
 PINGPONG_MIN_DRAM_TBPS = 4.5
 
 
@@ -515,18 +516,18 @@ class WgmmaTf32(Family):
     #: The two consumer warpgroups take turns on whole tiles (PINGPONG in the kernel: one's main
     #: loop runs while the other stores its tile) where the kernel allows it (tf32, a K-major A, no
     #: fused epilogue but a bias, BN <= 192), C's store form allows it (``pingpong_tma_store``:
-    #: by default from registers, on the H200's memory only), each block has two tiles at least
-    #: (:func:`pingpong_pays`), and
+    #: by default from registers on the H200's memory, through the copy engine below it), each
+    #: block has two tiles at least (:func:`pingpong_pays`), and
     #: :func:`wave_cost` says taking turns beats sharing tiles (the forced width of ``force_bn``:
     #: wherever the first two hold); False: never (the cooperative form, both warpgroups on each
     #: tile), "always": wherever the kernel allows it.
     pingpong: bool | str = True
-    #: Where the consumers take turns, how C leaves: None (the default) from registers, and taking
-    #: turns only on the H200's memory (PINGPONG_MIN_DRAM_TBPS); True: through the copy engine as
-    #: the cooperative form's does (TMA_STORE, a staging region each consumer warpgroup, 2 boxes at
-    #: a time), on any part, 192 wide, and where C allows no tensor map (or ``tma_store`` is off)
-    #: no turns at all (from registers they lost on the H100), unless ``pingpong="always"``; False:
-    #: from registers on any part. (True and False are variants for probes and tests: NOTES run 59.)
+    #: Where the consumers take turns, how C leaves: None (the default) by the part's memory
+    #: (PINGPONG_MIN_DRAM_TBPS): from registers on the H200's, through the copy engine below it (a
+    #: staging region each consumer warpgroup, 2 boxes at a time, 192 wide), where C allows no
+    #: tensor map no turns there; True: through the copy engine on any part (where C allows no
+    #: tensor map, or ``tma_store`` is off, no turns, unless ``pingpong="always"``); False: from
+    #: registers on any part. (True and False are variants for probes and tests.)
     pingpong_tma_store: bool | None = None
     #: K split over blocks (SPLIT in the kernel: each tile's last block sums the slices) where
     #: the rule of SPLIT_MAX_M says (tf32 decode-like products whose tiles leave most SMs idle);
@@ -717,9 +718,11 @@ class WgmmaTf32(Family):
         vector = EPILOGUE_VECTOR.get(p.epilogue, 0)  # a bias: applied as C is stored, PINGPONG allowed
         may_pingpong = bool(self.pingpong) and not x3 and not a_mn and bm == 128 and (not p.epilogue or vector)
         # taking turns, C through the copy engine (see pingpong_tma_store, PINGPONG_MIN_DRAM_TBPS)
-        staged_turns = self.pingpong_tma_store is True and self.tma_store and self.c_tma_ready(p)
+        registers_fast = pingpong_memory_ok(dev)
+        staged_turns = ((self.pingpong_tma_store is True or (self.pingpong_tma_store is None and not registers_fast))
+                        and self.tma_store and self.c_tma_ready(p))
         turns_store_ok = (staged_turns or self.pingpong_tma_store is False
-                          or (self.pingpong_tma_store is None and pingpong_memory_ok(dev)))
+                          or (self.pingpong_tma_store is None and registers_fast))
 
         def takes_turns(width: int) -> bool:  # PINGPONG allowed (and paying, unless "always") at this width
             return may_pingpong and width <= PINGPONG_MAX_BN and (self.pingpong == "always" or (
@@ -822,9 +825,10 @@ class WgmmaTf32(Family):
                             "accumulator" if x3 else f"TF32 wgmma m64n{bn}k8, fp32 accumulate"))
         if (may_pingpong and self.pingpong is True and self.pingpong_tma_store is None and not turns_store_ok
                 and pingpong_pays(p, dev, tiles_of(p, bm, 128) * p.batch_total)):  # (where it would be weighed)
-            details += (("consumers", f"both warpgroups on each tile, not taking turns: taking turns with C "
-                                      f"stored from registers ran 4-50% slower on an H100's 3.35 TB/s of memory "
-                                      f"(taken from {PINGPONG_MIN_DRAM_TBPS:g} TB/s; this part: {dev.dram_tbps:.2f})"),)
+            details += (("consumers", f"both warpgroups on each tile, not taking turns: the copy engine cannot "
+                                      f"write this C, and taking turns with C stored from registers ran 4-50% "
+                                      f"slower on an H100's 3.35 TB/s of memory (taken from "
+                                      f"{PINGPONG_MIN_DRAM_TBPS:g} TB/s; this part: {dev.dram_tbps:.2f})"),)
         if vector:
             details += (("bias", "added to the accumulators as they are stored (D is one "
                                  + ("row: a value a column" if vector == 1 else "column: a value a row") + ")"),)
