@@ -327,6 +327,11 @@ __device__ __forceinline__ unsigned long long smem_desc(unsigned addr) {
 #define ACC_REGS R16_0 ", " R16_1 ", " R16_2 ", " R16_3
 #define SS_ARGS "%64, %65", "%66"
 #define RS_ARGS "{%64, %65, %66, %67}, %68", "%69"
+#elif BN == 160
+#define ACC_OPS ACC16(0), ACC16(16), ACC16(32), ACC16(48), ACC16(64)
+#define ACC_REGS R16_0 ", " R16_1 ", " R16_2 ", " R16_3 ", " R16_4
+#define SS_ARGS "%80, %81", "%82"
+#define RS_ARGS "{%80, %81, %82, %83}, %84", "%85"
 #elif BN == 192
 #define ACC_OPS ACC16(0), ACC16(16), ACC16(32), ACC16(48), ACC16(64), ACC16(80)
 #define ACC_REGS R16_0 ", " R16_1 ", " R16_2 ", " R16_3 ", " R16_4 ", " R16_5
@@ -338,7 +343,7 @@ __device__ __forceinline__ unsigned long long smem_desc(unsigned addr) {
 #define SS_ARGS "%128, %129", "%130"
 #define RS_ARGS "{%128, %129, %130, %131}, %132", "%133"
 #else
-#error "BN must be 64, 96, 128, 192 or 256"
+#error "BN must be 64, 96, 128, 160, 192 or 256"
 #endif
 #if PRECISION_X3 && BN > 128
 #error "tf32x3 holds three accumulator sets: BN must be at most 128"

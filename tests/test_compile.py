@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from fastmm.families import FAMILIES, Skinny, WgmmaTf32
+from fastmm.families.wgmma_tf32 import STAGED_TURNS_160
 from fastmm.families.simt_core import copies_fit
 from fastmm.families.simt_cp_async import HALF_TILE_OPTIONS, NARROW_TILE_OPTIONS, SHORT_TILE_OPTIONS
 from fastmm.plan import select
@@ -729,7 +730,7 @@ def test_c_staged_through_shared_memory_adds_no_spills_to_any_build_the_planner_
 
 def test_wgmma_pingpong_builds_every_width_it_takes_without_spills():
     """The consumers taking turns on whole tiles (PINGPONG: two 64-row accumulator sets a thread,
-    BN registers) at every width the planner gives it (64-192, its ring of stages), with C stored
+    BN registers) at every width the planner gives it (64-192, and 160 staged), with C stored
     as float2 or single floats, or staged for the copy engine (a region each consumer warpgroup),
     plain or with a bias: no spills, no stack frame; and the combinations it does not serve (the
     planner never asks: a fused epilogue goes to the cooperative form) stop at the source's own
@@ -738,10 +739,10 @@ def test_wgmma_pingpong_builds_every_width_it_takes_without_spills():
 
     if nvrtc_unavailable_reason():
         pytest.skip(nvrtc_unavailable_reason())
-    fam = WgmmaTf32(pingpong="always")
     dev = DeviceFacts.simulated_device("sm_90")
     macros = set()
-    for bn in (64, 96, 128, 192):
+    for bn in (64, 96, 128, 160, 192):  # (160: the staged turns' width where its waves fill better)
+        fam = WgmmaTf32(pingpong="always", extra_widths=(STAGED_TURNS_160,) if bn == 160 else ())
         for n in (4096, 4095):  # C_VEC 1, 0
             p = Problem.dense(4096, n, 1024, "tf32", b_t=True)
             plan = select(p, dev, force="wgmma_tf32", variants=(dataclasses.replace(fam, force_bn=bn),))
@@ -764,7 +765,7 @@ def test_wgmma_pingpong_builds_every_width_it_takes_without_spills():
             m = dict(staged.kernel.macros)
             assert m["PINGPONG"] == 1 and m["TMA_STORE"] == 1 and m["C_BOXES"] == 2 and m["BN"] == bn, m
             macros.add(staged.kernel.macros)
-    assert len(macros) == 36
+    assert len(macros) == 45
     _assert_no_spills("wgmma_tf32.cu", "sm_90a", sorted(macros))
     base = {"BN": 128, "STAGES": 4, "C_VEC": 0, "PRECISION_X3": 0, "A_MN": 0, "PINGPONG": 1}
     for bad in ({"PRECISION_X3": 1}, {"A_MN": 1}, {"C_COPY_OUT": 1}, {"BN": 256}, {"EPILOGUE": 1},

@@ -17,7 +17,7 @@ import torch
 import fastmm
 from fastmm import dispatch, fast_path, ops
 from fastmm.families import FAMILIES, SimtCpAsync, Skinny, WgmmaTf32
-from fastmm.families.wgmma_tf32 import SPLIT_FORCED_SLICE_K, persistent_pays
+from fastmm.families.wgmma_tf32 import SPLIT_FORCED_SLICE_K, STAGED_TURNS_160, persistent_pays
 from fastmm.plan import TINY_K, TINY_OUTPUTS
 from fastmm.runtime import launcher
 from fastmm.shapes import analyse, build_problem
@@ -1138,22 +1138,23 @@ def test_wgmma_every_tile_width_computes_every_tile(case, bn, precision, rel_err
     assert all(torch.equal(outs[0], o) for o in outs[1:])
 
 
-@pytest.mark.parametrize("bn", [64, 96, 128, 192])
+@pytest.mark.parametrize("bn", [64, 96, 128, 160, 192])
 @pytest.mark.parametrize("case", sorted(WGMMA_WIDTH_CASES) + ["odd-items-per-block"])
 def test_wgmma_pingpong_consumers_compute_every_tile(case, bn, rel_err):
     """The consumer warpgroups taking turns on whole tiles (PINGPONG) wherever the kernel allows
     it (tf32, a K-major A), C from registers and through the copy engine (each warpgroup its
     own staging region, where C allows a tensor map): right into NaN-poisoned outputs, blocks
     with one tile, with an even and an odd number of tiles, and the same bits as the
-    cooperative form."""
+    cooperative form. (160 wide: a width the kernel builds that only a variant asks for.)"""
     needs_sm90()
     a, b = WGMMA_WIDTH_CASES[case]() if case in WGMMA_WIDTH_CASES else (randn(1408, 96), randn(2100, 96).t())
     outs = []
+    extra = (STAGED_TURNS_160,) if bn == STAGED_TURNS_160[0] else ()
     # (128-row tiles: the 64-row tile is the cooperative form only, and the mid-size rule would
     # give these products 64 rows)
-    for variant in (WgmmaTf32(force_bn=bn, pingpong="always", pingpong_tma_store=False, rows64=False),
-                    WgmmaTf32(force_bn=bn, pingpong="always", pingpong_tma_store=True, rows64=False),
-                    WgmmaTf32(force_bn=bn, pingpong=False, rows64=False)):
+    for variant in (WgmmaTf32(force_bn=bn, pingpong="always", pingpong_tma_store=False, rows64=False, extra_widths=extra),
+                    WgmmaTf32(force_bn=bn, pingpong="always", pingpong_tma_store=True, rows64=False, extra_widths=extra),
+                    WgmmaTf32(force_bn=bn, pingpong=False, rows64=False, extra_widths=extra)):
         out = torch.full(torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1]), NAN,
                          device="cuda")
         result, plan, reason = dispatch.matmul_fastmm(a, b, out, "tf32", force="wgmma_tf32", variants=(variant,))

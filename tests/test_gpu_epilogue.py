@@ -13,6 +13,7 @@ import torch
 import fastmm
 from fastmm import dispatch
 from fastmm.families import WgmmaTf32
+from fastmm.families.wgmma_tf32 import STAGED_TURNS_160
 from fastmm.plan import EPILOGUE_MACRO
 
 pytestmark = pytest.mark.cuda
@@ -131,7 +132,7 @@ WGMMA_EPILOGUE_CASES = {
 
 
 @pytest.mark.parametrize("precision", ["tf32", "tf32x3"])
-@pytest.mark.parametrize("bn", [64, 96, 128, 192, 256])
+@pytest.mark.parametrize("bn", [64, 96, 128, 160, 192, 256])
 @pytest.mark.parametrize("case", sorted(WGMMA_EPILOGUE_CASES))
 def test_wgmma_applies_the_epilogue_at_every_width_and_store_form(case, bn, precision):
     """wgmma's epilogue on C staged for the copy engine (every box of every width), staged and
@@ -142,20 +143,26 @@ def test_wgmma_applies_the_epilogue_at_every_width_and_store_form(case, bn, prec
     sum + beta * D)."""
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("wgmma needs sm_90")
-    if bn not in {w for w, _ in WgmmaTf32.tile_options(precision == "tf32x3")}:
+    # (160 wide: tf32, taken by the staged turns only, STAGED_TURNS_160; every form built here)
+    extra = (STAGED_TURNS_160,) if bn == STAGED_TURNS_160[0] and precision == "tf32" else ()
+    if bn not in {w for w, _ in WgmmaTf32.tile_options(precision == "tf32x3") + extra}:
         pytest.skip(f"no {bn}-wide tile for {precision}")
     make_ab, make_d, alpha, beta, vector = WGMMA_EPILOGUE_CASES[case]
     a, b = make_ab()
     m, n = a.shape[0], b.shape[1]
     d = make_d(m, n)
     ref = alpha * (a.double() @ b.double()) + (beta * d.double() if beta else 0)
-    variants = [WgmmaTf32(force_bn=bn, tma_store=tma_store, pingpong=False, split=False) for tma_store in (True, False)]
-    variants.append(WgmmaTf32(force_bn=bn, tma_store=False, c_copy_out=False, pingpong=False, split=False))
+    variants = [WgmmaTf32(force_bn=bn, tma_store=tma_store, pingpong=False, split=False, extra_widths=extra)
+                for tma_store in (True, False)]
+    variants.append(WgmmaTf32(force_bn=bn, tma_store=False, c_copy_out=False, pingpong=False, split=False,
+                              extra_widths=extra))
     if precision == "tf32" and vector and bn <= 192:  # (PINGPONG takes a bias, not with A fed from registers)
         # (128-row tiles: the 64-row tile is the cooperative form only)
-        variants.append(WgmmaTf32(force_bn=bn, pingpong="always", pingpong_tma_store=False, split=False, rows64=False))
+        variants.append(WgmmaTf32(force_bn=bn, pingpong="always", pingpong_tma_store=False, split=False, rows64=False,
+                                  extra_widths=extra))
         # ... and C through the copy engine, each consumer warpgroup its own staging region
-        variants.append(WgmmaTf32(force_bn=bn, pingpong="always", pingpong_tma_store=True, split=False, rows64=False))
+        variants.append(WgmmaTf32(force_bn=bn, pingpong="always", pingpong_tma_store=True, split=False, rows64=False,
+                                  extra_widths=extra))
     results = []
     for variant in variants:
         result, plan, reason = dispatch.matmul_fused(a, b, d, alpha, beta, precision, force="wgmma_tf32",

@@ -66,7 +66,7 @@ def test_split_k_gpu_test_runs_on_the_emulated_gpu(gpu_test_on_cpu, case, rel_er
     test_gpu.test_wgmma_split_k_sums_every_tiles_slices_in_order(case, rel_err)
 
 
-@pytest.mark.parametrize("bn", [64, 96, 128, 192])
+@pytest.mark.parametrize("bn", [64, 96, 128, 160, 192])
 @pytest.mark.parametrize("case", sorted(test_gpu.WGMMA_WIDTH_CASES) + ["odd-items-per-block"])
 def test_pingpong_gpu_test_runs_on_the_emulated_gpu(gpu_test_on_cpu, case, bn, rel_err):
     """The consumers taking turns, C from registers and through the copy engine (a staging region
@@ -78,7 +78,7 @@ def test_pingpong_gpu_test_runs_on_the_emulated_gpu(gpu_test_on_cpu, case, bn, r
         assert staged, [x.cfg.macros for x in gpu_test_on_cpu.launches]
 
 
-@pytest.mark.parametrize("bn", [64, 96, 128, 192])
+@pytest.mark.parametrize("bn", [64, 96, 128, 160, 192])
 @pytest.mark.parametrize("case", sorted(test_gpu_epilogue.WGMMA_EPILOGUE_CASES))
 def test_epilogue_store_forms_gpu_test_runs_on_the_emulated_gpu(gpu_test_on_cpu, monkeypatch, case, bn):
     """wgmma's epilogue in every store form, the consumers taking turns with C staged among them

@@ -20,7 +20,7 @@ from fastmm.families import (FAMILIES, LOAD_ELEM_FAST, LOAD_ELEM_K, LOAD_NAMES, 
                              split_k_for, stream_k_head_config)
 from fastmm.families.simt_core import FUSED_SPLIT_MAX, STAGE_MIN_FLOP_PER_BYTE
 from fastmm.families.simt_cp_async import short_rows_first
-from fastmm.families.wgmma_tf32 import (PINGPONG_MIN_DRAM_TBPS, ROWS64_A_MN_SPLIT_MAX_K, ROWS64_A_MN_SPLIT_MIN_K,
+from fastmm.families.wgmma_tf32 import (PINGPONG_MIN_DRAM_TBPS, STAGED_TURNS_160_GAIN, ROWS64_A_MN_SPLIT_MAX_K, ROWS64_A_MN_SPLIT_MIN_K,
                                         ROWS64_A_MN_SPLIT_OLD_MAX_LINES,
                                         ROWS64_MID_SPLIT_MIN_K, X3_A_REGS_MAX_N, X3_A_REGS_MIN_K, X3_A_REGS_MIN_N,
                                         X3_A_REGS_MIN_ROWS_PER_COLUMN, X3_A_REGS_MIN_TILES, X3_SHORT_K, tiles_of,
@@ -1964,7 +1964,8 @@ def test_wgmma_consumers_take_turns_by_the_parts_memory():
         assert on_h200.get("PINGPONG") == 1 and "TMA_STORE" not in on_h200, (M, N, K)
         on_h100 = select(p, h100).kernel
         m = dict(on_h100.macros)
-        assert (m.get("PINGPONG"), m.get("TMA_STORE"), m.get("C_BOXES"), m["BN"]) == (1, 1, 2, 192), (M, N, K)
+        width = 160 if (M, N, K) in ((8192, 2816, 1024), (3152, 4096, 1024)) else 192  # (STAGED_TURNS_160)
+        assert (m.get("PINGPONG"), m.get("TMA_STORE"), m.get("C_BOXES"), m["BN"]) == (1, 1, 2, width), (M, N, K)
         assert "a region each consumer warpgroup" in dict(on_h100.details)["C stores"]
         assert "consumers" not in dict(on_h100.details)
         # the H100's default is the staged variant's plan; the H200's the registers' variant's
@@ -1999,11 +2000,47 @@ def test_wgmma_consumers_take_turns_by_the_parts_memory():
         assert "consumers" not in dict(k.details) and "PINGPONG" not in dict(k.macros)
 
 
+def test_wgmma_staged_turns_take_160_wide_tiles_where_their_waves_fill_the_sms_better():
+    """Taking turns with C staged (the H100's form), the 160-wide tile replaces the 192-wide one
+    where its whole waves fill the SMs enough better (STAGED_TURNS_160_GAIN) at K >=
+    STAGED_TURNS_160_MIN_K: 3152 x 4096 x 1024 (192 wide: 550 tiles, 5 waves for 4.17; 160 wide:
+    650, 5 for 4.92) measured 91.4 -> 80.4 us on an H100; not where 160's waves fill no better
+    (4728 x 3072 x 768), not at K = 512 even where they do (4096 x 11008 x 512, measured slower),
+    not where the product shares tiles, and never from registers (the H200's turns)."""
+    h200, h100 = DEV["sm_90"], DeviceFacts.simulated_h100()
+    def macros(M, N, K, dev=h100, **kw):
+        return dict(select(Problem.dense(M, N, K, "tf32", b_t=True, **kw), dev).kernel.macros)
+    for M, N, K in [(3152, 4096, 1024), (8192, 2816, 1024)]:
+        m = macros(M, N, K)
+        assert (m["BN"], m["PINGPONG"], m["TMA_STORE"]) == (160, 1, 1), (M, N, K)
+        assert wave_cost(Problem.dense(M, N, K, "tf32", b_t=True), h100, 160, pingpong=True) < \
+            STAGED_TURNS_160_GAIN * wave_cost(Problem.dense(M, N, K, "tf32", b_t=True), h100, 192, pingpong=True)
+        assert macros(M, N, K, h200)["BN"] != 160  # (turns from registers: 160 is not offered)
+        why = dict(select(Problem.dense(M, N, K, "tf32", b_t=True), h100).kernel.details)["width rule"]
+        assert why.startswith("160 wide, not 192: taking turns with C staged"), why
+        # with a bias, 192 wide until the bias form at 160 has run on a GPU
+        k = select(dataclasses.replace(Problem.dense(M, N, K, "tf32", b_t=True), epilogue=EPILOGUE_BIAS_N), h100).kernel
+        assert dict(k.macros)["BN"] == 192 and dict(k.macros)["EPILOGUE_VECTOR"] == 1
+    for M, N, K in [(4728, 3072, 768), (1000, 18944, 3584), (4096, 11008, 512)]:
+        assert macros(M, N, K)["BN"] == 192, (M, N, K)
+    assert macros(8192, 4096, 1024)["BN"] != 160  # (160's waves fill only 1.6% better there)
+    # (the width is asked of the staged turns only: shared tiles and tf32x3 never take it)
+    assert 160 not in {w for x3 in (False, True) for w, _ in WgmmaTf32.tile_options(x3)}
+    assert macros(2048, 1024, 4096)["BN"] != 160 and "PINGPONG" not in macros(2048, 1024, 4096)
+    assert dict(select(Problem.dense(3152, 4096, 1024, "tf32x3", b_t=True), h100).kernel.macros)["BN"] != 160
+    # the ring and C's two staging regions fit beside each other at 160 wide
+    k = select(Problem.dense(3152, 4096, 1024, "tf32", b_t=True), h100).kernel
+    m = dict(k.macros)
+    ring = m["STAGES"] * (128 + 160) * 32 * 4
+    assert k.smem == 1024 + ring + 2 * m["C_BOXES"] * 128 * 32 * 4 + 16 * m["STAGES"] <= h100.smem_per_block_optin
+
+
 def test_wgmma_consumers_take_turns_with_c_through_the_copy_engine_where_the_variant_asks():
     """``pingpong_tma_store=True`` (measured 2-14% ahead of sharing tiles on an H100, NOTES run
-    59; the default below PINGPONG_MIN_DRAM_TBPS since run 62): taking turns on any part, 192 wide, C
-    staged for the copy engine in a region each consumer warpgroup (2 boxes at a time, beside a
-    ring that still fits), a bias added as C is staged; where C allows no tensor map, no turns
+    59; the default below PINGPONG_MIN_DRAM_TBPS since run 62): taking turns on any part, 192 wide
+    (160 where its waves fill the SMs better: STAGED_TURNS_160), C staged for the copy engine in
+    a region each consumer warpgroup (2 boxes at a time, beside a ring that still fits), a bias
+    added as C is staged; where C allows no tensor map, no turns
     (from registers they lost on the H100); False: taking turns from registers on any part."""
     staged, regs = WgmmaTf32(pingpong_tma_store=True), WgmmaTf32(pingpong_tma_store=False)
     for dev in (DEV["sm_90"], DeviceFacts.simulated_h100()):
@@ -2011,17 +2048,22 @@ def test_wgmma_consumers_take_turns_with_c_through_the_copy_engine_where_the_var
             p = Problem.dense(M, N, K, "tf32", b_t=True)
             k = select(p, dev, variants=(staged,)).kernel
             m = dict(k.macros)
-            assert (m.get("PINGPONG"), m.get("TMA_STORE"), m.get("C_BOXES"), m["BN"]) == (1, 1, 2, 192), (dev.name, M, N, K)
+            width = 160 if (M, N, K) == (8192, 2816, 1024) else 192  # (STAGED_TURNS_160)
+            assert (m.get("PINGPONG"), m.get("TMA_STORE"), m.get("C_BOXES"), m["BN"]) == (1, 1, 2, width), (dev.name, M, N, K)
             assert "a region each consumer warpgroup" in dict(k.details)["C stores"]
             # the kernel's layout: 1 KiB of alignment slack, the ring, two regions of 2 boxes of
             # 128 x 32 floats (one each consumer), the ring's two mbarriers a slot; and it fits
-            ring = m["STAGES"] * (128 + 192) * 32 * 4
+            ring = m["STAGES"] * (128 + width) * 32 * 4
             assert k.smem == 1024 + ring + 2 * 2 * 128 * 32 * 4 + 16 * m["STAGES"] <= dev.smem_per_block_optin, k.smem
             # a c_boxes asked beyond what fits beside two slots: as many as fit
             big = select(p, dev, variants=(dataclasses.replace(staged, c_boxes=6),)).kernel
             assert dict(big.macros)["C_BOXES"] < 6 and big.smem <= dev.smem_per_block_optin
             fused = dict(select(dataclasses.replace(p, epilogue=EPILOGUE_BIAS_N), dev, variants=(staged,)).kernel.macros)
-            assert fused.pop("EPILOGUE") == 1 and fused.pop("EPILOGUE_VECTOR") == 1 and fused == m
+            assert fused.pop("EPILOGUE") == 1 and fused.pop("EPILOGUE_VECTOR") == 1
+            if width == 160:  # (a bias stays 192 wide: STAGED_TURNS_160)
+                assert fused.pop("BN") == 192 and fused.pop("STAGES") == 4
+                m = {k: v for k, v in m.items() if k not in ("BN", "STAGES")}
+            assert fused == m
             r = dict(select(p, dev, variants=(regs,)).kernel.macros)
             assert r.get("PINGPONG") == 1 and "TMA_STORE" not in r, (dev.name, M, N, K)
         head = Problem.dense(4096, 50257, 768, "tf32", b_t=True)  # an odd width: no tensor map for C

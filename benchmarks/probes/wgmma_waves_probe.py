@@ -11,7 +11,7 @@ For each product and precision: GPU us per call (probe_util.time_us) of
 - "c2", "c4": the same with 2 or 4 boxes of C staged at once (the ring loses slots to fit 4);
 - each tile width BN, persistent where the planner's rule says so, C through the copy engine
   (``WgmmaTf32(force_bn=BN)``);
-- with ``--pingpong``: each width with the consumers taking turns ("pp"), and at 128 and 192
+- with ``--pingpong``: each width with the consumers taking turns ("pp"), and at 128, 160 and 192
   wide taking turns with C through the copy engine ("ppt", a staging region each consumer);
 - the planner's plan (which width ``wave_cost`` picks), and torch (TF32 allowed for tf32;
   full fp32 for tf32x3);
@@ -71,7 +71,7 @@ PRODUCTS = (
     ("wt_k512_11k", 0, 4096, 11008, 512, "wt"), ("head_k512_8k", 0, 8192, 32000, 512, "wt"),
     ("wt_1000_14k", 0, 1000, 14336, 2048, "wt"), ("qwen05_head_512", 0, 512, 151936, 896, "wt"),
     ("bmm_wt_512_k4k", 8, 512, 2304, 4096, "wt"), ("bmm_wt_788_768", 8, 788, 768, 768, "wt"),
-    ("bmm_wt_head_2k", 8, 2048, 32000, 2048, "wt"),
+    ("bmm_wt_head_2k", 8, 2048, 32000, 2048, "wt"), ("wt_11k_k1024", 0, 4096, 11008, 1024, "wt"),
 )
 
 
@@ -93,8 +93,9 @@ def variants_for(x3: bool, pingpong: bool = False):
     if pingpong and not x3:  # the consumers taking turns on whole tiles (PINGPONG), each width it takes
         for bn in (64, 96, 128, 192):
             out[f"pp{bn}"] = WgmmaTf32(force_bn=bn, pingpong="always")
-        for bn in (128, 192):  # (C through the copy engine, a staging region each consumer)
-            out[f"ppt{bn}"] = WgmmaTf32(force_bn=bn, pingpong="always", pingpong_tma_store=True)
+        for bn in (128, 160, 192):  # (C through the copy engine, a staging region each consumer)
+            out[f"ppt{bn}"] = WgmmaTf32(force_bn=bn, pingpong="always", pingpong_tma_store=True,
+                                        extra_widths=((160, 5),) if bn == 160 else ())
     out["coop"] = WgmmaTf32(**coop)  # run 23's planner: the consumers always share tiles
     out["planner"] = WgmmaTf32()
     return out

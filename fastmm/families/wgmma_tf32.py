@@ -87,7 +87,9 @@ MAX_GRID_X = 2**31 - 1
 #: 11.5, against 9.2 for the 256-wide one at 2.98 TFLOP/s an SM). tf32: the rates that picked the
 #: fastest width (or one within 1%) on 22 of 25 products in `probes/wgmma_waves_probe.py` (NOTES run
 #: 23); tf32x3 (three wgmmas a k-step: compute-bound): fitted there.
-BN_RATE = {"tf32": {256: 1.0, 192: 0.97, 128: 0.92, 96: 0.86, 64: 0.76},
+#: 160 (taken only by the staged turns: STAGED_TURNS_160) against 192, both taking turns with C
+#: staged, H100 (NOTES run 62): 0.95-0.97 of 192's rate at K >= 1024, 0.91 at K = 512.
+BN_RATE = {"tf32": {256: 1.0, 192: 0.97, 160: 0.94, 128: 0.92, 96: 0.86, 64: 0.76},
            "tf32x3": {128: 1.0, 96: 0.96, 64: 0.915}}
 #: us a tile costs beyond its main loop (its stores, the mbarrier hand-offs), per column of width.
 TILE_US_PER_COLUMN = 1.5 / 256
@@ -460,6 +462,19 @@ PINGPONG_MIN_K = 512
 #: the H100's form.
 PINGPONG_MIN_DRAM_TBPS = 4.5
 
+#: Taking turns with C staged, the 160-wide tile instead of the 192-wide one where its whole waves
+#: fill the SMs enough better: at K >= STAGED_TURNS_160_MIN_K, where :func:`wave_cost` puts it
+#: under STAGED_TURNS_160_GAIN of 192's. H100 (NOTES run 62, `probes/wgmma_waves_probe.py
+#: --pingpong`, 12 x @ W^T products): 3152 x 4096 x 1024 (192 wide: 550 tiles, 5 waves for 4.17)
+#: 91.4 -> 80.4 us (torch 82.7), 8192 x 2816 x 1024 139.9 -> 135.4; where 160's waves fill no
+#: better it ran 2-13% behind (4728 x 3072 x 768 74.1 against 70.4, 1000 x 18944 x 3584 378.9
+#: against 340.4), and at K = 512 behind even with waves 6% fuller (4096 x 11008 x 512 154.0
+#: against 148.4). Not offered elsewhere (tile_options): measured only taking turns, staged; and
+#: not with a fused bias yet (built without spills, its GPU test not run: NOTES run 62).
+STAGED_TURNS_160 = (160, 5)
+STAGED_TURNS_160_MIN_K = 1024
+STAGED_TURNS_160_GAIN = 0.98
+
 
 def pingpong_memory_ok(dev: DeviceFacts) -> bool:
     """Whether ``dev``'s memory is what taking turns with C stored from registers was measured
@@ -502,6 +517,9 @@ class WgmmaTf32(Family):
     persistent: bool | str = True
     #: A tile width to take whatever the rule says (0: the rule's): for probes.
     force_bn: int = 0
+    #: (BN, STAGES) options beside :meth:`tile_options`' (the kernel also builds BN = 160, tf32
+    #: only): for probes, e.g. ``WgmmaTf32(extra_widths=((160, 5),), force_bn=160)``.
+    extra_widths: tuple = ()
     #: C stored through shared memory by the copy engine where C allows a tensor map
     #: (:meth:`c_tma_ready`), so the stores drain under the next tile's main loop. False: from
     #: registers (a variant for benchmarks).
@@ -524,10 +542,11 @@ class WgmmaTf32(Family):
     pingpong: bool | str = True
     #: Where the consumers take turns, how C leaves: None (the default) by the part's memory
     #: (PINGPONG_MIN_DRAM_TBPS): from registers on the H200's, through the copy engine below it (a
-    #: staging region each consumer warpgroup, 2 boxes at a time, 192 wide), where C allows no
-    #: tensor map no turns there; True: through the copy engine on any part (where C allows no
-    #: tensor map, or ``tma_store`` is off, no turns, unless ``pingpong="always"``); False: from
-    #: registers on any part. (True and False are variants for probes and tests.)
+    #: staging region each consumer warpgroup, 2 boxes at a time, 192 wide or 160 where its waves
+    #: fill better: STAGED_TURNS_160), where C allows no tensor map no turns there; True: through
+    #: the copy engine on any part (where C allows no tensor map, or ``tma_store`` is off, no
+    #: turns, unless ``pingpong="always"``); False: from registers on any part. (True and False
+    #: are variants for probes and tests.)
     pingpong_tma_store: bool | None = None
     #: K split over blocks (SPLIT in the kernel: each tile's last block sums the slices) where
     #: the rule of SPLIT_MAX_M says (tf32 decode-like products whose tiles leave most SMs idle);
@@ -711,6 +730,8 @@ class WgmmaTf32(Family):
     def configure(self, p, dev):
         x3 = p.precision == "tf32x3"
         options = self.tile_options(x3)
+        if self.extra_widths and not x3:
+            options = tuple(sorted(options + tuple(self.extra_widths), reverse=True))
         a_mn = self.reads_a_mn(p)
         bm = self.tile_rows(p, x3, a_mn, dev)
         mid_width = (mid_rows64_width(p, dev, a_mn) if bm == 64 and not x3 and p.M > ROWS64_MAX_M  # (the mid-size rule)
@@ -732,6 +753,7 @@ class WgmmaTf32(Family):
         if split is not None:
             (bn, stages), slices = split
             return self._split_config(p, dev, bn, stages, slices, x3, a_mn, bm)
+        narrow_turns = False  # (the staged turns' 160-wide tile taken: STAGED_TURNS_160)
         # (see SHORT_K_NARROW_MIN_K; the copy engine stores C at every width there)
         short_k = (not x3 and not a_mn and self.tma_store and self.c_tma_ready(p)
                    and SHORT_K_NARROW_MIN_K < p.K <= SHORT_K_NARROW_MAX_K)
@@ -760,6 +782,12 @@ class WgmmaTf32(Family):
                 pp = max(turns) if staged_turns else min(turns, key=lambda o: wave_cost(p, dev, o[0], pingpong=True))
                 if self.pingpong == "always" or wave_cost(p, dev, pp[0], pingpong=True) < wave_cost(p, dev, bn, bm=bm):
                     (bn, stages), pingpong = pp, True
+                    if (staged_turns and bn == 192 and p.K >= STAGED_TURNS_160_MIN_K and not p.epilogue
+                            and takes_turns(160)
+                            and wave_cost(p, dev, 160, pingpong=True)
+                            < STAGED_TURNS_160_GAIN * wave_cost(p, dev, 192, pingpong=True)):
+                        bn, stages = STAGED_TURNS_160  # (fuller waves: see STAGED_TURNS_160)
+                        narrow_turns = True
         work = tiles_of(p, bm, bn) * p.batch_total
         # TMA_STORE stages 4 boxes of C at once (2 for tf32x3, whose ring slots are twice as big,
         # and for the 256-wide tile from TMA_STORE_256_TWO_BOXES_MIN_K), taken from the ring where
@@ -837,6 +865,11 @@ class WgmmaTf32(Family):
                                     f"staged halves would move 12 bytes an element for its {2 * p.N} FLOP"),)
         if bm == 64:
             details += (self.rows64_detail(p, dev),)
+        if narrow_turns:
+            waves = {w: tiles_of(p, bm, w) * p.batch_total / dev.sm_count for w in (160, 192)}
+            details += (("width rule", f"160 wide, not 192: taking turns with C staged, its tiles fill "
+                                       f"{waves[160]:.2f} waves in {-(-waves[160] // 1):.0f} where 192's fill "
+                                       f"{waves[192]:.2f} in {-(-waves[192] // 1):.0f} (see STAGED_TURNS_160)"),)
         if short_k:
             details += (("width rule", f"at most {SHORT_K_NARROW_MAX_BN} wide at K = {SHORT_K_NARROW_MIN_K + 1}-"
                                        f"{SHORT_K_NARROW_MAX_K} with both operands K-major: measured faster than the "
