@@ -6,7 +6,7 @@
 // are consumers: each owns 64 rows of the 128-row tile, waits for a slot, issues BK/8 wgmma m64nBNk8 on it and frees
 // it (the "empty" mbarrier) once those wgmmas have read it. setmaxnreg moves registers from the
 // producer (which needs few) to the consumers (BN/2 fp32 accumulators each). BN is 64, 96, 128,
-// 192 or 256: the host picks the width whose whole waves of tiles take least time. A block walks
+// 160, 192 or 256: the host picks the width whose whole waves of tiles take least time. A block walks
 // work items (tile, batch entry) with a stride of the grid: one each, or, launched one block an
 // SM (persistent), several, the producer filling the ring for the next while the consumers store.
 //

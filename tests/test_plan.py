@@ -2023,11 +2023,10 @@ def test_wgmma_staged_turns_take_160_wide_tiles_where_their_waves_fill_the_sms_b
         assert dict(k.macros)["BN"] == 192 and dict(k.macros)["EPILOGUE_VECTOR"] == 1
     for M, N, K in [(4728, 3072, 768), (1000, 18944, 3584), (4096, 11008, 512)]:
         assert macros(M, N, K)["BN"] == 192, (M, N, K)
-    assert macros(8192, 4096, 1024)["BN"] != 160  # (160's waves fill only 1.6% better there)
+    assert macros(4096, 3072, 1024)["BN"] == 192  # (K = 1024, but 160's waves fill worse: 93% against 97%)
     # (the width is asked of the staged turns only: shared tiles and tf32x3 never take it)
     assert 160 not in {w for x3 in (False, True) for w, _ in WgmmaTf32.tile_options(x3)}
     assert macros(2048, 1024, 4096)["BN"] != 160 and "PINGPONG" not in macros(2048, 1024, 4096)
-    assert dict(select(Problem.dense(3152, 4096, 1024, "tf32x3", b_t=True), h100).kernel.macros)["BN"] != 160
     # the ring and C's two staging regions fit beside each other at 160 wide
     k = select(Problem.dense(3152, 4096, 1024, "tf32", b_t=True), h100).kernel
     m = dict(k.macros)

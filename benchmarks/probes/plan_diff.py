@@ -2,8 +2,9 @@
 """Which plans a change moves: every product of the model shape files and a fixed draw of random
 ones, planned on simulated devices by two trees, and the plans that differ listed. No GPU needed.
 
-    python benchmarks/probes/plan_diff.py --old /tmp/old          # a checkout of the tree before
-                                                                 # (git worktree add /tmp/old HEAD)
+    python benchmarks/probes/plan_diff.py --old /tmp/old          # a checkout of the tree before the
+                                                                 # change (git worktree add /tmp/old HEAD
+                                                                 # before committing it, HEAD~1 after)
     python benchmarks/probes/plan_diff.py --dump plans.json       # this tree's plans only
 
 Products: the ``model`` rows of benchmarks/bench_shapes.json, model_dims_fresh.json,
@@ -11,7 +12,9 @@ model_dims_extra.json and model_dims_holdout.json (their layouts: x @ W.t(), A^T
 plus 400 random products (seeded: the same draw every run) of model-like dims, a batch of 8 on a
 quarter of them, B K-contiguous on 60%, A transposed on 20%. Each in ieee, tf32 and tf32x3, with
 and without a bias along n (batch 1), on a simulated H200, H100 and A100. A plan is compared by
-its family, macros and grid. Each tree plans in a process of its own (its own ``fastmm``).
+its GEMM kernel's family, macros and grid only: a change to a plan's second pass (split-K reduce,
+stream-K fixup), staging copies, operand swap or fallback alone does not show. Each tree plans in
+a process of its own (its own ``fastmm``); the products come from this tree's shape files.
 """
 from __future__ import annotations
 

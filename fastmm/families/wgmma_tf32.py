@@ -456,9 +456,10 @@ PINGPONG_MIN_K = 512
 #: so the rule is keyed on it. Taking turns with C through the copy engine instead (each consumer
 #: its own staging region) ran 2-14% ahead of sharing tiles on the H100, 192 wide (4728 x 3072 x
 #: 768 69.3 against 77.4 us, torch 68.0; 4096 x 3072 x 1024 72.1 against 76.0; 1000 x 18944 x
-#: 3584 332.8 against 341.1) and at every width ahead of taking turns from registers, so below
-#: this bandwidth plans take turns that way, and where C allows no tensor map they share tiles
-#: (NOTES runs 59 and 62). Parts between (H100 NVL 3.9, GH200 4.0) were not measured: they get
+#: 3584 332.8 against 341.1; run 59 measured it ahead of taking turns from registers at every
+#: width, run 62 at 192 wide alike where C allows a tensor map), so below this bandwidth plans
+#: take turns that way, and where C allows no tensor map they share tiles (from registers, turns
+#: lost 1.5x there: gpt2's head; NOTES runs 59 and 62). Parts between (H100 NVL 3.9, GH200 4.0) were not measured: they get
 #: the H100's form.
 PINGPONG_MIN_DRAM_TBPS = 4.5
 
@@ -468,7 +469,7 @@ PINGPONG_MIN_DRAM_TBPS = 4.5
 #: --pingpong`, 12 x @ W^T products): 3152 x 4096 x 1024 (192 wide: 550 tiles, 5 waves for 4.17)
 #: 91.4 -> 80.4 us (torch 82.7), 8192 x 2816 x 1024 139.9 -> 135.4; where 160's waves fill no
 #: better it ran 2-13% behind (4728 x 3072 x 768 74.1 against 70.4, 1000 x 18944 x 3584 378.9
-#: against 340.4), and at K = 512 behind even with waves 6% fuller (4096 x 11008 x 512 154.0
+#: against 340.4), and at K = 512 behind even with waves 5% fuller (4096 x 11008 x 512 154.0
 #: against 148.4). Not offered elsewhere (tile_options): measured only taking turns, staged; and
 #: not with a fused bias yet (built without spills, its GPU test not run: NOTES run 62).
 STAGED_TURNS_160 = (160, 5)
@@ -782,8 +783,8 @@ class WgmmaTf32(Family):
                 pp = max(turns) if staged_turns else min(turns, key=lambda o: wave_cost(p, dev, o[0], pingpong=True))
                 if self.pingpong == "always" or wave_cost(p, dev, pp[0], pingpong=True) < wave_cost(p, dev, bn, bm=bm):
                     (bn, stages), pingpong = pp, True
-                    if (staged_turns and bn == 192 and p.K >= STAGED_TURNS_160_MIN_K and not p.epilogue
-                            and takes_turns(160)
+                    if (staged_turns and self.pingpong is True and bn == 192 and p.K >= STAGED_TURNS_160_MIN_K
+                            and not p.epilogue and takes_turns(160)
                             and wave_cost(p, dev, 160, pingpong=True)
                             < STAGED_TURNS_160_GAIN * wave_cost(p, dev, 192, pingpong=True)):
                         bn, stages = STAGED_TURNS_160  # (fuller waves: see STAGED_TURNS_160)
@@ -853,10 +854,11 @@ class WgmmaTf32(Family):
                             "accumulator" if x3 else f"TF32 wgmma m64n{bn}k8, fp32 accumulate"))
         if (may_pingpong and self.pingpong is True and self.pingpong_tma_store is None and not turns_store_ok
                 and pingpong_pays(p, dev, tiles_of(p, bm, 128) * p.batch_total)):  # (where it would be weighed)
-            details += (("consumers", f"both warpgroups on each tile, not taking turns: the copy engine cannot "
-                                      f"write this C, and taking turns with C stored from registers ran 4-50% "
-                                      f"slower on an H100's 3.35 TB/s of memory (taken from "
-                                      f"{PINGPONG_MIN_DRAM_TBPS:g} TB/s; this part: {dev.dram_tbps:.2f})"),)
+            why = "the copy engine cannot write this C" if self.tma_store else "C is not staged (tma_store off)"
+            details += (("consumers", f"both warpgroups on each tile, not taking turns: {why}, and taking turns "
+                                      f"with C stored from registers ran 4-50% slower on an H100's 3.35 TB/s of "
+                                      f"memory (taken from {PINGPONG_MIN_DRAM_TBPS:g} TB/s; this part: "
+                                      f"{dev.dram_tbps:.2f})"),)
         if vector:
             details += (("bias", "added to the accumulators as they are stored (D is one "
                                  + ("row: a value a column" if vector == 1 else "column: a value a row") + ")"),)
@@ -866,10 +868,12 @@ class WgmmaTf32(Family):
         if bm == 64:
             details += (self.rows64_detail(p, dev),)
         if narrow_turns:
-            waves = {w: tiles_of(p, bm, w) * p.batch_total / dev.sm_count for w in (160, 192)}
-            details += (("width rule", f"160 wide, not 192: taking turns with C staged, its tiles fill "
-                                       f"{waves[160]:.2f} waves in {-(-waves[160] // 1):.0f} where 192's fill "
-                                       f"{waves[192]:.2f} in {-(-waves[192] // 1):.0f} (see STAGED_TURNS_160)"),)
+            tiles = {w: tiles_of(p, bm, w) * p.batch_total for w in (160, 192)}
+            waves = {w: -(-n // dev.sm_count) for w, n in tiles.items()}
+            details += (("width rule", f"160 wide, not 192: taking turns with C staged, its {tiles[160]} tiles fill "
+                                       f"{tiles[160] / (waves[160] * dev.sm_count):.0%} of the {waves[160]} waves they "
+                                       f"take, 192's {tiles[192]} {tiles[192] / (waves[192] * dev.sm_count):.0%} of "
+                                       f"{waves[192]} (see STAGED_TURNS_160)"),)
         if short_k:
             details += (("width rule", f"at most {SHORT_K_NARROW_MAX_BN} wide at K = {SHORT_K_NARROW_MIN_K + 1}-"
                                        f"{SHORT_K_NARROW_MAX_K} with both operands K-major: measured faster than the "
