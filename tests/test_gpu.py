@@ -1145,7 +1145,7 @@ def test_wgmma_pingpong_consumers_compute_every_tile(case, bn, rel_err):
     it (tf32, a K-major A), C from registers and through the copy engine (each warpgroup its
     own staging region, where C allows a tensor map): right into NaN-poisoned outputs, blocks
     with one tile, with an even and an odd number of tiles, and the same bits as the
-    cooperative form. (160 wide: a width the kernel builds that only a variant asks for.)"""
+    cooperative form. (160 wide: the staged turns' width where its waves fill better, STAGED_TURNS_160.)"""
     needs_sm90()
     a, b = WGMMA_WIDTH_CASES[case]() if case in WGMMA_WIDTH_CASES else (randn(1408, 96), randn(2100, 96).t())
     outs = []

@@ -20,8 +20,8 @@ from fastmm.families import (FAMILIES, LOAD_ELEM_FAST, LOAD_ELEM_K, LOAD_NAMES, 
                              split_k_for, stream_k_head_config)
 from fastmm.families.simt_core import FUSED_SPLIT_MAX, STAGE_MIN_FLOP_PER_BYTE
 from fastmm.families.simt_cp_async import short_rows_first
-from fastmm.families.wgmma_tf32 import (PINGPONG_MIN_DRAM_TBPS, STAGED_TURNS_160_GAIN, ROWS64_A_MN_SPLIT_MAX_K, ROWS64_A_MN_SPLIT_MIN_K,
-                                        ROWS64_A_MN_SPLIT_OLD_MAX_LINES,
+from fastmm.families.wgmma_tf32 import (PINGPONG_MIN_DRAM_TBPS, ROWS64_A_MN_SPLIT_MAX_K, ROWS64_A_MN_SPLIT_MIN_K,
+                                        ROWS64_A_MN_SPLIT_OLD_MAX_LINES, STAGED_TURNS_160_GAIN,
                                         ROWS64_MID_SPLIT_MIN_K, X3_A_REGS_MAX_N, X3_A_REGS_MIN_K, X3_A_REGS_MIN_N,
                                         X3_A_REGS_MIN_ROWS_PER_COLUMN, X3_A_REGS_MIN_TILES, X3_SHORT_K, tiles_of,
                                         wave_cost)

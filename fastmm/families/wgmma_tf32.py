@@ -459,8 +459,8 @@ PINGPONG_MIN_K = 512
 #: 3584 332.8 against 341.1; run 59 measured it ahead of taking turns from registers at every
 #: width, run 62 at 192 wide alike where C allows a tensor map), so below this bandwidth plans
 #: take turns that way, and where C allows no tensor map they share tiles (from registers, turns
-#: lost 1.5x there: gpt2's head; NOTES runs 59 and 62). Parts between (H100 NVL 3.9, GH200 4.0) were not measured: they get
-#: the H100's form.
+#: lost 1.5x there: gpt2's head; NOTES runs 59 and 62). Parts between (H100 NVL 3.9, GH200 4.0)
+#: were not measured: they get the H100's form.
 PINGPONG_MIN_DRAM_TBPS = 4.5
 
 #: Taking turns with C staged, the 160-wide tile instead of the 192-wide one where its whole waves
