@@ -32,11 +32,14 @@ FILES = ("bench_shapes", "model_dims_fresh", "model_dims_extra", "model_dims_hol
 
 
 def products() -> list[tuple[int, int, int, int, bool, bool]]:
-    """(M, N, K, batch, B K-contiguous, A transposed) of the shape files' model rows and the draw."""
+    """(M, N, K, batch, B K-contiguous, A transposed) of the shape files' model rows (their layout
+    read as bench.py reads it: ``fastmm.benchmark.layout_of``) and the draw."""
+    from fastmm.benchmark import layout_of
+
     out = []
     for name in FILES:
         for r in json.loads((REPO / "benchmarks" / f"{name}.json").read_text())["model"]:
-            layout = r.get("layout")
+            layout = layout_of(r)
             out.append((r["M"], r["N"], r["K"], r.get("batch", 1), layout in ("linear", "bmm_bt"), layout == "a_t"))
     rng = random.Random(4)
     for _ in range(400):

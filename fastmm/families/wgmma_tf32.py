@@ -781,12 +781,12 @@ class WgmmaTf32(Family):
                 # (C through the copy engine: the widest, 192, ran ahead of 128 on all 10 products
                 # measured, by 1-30%, NOTES run 59; from registers, the wave model's width)
                 pp = max(turns) if staged_turns else min(turns, key=lambda o: wave_cost(p, dev, o[0], pingpong=True))
-                if self.pingpong == "always" or wave_cost(p, dev, pp[0], pingpong=True) < wave_cost(p, dev, bn, bm=bm):
+                turns_cost = wave_cost(p, dev, pp[0], pingpong=True)
+                if self.pingpong == "always" or turns_cost < wave_cost(p, dev, bn, bm=bm):
                     (bn, stages), pingpong = pp, True
                     if (staged_turns and self.pingpong is True and bn == 192 and p.K >= STAGED_TURNS_160_MIN_K
                             and not p.epilogue and takes_turns(160)
-                            and wave_cost(p, dev, 160, pingpong=True)
-                            < STAGED_TURNS_160_GAIN * wave_cost(p, dev, 192, pingpong=True)):
+                            and wave_cost(p, dev, 160, pingpong=True) < STAGED_TURNS_160_GAIN * turns_cost):
                         bn, stages = STAGED_TURNS_160  # (fuller waves: see STAGED_TURNS_160)
                         narrow_turns = True
         work = tiles_of(p, bm, bn) * p.batch_total
