@@ -55,6 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # a source chec
 
 from fastmm import dispatch  # noqa: E402
 from fastmm.families import FAMILIES, WgmmaTf32  # noqa: E402
+from fastmm.families.wgmma_tf32 import STAGED_TURNS_160  # noqa: E402
 from fastmm.plan import select  # noqa: E402
 from fastmm.problem import DeviceFacts, Problem  # noqa: E402
 from fastmm.shapes import analyse, build_problem  # noqa: E402
@@ -488,6 +489,10 @@ def wgmma_cases(dev: DeviceFacts, precision: str, quick: bool) -> list[Case]:
         add("pingpong", 1409, 2816, 520, b_t=True, variants=(WgmmaTf32(pingpong="always", pingpong_tma_store=True,
                                                                         force_bn=128),))
         add("pingpong", 2300, 2400, 600, b_t=True, batch=2, variants=staged)
+        # 160 wide (the staged turns' width where its waves fill better: STAGED_TURNS_160), edges
+        # in M, N (2816 = 17 tiles of 160 and 96 columns) and K (1036 = 32 k-tiles and 12)
+        add("pingpong", 1409, 2816, 1036, b_t=True, variants=(WgmmaTf32(
+            pingpong="always", pingpong_tma_store=True, extra_widths=(STAGED_TURNS_160,), force_bn=160),))
         if not quick:
             add("pingpong", 2049, 2305, 520, b_t=True, variants=turns)
             add("pingpong", 4097, 2817, 515, b_t=True, variants=turns)

@@ -11,9 +11,10 @@ from pathlib import Path
 CACHE_DIR_ENV = "FASTMM_CACHE_DIR"
 #: ``1`` routes every call to ``torch.matmul`` (an escape hatch; ``explain`` says so).
 DISABLE_ENV = "FASTMM_DISABLE"
-#: Force one kernel family (a name of ``fastmm.families.FAMILIES``: ``skinny``, ``wgmma_tf32``,
-#: ``tf32_mma``, ``simt_cp_async``, ``simt_float4``, ``scalar``) where it can run; for debugging
-#: and benchmarks.
+#: Force one kernel family (a name of ``fastmm.families.FAMILIES``: ``wgmma_tf32``, ``tf32_mma``,
+#: ``kmajor_mma``, ``simt_cp_async``, ``simt_float4``, ``skinny``, ``skinny_kmajor``, ``scalar``)
+#: where it can run; elsewhere the planner chooses (fastmm.dispatch.plan_for). For debugging and
+#: benchmarks.
 FORCE_KERNEL_ENV = "FASTMM_KERNEL"
 #: ``1``: the first call of a shape bucket that has no tuned choice yet times the candidate
 #: kernels (as ``fastmm.tune`` does) and stores the fastest, then proceeds.

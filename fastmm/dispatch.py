@@ -161,7 +161,17 @@ def plan_for(problem: Problem, device_index: int, force: str | None = None,
     forced = force or config.forced_kernel()
     dev = device_facts(device_index)
     tuned = None if forced or variants else tuned_choice(problem, dev)
-    plan = select(problem, dev, forced, tuned, variants)
+    try:
+        plan = select(problem, dev, forced, tuned, variants)
+    except ValueError as exc:
+        # FASTMM_KERNEL forces its family where that family can run the problem (a name no
+        # family has still raises): elsewhere the planner chooses, and explain says why
+        if force or "cannot run this problem" not in str(exc):
+            raise
+        plan = select(problem, dev, None, None, variants)
+        plan = dataclasses.replace(plan, rejected=tuple(
+            (name, f"{reason} (FASTMM_KERNEL={forced} is set; the planner chose here)" if name == forced else reason)
+            for name, reason in plan.rejected))
     failed = None
     if plan.kernel is not None:  # (a second pass or stager that failed counts for the plans that need it)
         failed = next(filter(None, (PLANS.failure(device_index, k) for k in plan.kernels())), None)

@@ -32,9 +32,9 @@ import torch
 
 from fastmm.families import MapSpec
 
-#: Weak references to the storages of the tensors made by torch.empty / randn / full / zeros while
-#: the emulation is on. Weak, so that a buffer the host code drops before the kernel reading it is
-#: queued (a staging copy) is no longer memory.
+#: Weak references to the storages of the tensors made by torch.empty / randn / full / zeros (and the
+#: copies torch.Tensor.reshape makes) while the emulation is on. Weak, so that a buffer the host
+#: code drops before the kernel reading it is queued (a staging copy) is no longer memory.
 _memory: list = []
 #: Whether kernels may only reach memory made while the emulation is on (False: a test that runs a
 #: whole model, whose activations torch's own ops make, turns the check off for itself).
@@ -449,7 +449,8 @@ EMULATED_KERNEL = "emulated kernel"
 
 def install(monkeypatch, gpu: EmulatedGpu) -> None:
     """Replace the launcher (load: the config itself; launch: emulated), tensor map encoding, and
-    the tensor factories (to know what is memory), for one test (monkeypatch restores them)."""
+    the tensor factories and reshape's copies (to know what is memory), for one test (monkeypatch
+    restores them)."""
     from fastmm.runtime import launcher, tensor_map
 
     # (each under a profiler range named EMULATED_KERNEL: the torch ops computing a kernel here
@@ -478,6 +479,15 @@ def install(monkeypatch, gpu: EmulatedGpu) -> None:
 
     for name in ("empty", "randn", "full", "zeros"):
         monkeypatch.setattr(torch, name, recorded(getattr(torch, name)))
+    # (a reshape that cannot view copies into memory torch allocates itself: a Linear's flattened
+    # rows of a seq-first x, which the weight gradient's kernel reads, are such a copy)
+    reshape = torch.Tensor.reshape
+
+    def reshaped(self, *shape):
+        out = reshape(self, *shape)
+        return out if out.untyped_storage().data_ptr() == self.untyped_storage().data_ptr() else track(out)
+
+    monkeypatch.setattr(torch.Tensor, "reshape", reshaped)
     monkeypatch.setattr(launcher, "load", lambda dev, cfg: cfg)
     monkeypatch.setattr(launcher, "launch", launch)
     monkeypatch.setattr(launcher, "launch_with_maps", launch_with_maps)

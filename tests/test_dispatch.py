@@ -389,6 +389,34 @@ def test_plan_for_takes_fastmm_kernel_and_asks_for_no_tuned_choice_when_forced_o
     assert "SK_V2" not in dict(plan.kernel.macros) and len(asked) == 1
 
 
+def test_fastmm_kernel_forces_its_family_only_where_it_can_run(emulated_gpu, monkeypatch):
+    """FASTMM_KERNEL forces its family "where it can run" (README): a product that family cannot
+    run (tf32_mma computes no ieee product) is planned as without it, every entry point computes
+    it with fastmm's kernels, and explain says the variable was set; the family still runs what
+    it can. A name that is no family is an error."""
+    monkeypatch.setenv("FASTMM_KERNEL", "tf32_mma")
+    a, w, bias = torch.randn(40, 72), torch.randn(56, 72), torch.randn(56)
+    unforced = select(Problem.dense(40, 56, 72, "ieee", b_t=True), dispatch.device_facts(0)).kernel.family
+    for run, ref in ((lambda: fastmm.matmul(a, w.t(), precision="ieee"), a.double() @ w.double().t()),
+                     (lambda: fastmm.linear(a, w, bias, precision="ieee"), a.double() @ w.double().t() + bias.double()),
+                     (lambda: fastmm.addmm(bias, a, w.t(), precision="ieee"), a.double() @ w.double().t() + bias.double())):
+        emulated_gpu.clear()
+        assert relative_error(run(), ref) <= 1e-6
+        assert emulated_gpu.families and set(emulated_gpu.families) <= {unforced, "splitk_reduce"}, emulated_gpu.families
+    exp = fastmm.explain(a, w.t(), precision="ieee")
+    assert exp.kernel == unforced != "tf32_mma"
+    assert dict(exp.rejected)["tf32_mma"] == \
+        "does not compute precision 'ieee' (FASTMM_KERNEL=tf32_mma is set; the planner chose here)"
+    emulated_gpu.clear()
+    assert relative_error(fastmm.matmul(a, w.t(), precision="tf32"), a.double() @ w.double().t()) <= 3e-3
+    assert emulated_gpu.families[-1] == "tf32_mma"
+    monkeypatch.setenv("FASTMM_KERNEL", "no_such_family")
+    with pytest.raises(ValueError, match="unknown kernel family 'no_such_family'"):
+        fastmm.matmul(a, w.t(), precision="ieee")
+    with pytest.raises(ValueError, match="kernel family 'tf32_mma' cannot run this problem"):
+        dispatch.plan_for(Problem.dense(40, 56, 72, "ieee", b_t=True), 0, force="tf32_mma")  # (asked for by name)
+
+
 def test_a_nested_operand_goes_to_torch_without_a_launch(emulated_gpu):
     """Nested tensors pass for plain ones by type and layout (strided): their ragged rows have no
     strides a kernel can take, so fastmm hands them to torch.matmul (before reading a stride):
