@@ -168,7 +168,7 @@ def plan_for(problem: Problem, device_index: int, force: str | None = None,
         # family has still raises): elsewhere the planner chooses, and explain says why
         if force or "cannot run this problem" not in str(exc):
             raise
-        plan = select(problem, dev, None, None, variants)
+        plan = select(problem, dev, None, None if variants else tuned_choice(problem, dev), variants)
         plan = dataclasses.replace(plan, rejected=tuple(
             (name, f"{reason} (FASTMM_KERNEL={forced} is set; the planner chose here)" if name == forced else reason)
             for name, reason in plan.rejected))

@@ -483,9 +483,13 @@ def install(monkeypatch, gpu: EmulatedGpu) -> None:
     # rows of a seq-first x, which the weight gradient's kernel reads, are such a copy)
     reshape = torch.Tensor.reshape
 
-    def reshaped(self, *shape):
-        out = reshape(self, *shape)
-        return out if out.untyped_storage().data_ptr() == self.untyped_storage().data_ptr() else track(out)
+    def reshaped(self, *args, **kwargs):
+        out = reshape(self, *args, **kwargs)
+        try:
+            copied = out.untyped_storage().data_ptr() != self.untyped_storage().data_ptr()
+        except (NotImplementedError, RuntimeError):  # (no storage: functorch wrappers, sparse)
+            return out
+        return track(out) if copied else out
 
     monkeypatch.setattr(torch.Tensor, "reshape", reshaped)
     monkeypatch.setattr(launcher, "load", lambda dev, cfg: cfg)

@@ -410,6 +410,11 @@ def test_fastmm_kernel_forces_its_family_only_where_it_can_run(emulated_gpu, mon
     emulated_gpu.clear()
     assert relative_error(fastmm.matmul(a, w.t(), precision="tf32"), a.double() @ w.double().t()) <= 3e-3
     assert emulated_gpu.families[-1] == "tf32_mma"
+    # the planner's own plan there, a tuned choice included (asked for as without the variable)
+    asked = []
+    monkeypatch.setattr(dispatch, "tuned_choice", lambda problem, dev: asked.append(problem) or None)
+    p = Problem.dense(40, 56, 72, "ieee", b_t=True)
+    assert dispatch.plan_for(p, 0).kernel.family == unforced and asked == [p]
     monkeypatch.setenv("FASTMM_KERNEL", "no_such_family")
     with pytest.raises(ValueError, match="unknown kernel family 'no_such_family'"):
         fastmm.matmul(a, w.t(), precision="ieee")

@@ -210,6 +210,7 @@ def check_linear(emulated_gpu, lead: tuple[int, ...], K: int, N: int, case: dict
                 t.grad = None
         before = [t.detach().clone() for t in leaves]
         emulated_gpu.clear()
+        slow = emulated_gpu.slow_calls
         y = fastmm.linear(x, w, b, precision=precision)
         # float64 reference, on the same views of float64 copies of the leaves
         refs = [t.detach().double().requires_grad_(t.requires_grad) for t in leaves]
@@ -220,11 +221,13 @@ def check_linear(emulated_gpu, lead: tuple[int, ...], K: int, N: int, case: dict
         bound = rx.detach().abs() @ rw.detach().abs().t() + (0 if rb is None else rb.detach().abs())
         err = bounded_error(y, ref, bound)
         assert err <= tol, f"call {call}: forward error {err:.3g} > {tol} ({case})"
-        if case["family"] is None:  # (a forced family may not serve it: then torch may)
-            assert emulated_gpu.launches, f"call {call}: no fastmm launch ({case})"
+        assert emulated_gpu.launches, f"call {call}: no fastmm launch ({case})"
         if grads:
             g = torch.randn(y.shape)
+            emulated_gpu.clear()
             y.backward(g)
+            # (the products of x's and w's gradients are fastmm's; a bias's alone is a sum)
+            assert emulated_gpu.launches or grads == ("bias",), f"call {call}: a backward without fastmm ({case})"
             ref.backward(g.double())
             gd = g.double()
             g_rows = gd.reshape(-1, N)
@@ -244,6 +247,8 @@ def check_linear(emulated_gpu, lead: tuple[int, ...], K: int, N: int, case: dict
                     scale = g_rows.abs().sum(0)
                 err = bounded_error(leaf.grad, rleaf.grad, scale)
                 assert err <= tol, f"call {call}: grad of {name} error {err:.3g} > {tol} ({case})"
+        # the repeat (same layouts, same memory) takes the remembered entries, forward and backward
+        assert not call or emulated_gpu.slow_calls == slow, f"the repeat call planned again ({case})"
         after = [t.detach() for t in leaves]
         assert all(torch.equal(a, b_) for a, b_ in zip(before, after)), f"call {call}: an input was modified ({case})"
 
@@ -296,6 +301,7 @@ def check_addmm(emulated_gpu, M: int, K: int, N: int, case: dict) -> None:
                 t.grad = None
         before = [t.detach().clone() for t in (ab, bb, cb)]
         emulated_gpu.clear()
+        slow = emulated_gpu.slow_calls
         got = fastmm.addmm(c, a, b, beta=beta, alpha=alpha, precision=precision)
         ra, rb = (t.detach().double().requires_grad_(grad) for t in (ab, bb))
         rcb = cb.detach().double().requires_grad_(grad)
@@ -306,11 +312,12 @@ def check_addmm(emulated_gpu, M: int, K: int, N: int, case: dict) -> None:
         bound = abs(alpha) * (rA.detach().abs() @ rB.detach().abs()) + (abs(beta) * rC.detach().abs() if beta else 0)
         err = bounded_error(got, ref.expand(M, N), bound.expand(M, N) if torch.is_tensor(bound) else bound)
         assert err <= tol, f"call {call}: error {err:.3g} > {tol} ({case})"
-        if case["family"] is None:
-            assert emulated_gpu.launches, f"call {call}: no fastmm launch ({case})"
+        assert emulated_gpu.launches, f"call {call}: no fastmm launch ({case})"
         if grad:
             g = torch.randn(M, N)
+            emulated_gpu.clear()
             got.backward(g)
+            assert emulated_gpu.launches, f"call {call}: a backward without fastmm ({case})"
             ref.expand(M, N).backward(g.double())
             gd = g.double()
             checks = ((ab, ra, abs(alpha) * (gd.abs() @ rB.detach().abs().t())),
@@ -320,6 +327,7 @@ def check_addmm(emulated_gpu, M: int, K: int, N: int, case: dict) -> None:
                 assert leaf.grad is not None and leaf.grad.shape == leaf.shape, case
                 err = bounded_error(leaf.grad, rleaf.grad, scale)
                 assert err <= tol, f"call {call}: gradient error {err:.3g} > {tol} ({case})"
+        assert not call or emulated_gpu.slow_calls == slow, f"the repeat call planned again ({case})"
         after = [t.detach() for t in (ab, bb, cb)]
         assert torch.equal(after[0], before[0]) and torch.equal(after[1], before[1]), f"call {call}: A or B modified ({case})"
         assert torch.isnan(after[2]).all() if beta == 0 else torch.equal(after[2], before[2]), f"call {call}: C modified"
