@@ -20,7 +20,7 @@ import torch
 from . import config
 from .errors import warn_once
 from .families import Family, KernelConfig
-from .plan import Plan, select
+from .plan import FamilyCannotRun, Plan, select
 from .precision import autocast_half_active, torch_precision
 from .problem import EPILOGUE_NONE, DeviceFacts, Problem, epilogue_form
 from .runtime import launcher, runners
@@ -163,10 +163,10 @@ def plan_for(problem: Problem, device_index: int, force: str | None = None,
     tuned = None if forced or variants else tuned_choice(problem, dev)
     try:
         plan = select(problem, dev, forced, tuned, variants)
-    except ValueError as exc:
+    except FamilyCannotRun:
         # FASTMM_KERNEL forces its family where that family can run the problem (a name no
         # family has still raises): elsewhere the planner chooses, and explain says why
-        if force or "cannot run this problem" not in str(exc):
+        if force:
             raise
         plan = select(problem, dev, None, None if variants else tuned_choice(problem, dev), variants)
         plan = dataclasses.replace(plan, rejected=tuple(

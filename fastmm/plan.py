@@ -35,6 +35,12 @@ PREFERENCE = {
 }
 
 
+class FamilyCannotRun(ValueError):
+    """A forced family cannot run the problem (its precision, shape, layout or arch): raised by
+    :func:`select`, so that callers forcing a family "where it can run" (FASTMM_KERNEL,
+    fastmm.dispatch.plan_for; the CLI's checks) tell it from a name that is no family."""
+
+
 @dataclass(frozen=True)
 class Plan:
     problem: Problem
@@ -204,7 +210,7 @@ def _select_in_order(p: Problem, dev: DeviceFacts, force: str | None, variants: 
         if name not in order:
             rejected.append((name, f"does not compute precision '{p.precision}'"))
     if force is not None and (chosen is None or chosen.family != force):
-        raise ValueError(f"kernel family {force!r} cannot run this problem: {dict(rejected)[force]}")
+        raise FamilyCannotRun(f"kernel family {force!r} cannot run this problem: {dict(rejected)[force]}")
     assert chosen is not None  # scalar accepts everything that passed _problem_fallback
     fam = family_of(chosen.family, variants)
     used = fam.precision_computed(p)

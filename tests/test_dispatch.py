@@ -13,7 +13,7 @@ import torch
 import fastmm
 from fastmm import dispatch, fast_path
 from fastmm.families import LOAD_ELEM_K, LOAD_VEC_FAST, Skinny, simt_core
-from fastmm.plan import select
+from fastmm.plan import FamilyCannotRun, select
 from fastmm.problem import DeviceFacts, Problem
 from fastmm.runtime import launcher, tensor_map
 from conftest import CudaLooking, outcome, relative_error
@@ -418,7 +418,7 @@ def test_fastmm_kernel_forces_its_family_only_where_it_can_run(emulated_gpu, mon
     monkeypatch.setenv("FASTMM_KERNEL", "no_such_family")
     with pytest.raises(ValueError, match="unknown kernel family 'no_such_family'"):
         fastmm.matmul(a, w.t(), precision="ieee")
-    with pytest.raises(ValueError, match="kernel family 'tf32_mma' cannot run this problem"):
+    with pytest.raises(FamilyCannotRun, match="kernel family 'tf32_mma' cannot run this problem"):
         dispatch.plan_for(Problem.dense(40, 56, 72, "ieee", b_t=True), 0, force="tf32_mma")  # (asked for by name)
 
 

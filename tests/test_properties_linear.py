@@ -28,7 +28,6 @@ Example counts: FASTMM_HYPOTHESIS_CPU_EXAMPLES (default 100), as tests/test_prop
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 from dataclasses import dataclass
@@ -153,24 +152,16 @@ def linear_cases(draw):
 
 #: Families a variant may force (FASTMM_KERNEL: part of every remembered call's key): the tensor-core
 #: and decode families the planner leaves for larger products, at the small sizes these tests run.
-#: Where the forced family cannot serve a product, fastmm serves it with another plan or torch.
+#: Where the forced family cannot run a product, the planner chooses (fastmm.dispatch.plan_for).
 FORCED = ("simt_cp_async", "tf32_mma", "wgmma_tf32", "skinny", "skinny_kmajor", "kmajor_mma")
 
 
-@contextlib.contextmanager
-def forced_family(family: str | None):
-    old = os.environ.get(config.FORCE_KERNEL_ENV)
+def force(monkeypatch, family: str | None) -> None:
+    """FASTMM_KERNEL set to ``family`` (unset for None) for the variant; monkeypatch restores it."""
     if family is None:
-        os.environ.pop(config.FORCE_KERNEL_ENV, None)
+        monkeypatch.delenv(config.FORCE_KERNEL_ENV, raising=False)
     else:
-        os.environ[config.FORCE_KERNEL_ENV] = family
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(config.FORCE_KERNEL_ENV, None)
-        else:
-            os.environ[config.FORCE_KERNEL_ENV] = old
+        monkeypatch.setenv(config.FORCE_KERNEL_ENV, family)
 
 
 def _fresh_values(tensors) -> None:
@@ -183,12 +174,12 @@ def _fresh_values(tensors) -> None:
 
 @SETTINGS
 @given(case=linear_cases())
-def test_random_linear_layers_and_their_gradients_match_float64_on_every_call(emulated_gpu, case):
+def test_random_linear_layers_and_their_gradients_match_float64_on_every_call(emulated_gpu, monkeypatch, case):
     """``F.linear(x, W, bias)`` as fastmm.linear computes it, forward and backward, for every
     variant of the example (:func:`linear_cases`)."""
     for variant in case["variants"]:
-        with forced_family(variant["family"]):
-            check_linear(emulated_gpu, case["lead"], case["K"], case["N"], variant)
+        force(monkeypatch, variant["family"])
+        check_linear(emulated_gpu, case["lead"], case["K"], case["N"], variant)
 
 
 def check_linear(emulated_gpu, lead: tuple[int, ...], K: int, N: int, case: dict) -> None:
@@ -201,21 +192,21 @@ def check_linear(emulated_gpu, lead: tuple[int, ...], K: int, N: int, case: dict
     xb, x = ox.make(requires_grad="x" in grads)
     wb, w = ow.make(requires_grad="w" in grads)
     bb, b = ob.make(requires_grad="bias" in grads) if ob is not None else (None, None)
-    leaves = [t for t in (xb, wb, bb) if t is not None]
+    leaves = {name: t for name, t in (("x", xb), ("w", wb), ("bias", bb)) if t is not None}
     tol = TOL[precision]
     for call in range(2):
         if call:
-            _fresh_values(leaves)
-            for t in leaves:
+            _fresh_values(leaves.values())
+            for t in leaves.values():
                 t.grad = None
-        before = [t.detach().clone() for t in leaves]
+        before = [t.detach().clone() for t in leaves.values()]
         emulated_gpu.clear()
         slow = emulated_gpu.slow_calls
         y = fastmm.linear(x, w, b, precision=precision)
         # float64 reference, on the same views of float64 copies of the leaves
-        refs = [t.detach().double().requires_grad_(t.requires_grad) for t in leaves]
-        rx, rw = ox.view(refs[0]), ow.view(refs[1])
-        rb = ob.view(refs[2]) if ob is not None else None
+        refs = {name: t.detach().double().requires_grad_(t.requires_grad) for name, t in leaves.items()}
+        rx, rw = ox.view(refs["x"]), ow.view(refs["w"])
+        rb = ob.view(refs["bias"]) if ob is not None else None
         ref = F.linear(rx, rw, rb)
         assert y.shape == ref.shape and y.dtype == torch.float32, (y.shape, ref.shape)
         bound = rx.detach().abs() @ rw.detach().abs().t() + (0 if rb is None else rb.detach().abs())
@@ -232,11 +223,8 @@ def check_linear(emulated_gpu, lead: tuple[int, ...], K: int, N: int, case: dict
             gd = g.double()
             g_rows = gd.reshape(-1, N)
             x_rows = rx.detach().reshape(-1, K)
-            ref_leaf = dict(zip((id(t) for t in leaves), refs))
-            for name, leaf in (("x", xb), ("w", wb), ("bias", bb)):
-                if leaf is None or name not in grads:
-                    continue
-                rleaf = ref_leaf[id(leaf)]
+            for name in grads:
+                leaf, rleaf = leaves[name], refs[name]
                 assert leaf.grad is not None and leaf.grad.shape == leaf.shape, (name, case)
                 # the product each gradient is (in the view's coordinates), bounded as the forward
                 if name == "x":
@@ -249,7 +237,7 @@ def check_linear(emulated_gpu, lead: tuple[int, ...], K: int, N: int, case: dict
                 assert err <= tol, f"call {call}: grad of {name} error {err:.3g} > {tol} ({case})"
         # the repeat (same layouts, same memory) takes the remembered entries, forward and backward
         assert not call or emulated_gpu.slow_calls == slow, f"the repeat call planned again ({case})"
-        after = [t.detach() for t in leaves]
+        after = [t.detach() for t in leaves.values()]
         assert all(torch.equal(a, b_) for a, b_ in zip(before, after)), f"call {call}: an input was modified ({case})"
 
 
@@ -270,12 +258,12 @@ def addmm_cases(draw):
 
 @SETTINGS
 @given(case=addmm_cases())
-def test_random_addmm_calls_match_float64_on_every_call(emulated_gpu, case):
+def test_random_addmm_calls_match_float64_on_every_call(emulated_gpu, monkeypatch, case):
     """``beta * C + alpha * (A @ B)`` for every broadcast of C, A and B row-major or transposed
     views; beta = 0 ignores a NaN-filled C (as torch.addmm); gradients of A, B and C."""
     for variant in case["variants"]:
-        with forced_family(variant["family"]):
-            check_addmm(emulated_gpu, case["M"], case["K"], case["N"], variant)
+        force(monkeypatch, variant["family"])
+        check_addmm(emulated_gpu, case["M"], case["K"], case["N"], variant)
 
 
 def check_addmm(emulated_gpu, M: int, K: int, N: int, case: dict) -> None:
